@@ -1,0 +1,88 @@
+"""Encoding events to bytes and decoding a topic's bytes back into its events."""
+
+from functools import cache
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from shardyard.bus.topics import (
+    ASSIGNMENTS,
+    FAILURES,
+    HEARTBEATS,
+    LIFECYCLE,
+    NODE_STATE,
+    SERVICES,
+    SHARD_EVENTS,
+    Topic,
+)
+from shardyard.errors import EventDecodeError
+from shardyard.events import (
+    Event,
+    Heartbeat,
+    JobAccepted,
+    JobFailed,
+    JobReady,
+    JobRejected,
+    JobRunning,
+    JobScheduled,
+    JobSucceeded,
+    JobUnschedulable,
+    NodeLost,
+    NodeState,
+    ServiceReady,
+    ShardAssignment,
+    ShardCompleted,
+    ShardFailed,
+    ShardProgress,
+    ShardRevocation,
+    ShardStarted,
+)
+
+_TOPIC_OF: dict[type[Event], Topic] = {
+    **dict.fromkeys(
+        (JobAccepted, JobRejected, JobReady, JobUnschedulable, JobScheduled, JobRunning, JobSucceeded, JobFailed),
+        LIFECYCLE,
+    ),
+    Heartbeat: HEARTBEATS,
+    NodeState: NODE_STATE,
+    NodeLost: FAILURES,
+    ShardAssignment: ASSIGNMENTS,
+    ShardRevocation: ASSIGNMENTS,
+    **dict.fromkeys((ShardStarted, ShardProgress, ShardCompleted, ShardFailed), SHARD_EVENTS),
+    ServiceReady: SERVICES,
+}
+
+
+def topic_of(event: Event) -> Topic:
+    return _TOPIC_OF[type(event)]
+
+
+def key_of(event: Event) -> bytes:
+    """The partition key: node id on node-keyed topics, job id on job-keyed ones."""
+    topic = topic_of(event)
+    if topic in (HEARTBEATS, NODE_STATE, FAILURES, ASSIGNMENTS):
+        return str(getattr(event, "node_id")).encode()  # noqa: B009 - every event of these topics has one
+    if topic is SERVICES:
+        return str(getattr(event, "service")).encode()  # noqa: B009
+    return str(getattr(event, "job_id")).encode()  # noqa: B009
+
+
+def encode(event: Event) -> bytes:
+    return event.model_dump_json().encode()
+
+
+@cache
+def _adapter(payload: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(payload)
+
+
+def decode(topic: Topic, raw: bytes) -> Any:
+    """Decode ``raw`` as an event of ``topic``; EventDecodeError says why it is not one."""
+    if topic.payload is None:
+        raise EventDecodeError(f"{topic.name} carries raw bytes, not events")
+    try:
+        return _adapter(topic.payload).validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(root)"
+        raise EventDecodeError(f"not a {topic.name} event: {where}: {first['msg']}") from exc

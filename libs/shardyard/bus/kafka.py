@@ -1,0 +1,134 @@
+"""The thin layer over FastStream/aiokafka every service uses.
+
+- ``make_broker``: a FastStream KafkaBroker with idempotence off (the embedded broker has no InitProducerId).
+- ``Bus.publish``: encode an event and send it to its topic under its key.
+- ``Bus.subscribe``: commit-after-processing subscriptions; a message that does not decode goes to the dead-letter
+  topic and is then acknowledged, a handler that keeps failing does the same: a consumer never dies on a message.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import ConsumerRecord
+from faststream.kafka import KafkaBroker, KafkaMessage
+from faststream.middlewares import AckPolicy
+
+from shardyard.bus.codec import decode, encode, key_of, topic_of
+from shardyard.bus.topics import DEADLETTER, Topic
+from shardyard.errors import EventDecodeError
+from shardyard.events import Event
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], Awaitable[None]]
+RawHandler = Callable[[bytes, KafkaMessage], Awaitable[None]]
+
+# Group timings: the embedded broker completes a join after the rebalance timeout, so keep it short; a member is
+# declared dead after the session timeout.
+GROUP_OPTIONS: dict[str, Any] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 500,
+    "rebalance_timeout_ms": 3000,
+}
+HANDLER_ATTEMPTS = 3
+
+
+def make_broker(bootstrap: str, *, client_id: str, middlewares: Sequence[Any] = ()) -> KafkaBroker:
+    return KafkaBroker(
+        bootstrap,
+        client_id=client_id,
+        enable_idempotence=False,
+        acks="all",
+        middlewares=tuple(middlewares),
+        logger=logging.getLogger("shardyard.bus.faststream"),
+        log_level=logging.DEBUG,  # one line per message is noise at 1 Hz heartbeats per node
+    )
+
+
+async def _raw_body(message: KafkaMessage) -> bytes:
+    """Hand handlers the message's bytes untouched; decoding is the codec's job, not FastStream's."""
+    return bytes(message.body)
+
+
+def source_record(message: KafkaMessage) -> ConsumerRecord[bytes, bytes]:
+    """The Kafka record behind a (non-batch) FastStream message."""
+    record = message.raw_message
+    assert not isinstance(record, tuple), "batch subscribers are not used"
+    return record
+
+
+def source_of(message: KafkaMessage) -> str:
+    """``topic/partition/offset``: where a message came from, stable across redeliveries."""
+    record = source_record(message)
+    return f"{record.topic}/{record.partition}/{record.offset}"
+
+
+class Bus:
+    """Publishing and subscribing for one service process."""
+
+    def __init__(self, broker: KafkaBroker, *, service: str) -> None:
+        self.broker = broker
+        self.service = service
+
+    async def publish(self, event: Event) -> None:
+        await self.broker.publish(encode(event), topic=topic_of(event).name, key=key_of(event))
+
+    async def publish_all(self, events: Sequence[Event]) -> None:
+        for event in events:
+            await self.publish(event)
+
+    async def dead_letter(self, raw: bytes, message: KafkaMessage, error: str) -> None:
+        record = source_record(message)
+        headers = {
+            "x-shardyard-error": error[:2000],
+            "x-shardyard-source": f"{record.topic}/{record.partition}/{record.offset}",
+            "x-shardyard-service": self.service,
+        }
+        await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers)
+
+    def subscribe(self, topic: Topic, handler: Handler, *, group: str | None, from_beginning: bool = True) -> None:
+        """Decode each message of ``topic`` and hand it to ``handler``; commit only after it returns."""
+
+        async def on_raw(raw: bytes, message: KafkaMessage) -> None:
+            try:
+                event = decode(topic, raw)
+            except EventDecodeError as exc:
+                log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
+                await self.dead_letter(raw, message, str(exc))
+                return
+            await self._call(handler, event, raw, message)
+
+        self.subscribe_raw(topic, on_raw, group=group, from_beginning=from_beginning)
+
+    def subscribe_raw(
+        self, topic: Topic, handler: RawHandler, *, group: str | None, from_beginning: bool = True
+    ) -> None:
+        options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
+
+        async def on_message(body: bytes, message: KafkaMessage) -> None:
+            await handler(body, message)
+
+        self.broker.subscriber(
+            topic.name,
+            group_id=group,
+            ack_policy=AckPolicy.ACK if group else AckPolicy.ACK_FIRST,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            decoder=_raw_body,
+            **options,
+        )(on_message)
+
+    async def _call(self, handler: Handler, event: Any, raw: bytes, message: KafkaMessage) -> None:
+        for attempt in range(1, HANDLER_ATTEMPTS + 1):
+            try:
+                await handler(event)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the consumer must outlive any one message
+                log.exception("%s: handler failed on %s (attempt %d)", self.service, type(event).__name__, attempt)
+                if attempt == HANDLER_ATTEMPTS:
+                    await self.dead_letter(raw, message, f"handler failed: {exc!r}")
+                    return
+                await asyncio.sleep(0.1 * attempt)

@@ -1,0 +1,52 @@
+"""The topic catalogue: every topic Shardyard uses, its partitions, its key and the events it carries."""
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from shardyard.events import (
+    AssignmentEvent,
+    Heartbeat,
+    JobLifecycleEvent,
+    NodeLost,
+    NodeState,
+    ServiceReady,
+    ShardEvent,
+)
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    key: str
+    payload: Any = field(compare=False, repr=False, default=None)
+    """The event type (or discriminated union) of the topic; None for raw bytes."""
+    compacted: bool = False
+
+    @property
+    def configs(self) -> dict[str, str]:
+        return {"cleanup.policy": "compact"} if self.compacted else {}
+
+
+SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)")
+LIFECYCLE: Final = Topic("shardyard.jobs.lifecycle", 4, "job id", JobLifecycleEvent)
+HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 4, "node id", Heartbeat)
+NODE_STATE: Final = Topic("shardyard.nodes.state", 4, "node id", NodeState, compacted=True)
+ASSIGNMENTS: Final = Topic("shardyard.assignments", 4, "node id", AssignmentEvent)
+SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)
+FAILURES: Final = Topic("shardyard.failures", 4, "node id", NodeLost)
+SERVICES: Final = Topic("shardyard.services", 1, "service name", ServiceReady)
+DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
+
+CATALOGUE: Final = (
+    SUBMISSIONS,
+    LIFECYCLE,
+    HEARTBEATS,
+    NODE_STATE,
+    ASSIGNMENTS,
+    SHARD_EVENTS,
+    FAILURES,
+    SERVICES,
+    DEADLETTER,
+)
+BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

@@ -1,0 +1,1 @@
+"""The ``shardyard`` command line."""

@@ -1,0 +1,100 @@
+"""Talking to a running cluster: producing submissions to Kafka, reading state from the monitor's status API."""
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from shardyard.bus.topics import SUBMISSIONS
+from shardyard.cli.cluster import get_json
+from shardyard.errors import ClusterError
+
+TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    partition: int
+    offset: int
+
+
+def job_id_of(raw: bytes, partition: int, offset: int) -> str:
+    """The id the queue will give this submission: its ``task_id``, or ``invalid-P-O`` when it has none."""
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("task_id"), str):
+        return str(document["task_id"])
+    return f"invalid-{partition}-{offset}"
+
+
+async def _produce(bootstrap: str, raw: bytes) -> Submitted:
+    key = None
+    try:
+        document = json.loads(raw)
+        if isinstance(document, dict) and isinstance(document.get("task_id"), str):
+            key = document["task_id"].encode()
+    except ValueError:
+        pass
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(SUBMISSIONS.name, raw, key=key)
+    finally:
+        await producer.stop()
+    return Submitted(job_id_of(raw, meta.partition, meta.offset), meta.partition, meta.offset)
+
+
+def submit(bootstrap: str, raw: bytes) -> Submitted:
+    return asyncio.run(_produce(bootstrap, raw))
+
+
+def job(monitor_url: str, job_id: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = get_json(f"{monitor_url}/api/jobs/{urllib.parse.quote(job_id)}")
+        return found
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise ClusterError(f"the monitor answered {exc.code} for job {job_id}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
+
+
+def listing(monitor_url: str, what: str) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = get_json(f"{monitor_url}/api/{what}")
+        return result
+    except (urllib.error.URLError, OSError) as exc:
+        raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
+
+
+def wait(
+    monitor_url: str,
+    job_id: str,
+    *,
+    timeout_s: float,
+    on_update: Callable[[dict[str, Any]], None],
+    poll_s: float = 0.25,
+) -> dict[str, Any]:
+    """Follow a job until it reaches a terminal state; ``on_update`` sees each new view of it."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        current = job(monitor_url, job_id)
+        if current is not None:
+            if current != last:
+                on_update(current)
+                last = current
+            if current["state"] in TERMINAL_STATES:
+                return current
+        time.sleep(poll_s)
+    raise ClusterError(f"job {job_id} did not finish within {timeout_s:.0f}s (last state: {last and last['state']})")

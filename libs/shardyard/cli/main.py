@@ -1,0 +1,165 @@
+"""``shardyard``: run a local cluster, submit jobs, and see what they are doing."""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardyard.cli import client, cluster, render
+from shardyard.errors import ShardyardError
+
+DEFAULT_RUN_DIR = ".shardyard"
+EXAMPLE = Path(__file__).with_name("example_job.json")
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    return Path(args.run_dir or os.environ.get("SHARDYARD_RUN_DIR") or DEFAULT_RUN_DIR)
+
+
+def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
+    return cluster.ClusterInfo.load(_run_dir(args))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    run_dir = _run_dir(args)
+    cluster.up(
+        run_dir,
+        nodes=args.node or cluster.DEFAULT_NODES,
+        data_root=Path(args.data_root) if args.data_root else run_dir / "data",
+        bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
+    )
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    cluster.down(_run_dir(args))
+    return 0
+
+
+def _follow(info: cluster.ClusterInfo, job_id: str, timeout_s: float) -> dict[str, object]:
+    line = render.ProgressLine()
+    try:
+        return client.wait(info.monitor_url, job_id, timeout_s=timeout_s, on_update=line.update)
+    finally:
+        line.close()
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    info = _info(args)
+    raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    submitted = client.submit(info.bootstrap, raw)
+    print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
+    if not args.wait:
+        return 0
+    final = _follow(info, submitted.job_id, args.timeout)
+    detail = client.job(info.monitor_url, submitted.job_id) or final
+    print(render.job_detail(detail))
+    return 0 if final["state"] == "SUCCEEDED" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    info = _info(args)
+    if args.job is None:
+        print(render.jobs_table(client.listing(info.monitor_url, "jobs")["jobs"]))
+        return 0
+    found = client.job(info.monitor_url, args.job)
+    if found is None:
+        print(f"no job {args.job!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    print(render.job_detail(found))
+    print("timeline:")
+    print(render.timeline(found))
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    print(render.jobs_table(client.listing(_info(args).monitor_url, "jobs")["jobs"]))
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    print(render.nodes_table(client.listing(_info(args).monitor_url, "nodes")["nodes"]))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from shardyard.training.artifacts import create_demo_artifacts
+
+    run_dir = _run_dir(args)
+    data_root = run_dir / "data"
+    began = time.monotonic()
+    print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
+    create_demo_artifacts(data_root)
+    info = cluster.up(run_dir, data_root=data_root, bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None)
+    try:
+        raw = EXAMPLE.read_bytes()
+        print(f"submitting the example job (S15):\n{raw.decode().strip()}")
+        submitted = client.submit(info.bootstrap, raw)
+        final = _follow(info, submitted.job_id, args.timeout)
+        detail = client.job(info.monitor_url, submitted.job_id) or final
+        print(render.job_detail(detail))
+        print("timeline:")
+        print(render.timeline(detail))
+        print("loss:")
+        print(render.loss_curve(detail))
+        print(render.nodes_table(client.listing(info.monitor_url, "nodes")["nodes"]))
+    finally:
+        if not args.keep:
+            cluster.down(run_dir)
+    print(f"demo finished in {time.monotonic() - began:.1f}s: {final['state']}")
+    return 0 if final["state"] == "SUCCEEDED" else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="shardyard", description=__doc__)
+    top.add_argument("--run-dir", help=f"the local cluster's folder (env SHARDYARD_RUN_DIR; default {DEFAULT_RUN_DIR})")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)")
+    up.add_argument("--node", action="append", help="a node's simulated GPUs, e.g. A100:2 (repeat per node)")
+    up.add_argument("--data-root", help="local folder the agents mount at /data (default RUN_DIR/data)")
+    up.set_defaults(func=cmd_up)
+
+    sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
+
+    submit = sub.add_parser("submit", help="produce a job's JSON to the submission topic")
+    submit.add_argument("file", help="the job's JSON file, or - for standard input")
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
+    submit.set_defaults(func=cmd_submit)
+
+    status = sub.add_parser("status", help="every job, or one job with its reason and timeline")
+    status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true", help="print the monitor's JSON view of the job")
+    status.set_defaults(func=cmd_status)
+
+    sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
+    sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)
+
+    demo = sub.add_parser("demo", help="create demo data, start a cluster, run the S15 example, stop the cluster")
+    demo.add_argument("--timeout", type=float, default=600.0)
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.set_defaults(func=cmd_demo)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except ShardyardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

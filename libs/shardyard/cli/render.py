@@ -1,0 +1,144 @@
+"""Plain-text rendering of jobs, nodes and timelines for the terminal."""
+
+import sys
+from datetime import datetime
+from typing import Any, TextIO
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            j["job_id"],
+            str(j["state"]),
+            _fmt(j["priority"]),
+            _fmt(j["gpus"]),
+            f"{j['step']}/{_fmt(j['max_steps'])}",
+            _fmt(j["loss"]),
+            (f"{j['reason']}: " if j["reason"] else "") + (j["message"] or ""),
+        ]
+        for j in jobs
+    ]
+    return table(rows, ["JOB", "STATE", "PRIO", "GPUS", "STEP", "LOSS", "REASON"])
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> str:
+    rows = []
+    for n in nodes:
+        models: dict[str, int] = {}
+        for gpu in n["gpus"]:
+            models[gpu["model"]] = models.get(gpu["model"], 0) + 1
+        gpus = ", ".join(f"{count}x{model}" for model, count in models.items()) or "-"
+        simulated = " (simulated)" if any(g["simulated"] for g in n["gpus"]) else ""
+        rows.append(
+            [
+                n["node_id"],
+                n["status"],
+                gpus + simulated,
+                f"{len(n['allocated_gpus'])}/{len(n['gpus'])}",
+                f"{n['cpu_load']:.0%}",
+                ", ".join(f"{r['job_id']}#{r['shard_index']}" for r in n["running"]) or "-",
+            ]
+        )
+    return table(rows, ["NODE", "STATUS", "GPUS", "IN USE", "LOAD", "SHARDS"])
+
+
+def job_detail(job: dict[str, Any]) -> str:
+    lines = [f"job {job['job_id']}: {job['state']}"]
+    if job.get("reason") or job.get("message"):
+        lines.append(f"  reason: {job.get('reason') or '-'}: {job.get('message') or ''}")
+    for error in job.get("errors") or []:
+        lines.append(
+            f"    - {error['field']}: {error['problem']}" + (f" (got {error['input']})" if error["input"] else "")
+        )
+    if job.get("spec"):
+        spec = job["spec"]
+        lines.append(
+            f"  needs {spec['gpu_count']} x {spec['gpu_model'] or 'any GPU'} >= {spec['min_tflops']:g} TFLOPS, "
+            f"{spec['shard_count']} shards, sync every {spec['sync_interval']} steps, {spec['max_steps']} steps"
+        )
+    for index, shard in (job.get("shards") or {}).items():
+        lines.append(
+            f"  shard {index} on {shard['node_id']}: {shard['state']} step {shard.get('step', 0)} "
+            f"loss {_fmt(shard.get('loss'))} syncs {shard.get('syncs', 0)} "
+            f"allreduce {_fmt(shard.get('allreduce_ms'))} ms"
+        )
+    if job.get("first_loss") is not None:
+        lines.append(f"  loss: first {_fmt(job['first_loss'])} -> final {_fmt(job.get('final_loss') or job['loss'])}")
+    if job.get("checkpoint_dir"):
+        lines.append(f"  checkpoint: {job['checkpoint_dir']}")
+    return "\n".join(lines)
+
+
+def timeline(job: dict[str, Any]) -> str:
+    entries = job.get("timeline") or []
+    if not entries:
+        return "  (no events)"
+    start = datetime.fromisoformat(entries[0]["at"])
+    return "\n".join(
+        f"  +{(datetime.fromisoformat(e['at']) - start).total_seconds():7.2f}s  {e['event']:<18} {e['detail']}"
+        for e in entries
+    )
+
+
+def loss_curve(job: dict[str, Any], width: int = 40) -> str:
+    points = job.get("loss_curve") or []
+    if not points:
+        return "  (no loss reported)"
+    high = max(loss for _, loss in points)
+    low = min(loss for _, loss in points)
+    span = (high - low) or 1.0
+    step = max(1, len(points) // 12)
+    chosen = points[::step] + ([points[-1]] if points[-1] not in points[::step] else [])
+    return "\n".join(
+        f"  step {s:>6}  loss {loss:7.4f}  {'#' * max(1, int((loss - low) / span * width))}" for s, loss in chosen
+    )
+
+
+class ProgressLine:
+    """A live one-line progress bar on a terminal; one line per change elsewhere."""
+
+    def __init__(self, stream: TextIO = sys.stdout) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last_text = ""
+
+    def update(self, job: dict[str, Any]) -> None:
+        total = job.get("max_steps") or 0
+        step = job.get("step") or 0
+        filled = int(30 * step / total) if total else 0
+        bar = "#" * filled + "." * (30 - filled)
+        syncs = max((s.get("syncs", 0) for s in (job.get("shards") or {}).values()), default=0)
+        text = f"{job['job_id']} {job['state']:<10} [{bar}] step {step}/{total or '?'} loss {_fmt(job.get('loss'))}"
+        text += f" syncs {syncs}"
+        if job.get("reason") and job["state"] not in ("RUNNING", "SUCCEEDED"):
+            text += f" | {job['reason']}: {job.get('message', '')}"
+        # On a terminal the bar redraws in place; in a log, a line only when the state or the sync count changes.
+        key = text if self.tty else f"{job['state']} {syncs} {job.get('reason')}"
+        if key == self.last_text:
+            return
+        self.last_text = key
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last_text:
+            self.stream.write("\n")
+            self.stream.flush()

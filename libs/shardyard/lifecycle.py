@@ -1,0 +1,87 @@
+"""The job lifecycle as a transition table. Events from several services meet on the lifecycle topic; a consumer
+applies one only when the table allows the move, so late or duplicated events cannot revive a finished job."""
+
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from shardyard.events import (
+    JobAccepted,
+    JobFailed,
+    JobReady,
+    JobRejected,
+    JobRunning,
+    JobScheduled,
+    JobSucceeded,
+    JobUnschedulable,
+)
+
+
+class JobState(StrEnum):
+    ACCEPTED = "ACCEPTED"
+    REJECTED = "REJECTED"
+    WAITING = "WAITING"
+    READY = "READY"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL: Final = frozenset({JobState.REJECTED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+TRANSITIONS: Final = MappingProxyType(
+    {
+        # Validated; the queue checks its dependencies next.
+        JobState.ACCEPTED: frozenset({JobState.WAITING, JobState.READY, JobState.FAILED, JobState.CANCELLED}),
+        # Refused at the door: nothing follows.
+        JobState.REJECTED: frozenset(),
+        # Held for a dependency; released when it is met, failed when it never can be.
+        JobState.WAITING: frozenset({JobState.READY, JobState.FAILED, JobState.CANCELLED}),
+        # Eligible for placement; stays READY (with a pending reason) while nothing fits.
+        JobState.READY: frozenset({JobState.SCHEDULED, JobState.FAILED, JobState.CANCELLED}),
+        # Assignments published; RUNNING once every shard started. A gang that finishes before the RUNNING event
+        # is seen goes straight to its end state.
+        JobState.SCHEDULED: frozenset(
+            {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.READY}
+        ),
+        # Training; READY again when it is requeued (preemption, recovery by re-placement).
+        JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.READY}),
+        JobState.SUCCEEDED: frozenset(),
+        JobState.FAILED: frozenset(),
+        JobState.CANCELLED: frozenset(),
+    }
+)
+
+LifecycleFact = (
+    JobAccepted | JobRejected | JobReady | JobUnschedulable | JobScheduled | JobRunning | JobSucceeded | JobFailed
+)
+
+
+def target_state(event: LifecycleFact) -> JobState | None:
+    """The state an event moves a job to; None for events that only update the pending reason."""
+    match event:
+        case JobAccepted():
+            return JobState.ACCEPTED
+        case JobRejected():
+            return JobState.REJECTED
+        case JobReady():
+            return JobState.READY
+        case JobScheduled():
+            return JobState.SCHEDULED
+        case JobRunning():
+            return JobState.RUNNING
+        case JobSucceeded():
+            return JobState.SUCCEEDED
+        case JobFailed():
+            return JobState.FAILED
+        case JobUnschedulable():
+            return None
+
+
+def can_move(current: JobState | None, target: JobState) -> bool:
+    """True when a job in ``current`` (None: not seen yet) may move to ``target``."""
+    if current is None:
+        return target in (JobState.ACCEPTED, JobState.REJECTED)
+    return target in TRANSITIONS[current]

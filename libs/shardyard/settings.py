@@ -1,0 +1,60 @@
+"""Settings, loaded once in each ``__main__`` from the command line and ``SHARDYARD_*`` environment variables and
+passed down; nothing below ``__main__`` reads the environment."""
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shardyard.errors import ConfigError
+
+BOOTSTRAP_ENV = "SHARDYARD_KAFKA_BOOTSTRAP"
+
+
+def default_instance() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServiceSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers (host:port[,host:port])")
+    instance: str = Field(default_factory=default_instance, min_length=1, description="this replica's name")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def _env_name(field: str) -> str:
+    return BOOTSTRAP_ENV if field == "bootstrap" else f"SHARDYARD_{field.upper()}"
+
+
+def load_settings(cls: type[S], argv: Sequence[str], env: Mapping[str, str], *, prog: str) -> S:
+    """Fields come from ``--field-name VALUE`` (repeatable for list fields), else ``SHARDYARD_FIELD_NAME``."""
+    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    for name, info in cls.model_fields.items():
+        is_list = getattr(info.annotation, "__origin__", None) in (list, tuple)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            action="append" if is_list else "store",
+            help=f"{info.description or name} (env {_env_name(name)})",
+        )
+    args = vars(parser.parse_args(list(argv)))
+    values: dict[str, Any] = {}
+    for name, info in cls.model_fields.items():
+        if args.get(name) is not None:
+            values[name] = args[name]
+        elif _env_name(name) in env:
+            raw = env[_env_name(name)]
+            is_list = getattr(info.annotation, "__origin__", None) in (list, tuple)
+            values[name] = [part for part in raw.split(",") if part] if is_list else raw
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{prog}: invalid settings: {problems}") from exc

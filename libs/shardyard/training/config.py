@@ -1,0 +1,119 @@
+"""Run configuration of one training shard, parsed from the environment the node agent sets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
+DEFAULT_DIST_TIMEOUT_S = 60.0
+_MAX_SEED = 2**63 - 1
+
+
+class ConfigError(ValueError):
+    """The shard's environment is missing a variable or holds a bad value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid shard configuration: " + "; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    model_dir: Path
+    dataset_dir: Path
+    output_dir: Path
+    sync_interval: int
+    max_steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    seed: int
+    progress_fd: int | None = None
+    dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RunConfig:
+        """Parse the torchrun and ``SHARDYARD_*`` variables; every problem found is listed in one ConfigError."""
+        p = _Parser(env)
+        rank = p.required("RANK", int, lambda v: v >= 0, "an integer >= 0")
+        world_size = p.required("WORLD_SIZE", int, lambda v: v >= 1, "an integer >= 1")
+        local_rank = p.required("LOCAL_RANK", int, lambda v: v >= 0, "an integer >= 0")
+        master_addr = p.required("MASTER_ADDR", str, lambda v: v != "", "a host name or address")
+        master_port = p.required("MASTER_PORT", int, lambda v: 1 <= v <= 65535, "a port number in 1..65535")
+        model_dir = p.required("SHARDYARD_MODEL_DIR", str, lambda v: v != "", "a directory path")
+        dataset_dir = p.required("SHARDYARD_DATASET_DIR", str, lambda v: v != "", "a directory path")
+        output_dir = p.required("SHARDYARD_OUTPUT_DIR", str, lambda v: v != "", "a directory path")
+        sync_interval = p.required("SHARDYARD_SYNC_INTERVAL", int, lambda v: v >= 1, "an integer >= 1")
+        max_steps = p.required("SHARDYARD_MAX_STEPS", int, lambda v: v >= 1, "an integer >= 1")
+        batch_size = p.required("SHARDYARD_BATCH_SIZE", int, lambda v: v >= 1, "an integer >= 1")
+        seq_len = p.required("SHARDYARD_SEQ_LEN", int, lambda v: v >= 1, "an integer >= 1")
+        lr = p.required("SHARDYARD_LR", float, lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
+        seed = p.required("SHARDYARD_SEED", int, lambda v: 0 <= v <= _MAX_SEED, f"an integer in 0..{_MAX_SEED}")
+        progress_fd = p.optional("SHARDYARD_PROGRESS_FD", int, lambda v: v >= 0, "a file descriptor >= 0")
+        timeout = p.optional("SHARDYARD_DIST_TIMEOUT_S", float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
+        if rank is not None and world_size is not None and rank >= world_size:
+            p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
+        if p.problems:
+            raise ConfigError(p.problems)
+        # After the checks above every required value is set; the asserts narrow the Optionals for mypy.
+        assert rank is not None and world_size is not None and local_rank is not None and master_addr is not None
+        assert master_port is not None and model_dir is not None and dataset_dir is not None
+        assert output_dir is not None and sync_interval is not None and max_steps is not None
+        assert batch_size is not None and seq_len is not None and lr is not None and seed is not None
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            model_dir=Path(model_dir),
+            dataset_dir=Path(dataset_dir),
+            output_dir=Path(output_dir),
+            sync_interval=sync_interval,
+            max_steps=max_steps,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            seed=seed,
+            progress_fd=progress_fd,
+            dist_timeout_s=DEFAULT_DIST_TIMEOUT_S if timeout is None else timeout,
+        )
+
+
+class _Parser:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[str] = []
+
+    def required(self, name: str, conv: Callable[[str], _T], ok: Callable[[_T], bool], what: str) -> _T | None:
+        if name not in self.env:
+            self.problems.append(f"{name} is not set (expected {what})")
+            return None
+        return self._convert(name, conv, ok, what)
+
+    def optional(self, name: str, conv: Callable[[str], _T], ok: Callable[[_T], bool], what: str) -> _T | None:
+        if self.env.get(name, "").strip() == "":
+            return None
+        return self._convert(name, conv, ok, what)
+
+    def _convert(self, name: str, conv: Callable[[str], _T], ok: Callable[[_T], bool], what: str) -> _T | None:
+        raw = self.env[name]
+        try:
+            value = conv(raw.strip())
+        except ValueError:
+            self.problems.append(f"{name}={raw!r} is not {what}")
+            return None
+        if not ok(value):
+            self.problems.append(f"{name}={raw!r} is not {what}")
+            return None
+        return value

@@ -1,0 +1,78 @@
+"""Byte-level text dataset: every ``*.txt`` file under a directory, concatenated, sampled as random windows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class DatasetError(ValueError):
+    """The dataset directory is missing, holds no text, or is too short for the requested windows."""
+
+
+class ByteDataset:
+    """A 1-D uint8 tensor of bytes; :meth:`batches` draws ``[batch, seq_len]`` windows from it."""
+
+    def __init__(self, data: torch.Tensor, *, name: str = "<memory>") -> None:
+        if data.dtype != torch.uint8 or data.dim() != 1:
+            raise TypeError(f"expected a 1-D uint8 tensor, got {data.dtype} with shape {tuple(data.shape)}")
+        if data.numel() == 0:
+            raise DatasetError(f"dataset {name} is empty")
+        self.data = data
+        self.name = name
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike[str]) -> ByteDataset:
+        """Concatenate every ``*.txt`` file under ``directory`` (recursive, sorted by relative path)."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise DatasetError(f"dataset directory {root} does not exist or is not a directory")
+        files = sorted(p for p in root.rglob("*.txt") if p.is_file())
+        if not files:
+            raise DatasetError(f"dataset directory {root} contains no *.txt files")
+        try:
+            raw = b"".join(p.read_bytes() for p in files)
+        except OSError as exc:
+            raise DatasetError(f"cannot read dataset {root}: {exc}") from exc
+        if not raw:
+            raise DatasetError(f"dataset {root} is empty ({len(files)} *.txt files, 0 bytes)")
+        return cls(torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()), name=str(root))
+
+    def __len__(self) -> int:
+        return int(self.data.numel())
+
+    def check_seq_len(self, seq_len: int) -> None:
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if len(self) < seq_len + 1:
+            raise DatasetError(f"dataset {self.name} has {len(self)} bytes; seq_len={seq_len} needs >= {seq_len + 1}")
+
+    def batches(self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
+        """Infinite stream of ``(inputs, targets)`` LongTensors ``[batch_size, seq_len]``, targets shifted by one.
+
+        Every rank seeds the same generator; each step it draws ``world_size * batch_size`` window starts and
+        rank ``r`` takes slice ``[r * batch_size, (r + 1) * batch_size)``. The ranks' draws are therefore
+        disjoint, and together they equal what one process drawing the combined batch would get.
+        """
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.check_seq_len(seq_len)  # raised here, not at the first next()
+        return self._stream(rank, world_size, batch_size, seq_len, seed)
+
+    def _stream(self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
+        gen = torch.Generator().manual_seed(seed)
+        n_starts = len(self) - seq_len  # a start s uses bytes [s, s + seq_len]
+        offsets = torch.arange(seq_len + 1)
+        lo, hi = rank * batch_size, (rank + 1) * batch_size
+        while True:
+            starts = torch.randint(0, n_starts, (world_size * batch_size,), generator=gen)[lo:hi]
+            windows = self.data[starts.unsqueeze(1) + offsets].long()
+            yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -1,0 +1,119 @@
+"""JSON-lines progress reports from a shard to its node agent over an inherited file descriptor."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+Clock = Callable[[], float]
+
+
+class ProgressReporter:
+    """Writes one JSON object per line to ``fd`` (``None``: reports go nowhere).
+
+    ``progress`` lines are rate-limited to one per ``min_interval_s`` unless forced; the first one is always
+    written. Their ``loss`` is the mean over the steps since the previous progress line, ``samples_per_s`` and
+    ``cpu_percent`` (process CPU time / wall time x 100, so > 100 with several busy threads) cover the same
+    window. If the reader goes away (EPIPE, EBADF) reporting is switched off and training carries on.
+    """
+
+    def __init__(
+        self,
+        fd: int | None,
+        min_interval_s: float = 0.5,
+        clock: Clock = time.monotonic,
+        cpu_clock: Clock = time.process_time,
+    ) -> None:
+        self._fd = fd
+        self._min_interval_s = min_interval_s
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._last_line_t: float | None = None
+        self._window_t0 = clock()
+        self._window_cpu0 = cpu_clock()
+        self._window_samples0 = 0
+        self._loss_sum = 0.0
+        self._loss_n = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def started(self, world_size: int, rank: int) -> None:
+        self._emit({"kind": "started", "world_size": world_size, "rank": rank})
+
+    def progress(
+        self,
+        *,
+        step: int,
+        loss: float,
+        samples: int,
+        allreduce_ms: float,
+        allreduce_bytes: int,
+        syncs: int,
+        force: bool = False,
+    ) -> bool:
+        """Record one step (``samples``: cumulative samples so far); returns whether a line was written."""
+        if self._fd is None:
+            return False
+        self._loss_sum += loss
+        self._loss_n += 1
+        now = self._clock()
+        if not force and self._last_line_t is not None and now - self._last_line_t < self._min_interval_s:
+            return False
+        cpu_now = self._cpu_clock()
+        wall = now - self._window_t0
+        record = {
+            "kind": "progress",
+            "step": step,
+            "loss": self._loss_sum / self._loss_n,
+            "samples_per_s": (samples - self._window_samples0) / wall if wall > 0 else 0.0,
+            "allreduce_ms": allreduce_ms,
+            "allreduce_bytes": allreduce_bytes,
+            "syncs": syncs,
+            "cpu_percent": 100.0 * (cpu_now - self._window_cpu0) / wall if wall > 0 else 0.0,
+        }
+        self._last_line_t = self._window_t0 = now
+        self._window_cpu0 = cpu_now
+        self._window_samples0 = samples
+        self._loss_sum, self._loss_n = 0.0, 0
+        self._emit(record)
+        return self._fd is not None
+
+    def finished(self, final_loss: float, steps: int, checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        ckpt = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._emit({"kind": "finished", "final_loss": final_loss, "steps": steps, "checkpoint_dir": ckpt})
+
+    def close(self) -> None:
+        """Close the descriptor (the reader then sees EOF); later reports go nowhere."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self._fd is None:
+            return
+        clean = {k: _finite_or_none(v) for k, v in record.items()}
+        data = (json.dumps(clean, allow_nan=False, separators=(",", ":")) + "\n").encode()
+        try:
+            view = memoryview(data)
+            while view:  # lines are < PIPE_BUF, so one write; loop anyway for partial writes
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError as exc:
+            print(f"shardyard.training: progress fd {self._fd} unusable ({exc}); reporting disabled", file=sys.stderr)
+            self._fd = None
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN/Infinity: a diverged loss is reported as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,1 @@
+"""The fault-manager service."""

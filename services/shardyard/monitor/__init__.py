@@ -1,0 +1,1 @@
+"""The monitor service."""

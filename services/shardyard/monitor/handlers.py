@@ -1,0 +1,23 @@
+"""Monitor handlers: every event folds into the cluster view."""
+
+from faststream.kafka import KafkaMessage
+from prometheus_client import Counter
+
+from shardyard.bus.topics import Topic
+from shardyard.monitor.views import ClusterView
+
+
+class MonitorHandlers:
+    def __init__(self, view: ClusterView, events: Counter) -> None:
+        self.view = view
+        self.events = events
+
+    def for_topic(self, topic: Topic):  # type: ignore[no-untyped-def]
+        async def on_event(event: object) -> None:
+            self.events.labels(topic.name).inc()
+            self.view.apply(event)
+
+        return on_event
+
+    async def on_dead_letter(self, _raw: bytes, _message: KafkaMessage) -> None:
+        self.view.dead_letters += 1

@@ -1,0 +1,197 @@
+"""Node-agent handlers: assignments start and stop shard processes; heartbeats and shard events go out."""
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardyard.bus.kafka import Bus
+from shardyard.clock import Clock
+from shardyard.events import FailureCause, Heartbeat, ShardAssignment, ShardProgress, ShardRevocation, ShardStarted
+from shardyard.node_agent.book import PROGRESS_FD_ENV, AgentBook, ShardKey, Verdict, key_of, shard_env
+from shardyard.node_agent.inventory import GpuProbe
+from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
+
+log = logging.getLogger(__name__)
+
+TERMINATE_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    node_id: str
+    instance: str
+    address: str
+    rendezvous_ports: tuple[int, int]
+    cpu_cores: float
+    memory_bytes: int
+    mounts: Mapping[str, str]
+    log_dir: Path
+    python: str
+    base_env: Mapping[str, str]
+
+
+class AgentHandlers:
+    def __init__(
+        self, identity: NodeIdentity, book: AgentBook, bus: Bus, clock: Clock, gpus: GpuProbe, launcher: Launcher
+    ) -> None:
+        self.me = identity
+        self.book = book
+        self.bus = bus
+        self.clock = clock
+        self.gpus = gpus
+        self.launcher = launcher
+        self.processes: dict[ShardKey, ShardProcess] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.seq = 0
+
+    async def on_assignment(self, event: object) -> None:
+        if isinstance(event, ShardRevocation):
+            await self._revoke(event)
+            return
+        if not isinstance(event, ShardAssignment):
+            return
+        verdict = self.book.on_assignment(event)
+        if verdict is Verdict.STALE_TERM:
+            log.warning("refusing %s: term %d is older than %d", key_of(event), event.term, self.book.max_term)
+        if verdict is not Verdict.LAUNCH:
+            return
+        await self._launch(event)
+
+    async def _launch(self, assignment: ShardAssignment) -> None:
+        key = key_of(assignment)
+        paths = self.book.paths(assignment, self.me.mounts)
+        missing = paths.missing()
+        if missing:
+            await self._finish(
+                key, None, f"missing on {self.me.node_id}: {', '.join(missing)}", FailureCause.MISSING_ARTIFACT
+            )
+            return
+        job, shard, attempt = key
+        log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
+        spec = LaunchSpec(
+            argv=(self.me.python, "-m", "shardyard.training.runner"),
+            env=shard_env(assignment, paths, base_env=self.me.base_env),
+            cwd=Path.cwd(),
+            log_path=log_path,
+        )
+        try:
+            paths.output.parent.mkdir(parents=True, exist_ok=True)
+            process = await self.launcher.launch(spec, progress_env=PROGRESS_FD_ENV)
+        except OSError as exc:
+            await self._finish(key, None, f"cannot start the shard: {exc}", FailureCause.LAUNCH_ERROR)
+            return
+        self.processes[key] = process
+        await self.bus.publish(
+            ShardStarted(
+                occurred_at=self.clock.now(),
+                job_id=job,
+                shard_index=shard,
+                attempt=attempt,
+                node_id=self.me.node_id,
+                pid=process.pid,
+            )
+        )
+        task = asyncio.create_task(self._watch(key, process, log_path), name=f"shard-{job}-{shard}-{attempt}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _watch(self, key: ShardKey, process: ShardProcess, log_path: Path) -> None:
+        final: dict[str, object] | None = None
+        async for line in process.progress():
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(report, dict):
+                continue
+            if report.get("kind") == "progress":
+                self.book.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
+                await self._progress(key, report)
+            elif report.get("kind") == "finished":
+                final = report
+        code = await process.wait()
+        self.processes.pop(key, None)
+        message = f"exit code {code}" + (f": {tail(log_path)}" if code else "")
+        await self._finish(key, code, message, None, final)
+
+    async def _progress(self, key: ShardKey, report: Mapping[str, object]) -> None:
+        job, shard, attempt = key
+
+        def number(name: str) -> float:
+            value = report.get(name, 0)
+            return float(value) if isinstance(value, int | float) else 0.0
+
+        await self.bus.publish(
+            ShardProgress(
+                occurred_at=self.clock.now(),
+                job_id=job,
+                shard_index=shard,
+                attempt=attempt,
+                node_id=self.me.node_id,
+                step=int(number("step")),
+                loss=number("loss"),
+                samples_per_s=number("samples_per_s"),
+                allreduce_ms=number("allreduce_ms"),
+                allreduce_bytes=int(number("allreduce_bytes")),
+                syncs=int(number("syncs")),
+                cpu_percent=number("cpu_percent"),
+            )
+        )
+
+    async def _finish(
+        self,
+        key: ShardKey,
+        code: int | None,
+        message: str,
+        cause: FailureCause | None,
+        final: Mapping[str, object] | None = None,
+    ) -> None:
+        event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
+        if event is not None:
+            await self.bus.publish(event)
+
+    async def _revoke(self, revocation: ShardRevocation) -> None:
+        key = self.book.on_revocation(revocation)
+        process = self.processes.get(key) if key else None
+        if process is not None:
+            log.info("revoking %s: %s", key, revocation.reason)
+            process.terminate()
+            asyncio.get_running_loop().call_later(TERMINATE_GRACE_S, process.kill)
+
+    async def heartbeat(self) -> None:
+        self.seq += 1
+        pids = {key: process.pid for key, process in self.processes.items()}
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        await self.bus.publish(
+            Heartbeat(
+                occurred_at=self.clock.now(),
+                node_id=self.me.node_id,
+                agent_instance=self.me.instance,
+                seq=self.seq,
+                host=socket.gethostname(),
+                address=self.me.address,
+                rendezvous_ports=self.me.rendezvous_ports,
+                gpus=self.gpus.probe(self.book.gpu_utilization()),
+                cpu_cores=self.me.cpu_cores,
+                memory_bytes=self.me.memory_bytes,
+                cpu_load=round(load, 4),
+                mounts=dict(self.me.mounts),
+                running=self.book.running_shards(pids),
+            )
+        )
+
+    async def stop_all(self) -> None:
+        """On shutdown: stop every shard, wait for them to exit (SIGKILL after the grace period)."""
+        for process in self.processes.values():
+            process.terminate()
+        if self.tasks:
+            _, pending = await asyncio.wait(self.tasks, timeout=TERMINATE_GRACE_S)
+            for process in self.processes.values():
+                process.kill()
+            if pending:
+                await asyncio.wait(pending, timeout=TERMINATE_GRACE_S)

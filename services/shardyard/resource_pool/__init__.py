@@ -1,0 +1,1 @@
+"""The resource-pool service."""

@@ -1,0 +1,117 @@
+"""Node inventory, liveness and the reservations ledger. Pure: receive times come in as arguments.
+
+A node is ALIVE while it heartbeats, SUSPECT after ``suspect_after_s`` of silence and LOST after ``lost_after_s``;
+a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile).
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shardyard.events import (
+    Event,
+    Heartbeat,
+    JobFailed,
+    JobSucceeded,
+    NodeLost,
+    NodeState,
+    NodeStatus,
+    ShardAssignment,
+    ShardCompleted,
+    ShardFailed,
+    ShardRevocation,
+)
+
+
+@dataclass
+class NodeRecord:
+    heartbeat: Heartbeat
+    received_at: datetime
+    status: NodeStatus = NodeStatus.ALIVE
+
+
+@dataclass
+class PoolBook:
+    suspect_after_s: float = 3.0
+    lost_after_s: float = 10.0
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    # node -> (job, shard) -> GPU indices reserved by an assignment
+    allocations: dict[str, dict[tuple[str, int], tuple[int, ...]]] = field(default_factory=dict)
+
+    def state_of(self, node_id: str, now: datetime) -> NodeState:
+        record = self.nodes[node_id]
+        hb = record.heartbeat
+        allocated = sorted({g for gpus in self.allocations.get(node_id, {}).values() for g in gpus})
+        return NodeState(
+            occurred_at=now,
+            node_id=node_id,
+            status=record.status,
+            agent_instance=hb.agent_instance,
+            host=hb.host,
+            address=hb.address,
+            rendezvous_ports=hb.rendezvous_ports,
+            last_heartbeat_at=record.received_at,
+            gpus=hb.gpus,
+            allocated_gpus=tuple(allocated),
+            cpu_cores=hb.cpu_cores,
+            memory_bytes=hb.memory_bytes,
+            cpu_load=hb.cpu_load,
+            running=hb.running,
+        )
+
+    def on_heartbeat(self, heartbeat: Heartbeat, now: datetime) -> list[Event]:
+        record = self.nodes.get(heartbeat.node_id)
+        same_agent = record is not None and record.heartbeat.agent_instance == heartbeat.agent_instance
+        if same_agent and record is not None and heartbeat.seq < record.heartbeat.seq:
+            return []  # a late, reordered heartbeat says nothing new
+        self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now, NodeStatus.ALIVE)
+        return [self.state_of(heartbeat.node_id, now)]
+
+    def restore(self, state: NodeState) -> None:
+        """Rebuild from the compacted node-state topic; the next heartbeat or tick brings it up to date."""
+        hb = Heartbeat(
+            occurred_at=state.last_heartbeat_at,
+            node_id=state.node_id,
+            agent_instance=state.agent_instance,
+            seq=0,
+            host=state.host,
+            address=state.address,
+            rendezvous_ports=state.rendezvous_ports,
+            gpus=state.gpus,
+            cpu_cores=state.cpu_cores,
+            memory_bytes=state.memory_bytes,
+            cpu_load=state.cpu_load,
+            running=state.running,
+        )
+        self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status)
+
+    def on_ledger_event(self, event: object) -> None:
+        match event:
+            case ShardAssignment():
+                self.allocations.setdefault(event.node_id, {})[(event.job_id, event.shard_index)] = event.gpu_indices
+            case ShardRevocation() | ShardCompleted() | ShardFailed():
+                self.allocations.get(event.node_id, {}).pop((event.job_id, event.shard_index), None)
+            case JobSucceeded() | JobFailed():
+                for ledger in self.allocations.values():
+                    for key in [k for k in ledger if k[0] == event.job_id]:
+                        del ledger[key]
+            case _:
+                pass
+
+    def tick(self, now: datetime) -> list[Event]:
+        """Passive transitions from silence: ALIVE -> SUSPECT -> LOST."""
+        out: list[Event] = []
+        for node_id, record in self.nodes.items():
+            silent = (now - record.received_at).total_seconds()
+            if record.status is not NodeStatus.LOST and silent >= self.lost_after_s:
+                record.status = NodeStatus.LOST
+                self.allocations.pop(node_id, None)
+                out.append(self.state_of(node_id, now))
+                out.append(
+                    NodeLost(
+                        occurred_at=now, node_id=node_id, last_heartbeat_at=record.received_at, silent_for_s=silent
+                    )
+                )
+            elif record.status is NodeStatus.ALIVE and silent >= self.suspect_after_s:
+                record.status = NodeStatus.SUSPECT
+                out.append(self.state_of(node_id, now))
+        return out

@@ -1,0 +1,22 @@
+"""Resource-pool handlers: heartbeats in, node state out; the ledger follows assignments and shard ends."""
+
+from shardyard.bus.kafka import Bus
+from shardyard.clock import Clock
+from shardyard.events import Heartbeat
+from shardyard.resource_pool.book import PoolBook
+
+
+class PoolHandlers:
+    def __init__(self, book: PoolBook, bus: Bus, clock: Clock) -> None:
+        self.book = book
+        self.bus = bus
+        self.clock = clock
+
+    async def on_heartbeat(self, event: Heartbeat) -> None:
+        await self.bus.publish_all(self.book.on_heartbeat(event, self.clock.now()))
+
+    async def on_ledger_event(self, event: object) -> None:
+        self.book.on_ledger_event(event)
+
+    async def tick(self) -> None:
+        await self.bus.publish_all(self.book.tick(self.clock.now()))

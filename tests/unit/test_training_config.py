@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shardyard.training import exitcodes
+from shardyard.training.config import DEFAULT_DIST_TIMEOUT_S, ConfigError, RunConfig
+from shardyard.training.runner import main
+
+GOOD_ENV: dict[str, str] = {
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "SHARDYARD_MODEL_DIR": "/data/models/gpt2",
+    "SHARDYARD_DATASET_DIR": "/data/datasets/wikitext",
+    "SHARDYARD_OUTPUT_DIR": "/out/ckpt",
+    "SHARDYARD_SYNC_INTERVAL": "100",
+    "SHARDYARD_MAX_STEPS": "300",
+    "SHARDYARD_BATCH_SIZE": "8",
+    "SHARDYARD_SEQ_LEN": "64",
+    "SHARDYARD_LR": "3e-4",
+    "SHARDYARD_SEED": "7",
+}
+OPTIONAL = {"SHARDYARD_PROGRESS_FD", "SHARDYARD_DIST_TIMEOUT_S"}
+
+
+def test_parses_a_complete_environment() -> None:
+    cfg = RunConfig.from_env({**GOOD_ENV, "SHARDYARD_PROGRESS_FD": "9", "SHARDYARD_DIST_TIMEOUT_S": "2.5"})
+    assert cfg == RunConfig(
+        rank=1,
+        world_size=2,
+        local_rank=0,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        model_dir=Path("/data/models/gpt2"),
+        dataset_dir=Path("/data/datasets/wikitext"),
+        output_dir=Path("/out/ckpt"),
+        sync_interval=100,
+        max_steps=300,
+        batch_size=8,
+        seq_len=64,
+        lr=3e-4,
+        seed=7,
+        progress_fd=9,
+        dist_timeout_s=2.5,
+    )
+
+
+def test_optional_values_take_defaults() -> None:
+    cfg = RunConfig.from_env(GOOD_ENV)
+    assert cfg.progress_fd is None
+    assert cfg.dist_timeout_s == DEFAULT_DIST_TIMEOUT_S == 60.0
+
+
+def test_config_is_frozen() -> None:
+    cfg = RunConfig.from_env(GOOD_ENV)
+    with pytest.raises(AttributeError):
+        cfg.rank = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", sorted(GOOD_ENV))
+def test_missing_required_variable(name: str) -> None:
+    env = {k: v for k, v in GOOD_ENV.items() if k != name}
+    with pytest.raises(ConfigError, match=f"{name} is not set"):
+        RunConfig.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RANK", "-1"),
+        ("RANK", "one"),
+        ("WORLD_SIZE", "0"),
+        ("LOCAL_RANK", "-2"),
+        ("MASTER_ADDR", ""),
+        ("MASTER_PORT", "0"),
+        ("MASTER_PORT", "70000"),
+        ("MASTER_PORT", "http"),
+        ("SHARDYARD_MODEL_DIR", ""),
+        ("SHARDYARD_DATASET_DIR", ""),
+        ("SHARDYARD_OUTPUT_DIR", ""),
+        ("SHARDYARD_SYNC_INTERVAL", "0"),
+        ("SHARDYARD_SYNC_INTERVAL", "1.5"),
+        ("SHARDYARD_MAX_STEPS", "0"),
+        ("SHARDYARD_BATCH_SIZE", "-8"),
+        ("SHARDYARD_SEQ_LEN", "0"),
+        ("SHARDYARD_LR", "0"),
+        ("SHARDYARD_LR", "nan"),
+        ("SHARDYARD_LR", "fast"),
+        ("SHARDYARD_SEED", "-1"),
+        ("SHARDYARD_SEED", str(2**63)),
+        ("SHARDYARD_PROGRESS_FD", "-1"),
+        ("SHARDYARD_PROGRESS_FD", "stdout"),
+        ("SHARDYARD_DIST_TIMEOUT_S", "0"),
+        ("SHARDYARD_DIST_TIMEOUT_S", "inf"),
+    ],
+)
+def test_bad_value_is_rejected_with_its_name(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name) as info:
+        RunConfig.from_env({**GOOD_ENV, name: value})
+    assert len(info.value.problems) == 1
+    assert repr(value) in str(info.value)
+
+
+def test_rank_must_be_below_world_size() -> None:
+    with pytest.raises(ConfigError, match="RANK=2 must be < WORLD_SIZE=2"):
+        RunConfig.from_env({**GOOD_ENV, "RANK": "2"})
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    env = {**GOOD_ENV, "SHARDYARD_LR": "x", "SHARDYARD_SEQ_LEN": "0"}
+    del env["RANK"]
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_env(env)
+    assert len(info.value.problems) == 3
+
+
+def test_runner_exits_user_error_on_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main({"RANK": "0"}) == exitcodes.USER_ERROR
+    assert "WORLD_SIZE is not set" in capsys.readouterr().err
+
+
+def test_runner_exits_user_error_on_closed_progress_fd(capsys: pytest.CaptureFixture[str]) -> None:
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)
+    assert main({**GOOD_ENV, "SHARDYARD_PROGRESS_FD": str(w)}) == exitcodes.USER_ERROR
+    assert "SHARDYARD_PROGRESS_FD" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shardyard.training.progress import ProgressReporter
+
+
+class FakeClock:
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _lines(read_fd: int) -> list[dict[str, Any]]:
+    data = b""
+    while chunk := os.read(read_fd, 65536):
+        data += chunk
+    assert data.endswith(b"\n")
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+def _step(reporter: ProgressReporter, step: int, loss: float, force: bool = False) -> bool:
+    return reporter.progress(
+        step=step, loss=loss, samples=8 * step, allreduce_ms=1.5, allreduce_bytes=1024, syncs=step // 10, force=force
+    )
+
+
+def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    wall, cpu = FakeClock(100.0), FakeClock(10.0)
+    reporter = ProgressReporter(w, min_interval_s=0.5, clock=wall, cpu_clock=cpu)
+    reporter.started(world_size=2, rank=1)
+
+    wall.now, cpu.now = 101.0, 10.5
+    assert _step(reporter, 1, 5.0)  # first progress line is always written
+    wall.now = 101.2
+    assert not _step(reporter, 2, 4.0)  # within 0.5 s: suppressed
+    wall.now = 101.4
+    assert not _step(reporter, 3, 3.0)
+    wall.now, cpu.now = 101.5, 10.75
+    assert _step(reporter, 4, 2.0)  # 0.5 s after the previous line
+    wall.now = 101.6
+    assert _step(reporter, 10, 1.0, force=True)  # a sync step forces a line
+    reporter.finished(final_loss=1.0, steps=10, checkpoint_dir="/out/ckpt")
+    reporter.close()
+
+    lines = _lines(r)
+    assert [line["kind"] for line in lines] == ["started", "progress", "progress", "progress", "finished"]
+    assert lines[0] == {"kind": "started", "world_size": 2, "rank": 1}
+    first, second, forced = lines[1:4]
+    assert set(first) == {
+        "kind",
+        "step",
+        "loss",
+        "samples_per_s",
+        "allreduce_ms",
+        "allreduce_bytes",
+        "syncs",
+        "cpu_percent",
+    }
+    assert (first["step"], first["loss"]) == (1, 5.0)
+    assert first["samples_per_s"] == pytest.approx(8 / 1.0)  # since construction at t=100
+    assert first["cpu_percent"] == pytest.approx(50.0)
+    assert second["step"] == 4
+    assert second["loss"] == pytest.approx((4.0 + 3.0 + 2.0) / 3)  # mean over the suppressed steps too
+    assert second["samples_per_s"] == pytest.approx(24 / 0.5)
+    assert second["cpu_percent"] == pytest.approx(50.0)
+    assert (forced["step"], forced["syncs"], forced["allreduce_bytes"]) == (10, 1, 1024)
+    assert lines[4] == {"kind": "finished", "final_loss": 1.0, "steps": 10, "checkpoint_dir": "/out/ckpt"}
+
+
+def test_non_finite_loss_is_reported_as_null(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    reporter = ProgressReporter(w, clock=FakeClock())
+    _step(reporter, 1, math.nan)
+    reporter.finished(final_loss=math.inf, steps=1, checkpoint_dir=None)
+    reporter.close()
+    lines = _lines(r)
+    assert lines[0]["loss"] is None
+    assert lines[1] == {"kind": "finished", "final_loss": None, "steps": 1, "checkpoint_dir": None}
+
+
+def test_without_fd_nothing_is_written() -> None:
+    reporter = ProgressReporter(None)
+    assert not reporter.enabled
+    reporter.started(world_size=1, rank=0)
+    assert not _step(reporter, 1, 1.0, force=True)
+    reporter.close()
+
+
+def test_a_closed_reader_disables_reporting(pipe: tuple[int, int], capsys: pytest.CaptureFixture[str]) -> None:
+    r, w = pipe
+    os.close(r)
+    reporter = ProgressReporter(w, clock=FakeClock())
+    reporter.started(world_size=1, rank=0)  # EPIPE: switched off, no exception
+    assert not reporter.enabled
+    assert "reporting disabled" in capsys.readouterr().err
+    assert not _step(reporter, 1, 1.0, force=True)

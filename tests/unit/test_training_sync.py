@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardyard.training import sync as sync_mod
+from shardyard.training.sync import ParamSync, SyncStats
+
+
+def _params() -> list[nn.Parameter]:
+    torch.manual_seed(0)
+    return [
+        nn.Parameter(torch.randn(10, 10)),  # 400 B
+        nn.Parameter(torch.randn(5, dtype=torch.float64)),  # 40 B
+        nn.Parameter(torch.randn(30)),  # 120 B
+        nn.Parameter(torch.randn(4, 4)),  # 64 B
+    ]
+
+
+@pytest.fixture
+def single_rank_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_world_size_one_is_a_noop(single_rank_group: None) -> None:
+    params = _params()
+    before = [p.detach().clone() for p in params]
+    sync = ParamSync(params)
+    assert sync.world_size() == 1
+    stats = sync.allreduce_mean()
+    assert stats.bytes == 0 and stats.buckets == 0
+    assert 0.0 <= stats.ms < 50.0
+    for p, b in zip(params, before, strict=True):
+        assert torch.equal(p, b)
+    assert sync.total_bytes == 400 + 40 + 120 + 64  # what a multi-rank sync would move
+
+
+def test_without_a_process_group_it_is_a_noop_too() -> None:
+    assert not dist.is_initialized()
+    assert ParamSync(_params()).allreduce_mean().bytes == 0
+
+
+def test_buckets_group_by_dtype_in_order_and_respect_the_size_cap() -> None:
+    assert ParamSync(_params()).bucket_sizes == [400 + 120 + 64, 40]
+    # 450 B cap: the first float32 bucket closes before the 120 B parameter; a parameter over the cap gets its own.
+    assert ParamSync(_params(), bucket_bytes=450).bucket_sizes == [400, 120 + 64, 40]
+    assert ParamSync(_params(), bucket_bytes=100).bucket_sizes == [400, 120, 64, 40]
+
+
+def test_tied_parameters_are_reduced_once() -> None:
+    p = nn.Parameter(torch.ones(8))
+    assert ParamSync([p, p]).total_bytes == 32
+
+
+def test_multi_rank_path_averages_and_copies_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulate a peer whose parameters are 3x ours: the SUM is 4x, the mean 2x."""
+    params = _params()
+    before = [p.detach().clone() for p in params]
+    calls: list[int] = []
+
+    def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+        assert op == dist.ReduceOp.SUM
+        calls.append(tensor.numel())
+        tensor.mul_(4)
+
+    monkeypatch.setattr(ParamSync, "world_size", lambda self: 2)
+    monkeypatch.setattr(sync_mod.dist, "all_reduce", fake_all_reduce)
+    sync = ParamSync(params, bucket_bytes=450)
+    stats = sync.allreduce_mean()
+    assert stats == SyncStats(ms=stats.ms, bytes=624, buckets=3)
+    assert calls == [100, 46, 5]
+    for p, b in zip(params, before, strict=True):
+        torch.testing.assert_close(p.detach(), 2 * b)
+        assert p.grad is None and p.requires_grad
