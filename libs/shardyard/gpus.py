@@ -4,6 +4,7 @@ The defaults reproduce the figures of the product brief (A100 35, V100 15); the 
 Agents may override a node's figure with a measured one; the scheduler then uses the node's own figure.
 """
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -22,14 +23,20 @@ DEFAULT_TFLOPS: Mapping[str, float] = MappingProxyType(
 )
 
 
+_VENDOR_WORDS = re.compile(r"\b(NVIDIA|TESLA|GEFORCE|QUADRO)\b")
+_SERIES = ("RTX", "GTX", "TITAN")
+
+
 def canonical_model(name: str) -> str:
-    """Normalise a GPU model name as users and NVML write it ("NVIDIA A100-SXM4-80GB" -> "A100")."""
-    upper = name.upper().replace("NVIDIA", "").replace("TESLA", "").replace("GEFORCE", "").strip()
-    upper = upper.replace(" ", "").replace("RTX-", "RTX")
-    for known in sorted(DEFAULT_TFLOPS, key=len, reverse=True):
-        if upper.startswith(known):
-            return known
-    return upper.split("-")[0]
+    """Normalise a GPU model name as users and NVML write it: "NVIDIA A100-SXM4-80GB" -> "A100",
+    "H100 80GB HBM3" -> "H100", "GeForce RTX 4090" -> "RTX4090". The model is the first token after the vendor
+    words, matched whole ("L40" is not "L4")."""
+    tokens = [t for t in re.split(r"[\s_-]+", _VENDOR_WORDS.sub(" ", name.upper())) if t]
+    if not tokens:
+        return name.strip().upper()
+    if tokens[0] in _SERIES and len(tokens) > 1:
+        return tokens[0] + tokens[1]
+    return tokens[0]
 
 
 def match_score(node_tflops: float, required_tflops: float) -> float:

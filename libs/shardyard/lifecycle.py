@@ -35,8 +35,8 @@ TRANSITIONS: Final = MappingProxyType(
     {
         # Validated; the queue checks its dependencies next.
         JobState.ACCEPTED: frozenset({JobState.WAITING, JobState.READY, JobState.FAILED, JobState.CANCELLED}),
-        # Refused at the door: nothing follows.
-        JobState.REJECTED: frozenset(),
+        # Refused at the door. Only a corrected resubmission under the same id follows.
+        JobState.REJECTED: frozenset({JobState.ACCEPTED}),
         # Held for a dependency; released when it is met, failed when it never can be.
         JobState.WAITING: frozenset({JobState.READY, JobState.FAILED, JobState.CANCELLED}),
         # Eligible for placement; stays READY (with a pending reason) while nothing fits.

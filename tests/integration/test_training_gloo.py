@@ -39,6 +39,7 @@ class Shard:
     proc: subprocess.Popen[bytes]
     stderr_path: Path
     lines: list[dict[str, Any]] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # time.monotonic() of each line
     got_line: threading.Event = field(default_factory=threading.Event)
     reader: threading.Thread | None = None
 
@@ -46,6 +47,7 @@ class Shard:
         with os.fdopen(fd, "rb") as f:
             for raw in f:  # whole JSON lines; EOF once the child has exited
                 self.lines.append(json.loads(raw))
+                self.arrived.append(time.monotonic())
                 self.got_line.set()
 
     def stderr(self) -> str:
@@ -160,8 +162,12 @@ def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launch
         assert finished["checkpoint_dir"] == (str(output_dir) if shard.rank == 0 else None)
 
     assert load_pretrained(output_dir).config == TEST_MODEL
-    sps = [p["samples_per_s"] for p in shards[0].progress()[1:]]
-    print(f"\n2 shards x 300 steps: {elapsed:.2f} s wall (incl. start-up); rank 0 ~{1000 * 8 / max(sps):.1f} ms/step")
+    rank0 = shards[0]
+    train_s = rank0.arrived[-1] - rank0.arrived[0]  # "started" (after the rendezvous) .. "finished"
+    print(
+        f"\n2 shards x 300 steps: {elapsed:.2f} s wall from Popen to exit; rank 0 start-up"
+        f" {rank0.arrived[0] - t0:.2f} s, training {train_s:.2f} s = {1000 * train_s / 300:.1f} ms/step"
+    )
 
 
 def test_missing_model_dir_exits_user_error(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:
@@ -179,9 +185,19 @@ def test_sigterm_ends_a_shard_promptly_and_its_peer_exits_comm_error(
     rank0, rank1 = launch(2, env)
     for shard in (rank0, rank1):
         assert shard.got_line.wait(timeout=60), f"rank {shard.rank} never reported:\n{shard.stderr()}"
+    t_kill = time.monotonic()
     rank1.proc.send_signal(signal.SIGTERM)
     assert _wait(rank1, 10) == -signal.SIGTERM
     assert classify_exit(rank1.proc.returncode) is ExitCause.KILLED
     assert _wait(rank0, 30) == exitcodes.COMM_ERROR, rank0.stderr()
     assert classify_exit(rank0.proc.returncode) is ExitCause.COMM_ERROR
     assert "communication error" in rank0.stderr()
+    print(f"\npeer exited COMM_ERROR {time.monotonic() - t_kill:.2f} s after SIGTERM")
+
+
+def test_rendezvous_timeout_exits_comm_error(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:
+    env = _train_env(artifacts, tmp_path / "out", SHARDYARD_DIST_TIMEOUT_S="1")
+    (shard,) = launch(2, env, ranks=[0])  # rank 1 never shows up
+    assert _wait(shard, 60) == exitcodes.COMM_ERROR, shard.stderr()
+    assert "init_process_group" in shard.stderr()
+    assert shard.lines == []

@@ -71,7 +71,7 @@ def test_missing_directory_raises(tmp_path: Path) -> None:
 
 def test_directory_without_txt_files_raises(tmp_path: Path) -> None:
     (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(DatasetError, match="no \\*.txt files"):
+    with pytest.raises(DatasetError, match=r"no \*\.txt files"):
         ByteDataset.from_dir(tmp_path)
 
 

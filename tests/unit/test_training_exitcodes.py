@@ -30,4 +30,4 @@ def test_classify_exit(returncode: int, cause: ExitCause) -> None:
 
 def test_exit_code_values_are_stable() -> None:
     assert (exitcodes.OK, exitcodes.USER_ERROR, exitcodes.COMM_ERROR, exitcodes.INTERNAL_ERROR) == (0, 3, 4, 5)
-    assert ExitCause.KILLED == "killed"
+    assert [str(c) for c in ExitCause] == ["ok", "user_error", "comm_error", "killed", "process_exit"]

@@ -123,7 +123,8 @@ def _corrupt(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "how", ["no-config", "no-weights", "bad-json", "wrong-model-type", "garbage-weights", "missing-tensor", "wrong-shape"]
+    "how",
+    ["no-config", "no-weights", "bad-json", "wrong-model-type", "garbage-weights", "missing-tensor", "wrong-shape"],
 )
 def test_invalid_checkpoint_raises_checkpoint_error(tmp_path: Path, how: str) -> None:
     target = save_pretrained(_model(0), tmp_path / "ckpt")

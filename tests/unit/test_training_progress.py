@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,10 +25,8 @@ def pipe() -> Iterator[tuple[int, int]]:
     r, w = os.pipe()
     yield r, w
     for fd in (r, w):
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def _lines(read_fd: int) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardyard.training import sync as sync_mod
 from shardyard.training.sync import ParamSync, SyncStats
 
 
@@ -73,7 +72,7 @@ def test_multi_rank_path_averages_and_copies_back(monkeypatch: pytest.MonkeyPatc
         tensor.mul_(4)
 
     monkeypatch.setattr(ParamSync, "world_size", lambda self: 2)
-    monkeypatch.setattr(sync_mod.dist, "all_reduce", fake_all_reduce)
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)  # sync.py calls it as dist.all_reduce
     sync = ParamSync(params, bucket_bytes=450)
     stats = sync.allreduce_mean()
     assert stats == SyncStats(ms=stats.ms, bytes=624, buckets=3)

@@ -23,7 +23,7 @@ ByteCount = Annotated[int, BeforeValidator(_bytes)]
 
 
 class _UserModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class GpuRequirement(_UserModel):

@@ -84,18 +84,26 @@ class PoolBook:
         )
         self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status)
 
-    def on_ledger_event(self, event: object) -> None:
+    def on_ledger_event(self, event: object, now: datetime | None = None) -> list[Event]:
+        """Reserve or release GPUs; with ``now``, return the fresh state of each node whose reservations changed."""
+        changed: set[str] = set()
         match event:
             case ShardAssignment():
                 self.allocations.setdefault(event.node_id, {})[(event.job_id, event.shard_index)] = event.gpu_indices
+                changed.add(event.node_id)
             case ShardRevocation() | ShardCompleted() | ShardFailed():
-                self.allocations.get(event.node_id, {}).pop((event.job_id, event.shard_index), None)
+                if self.allocations.get(event.node_id, {}).pop((event.job_id, event.shard_index), None) is not None:
+                    changed.add(event.node_id)
             case JobSucceeded() | JobFailed():
-                for ledger in self.allocations.values():
+                for node_id, ledger in self.allocations.items():
                     for key in [k for k in ledger if k[0] == event.job_id]:
                         del ledger[key]
+                        changed.add(node_id)
             case _:
                 pass
+        if now is None:
+            return []
+        return [self.state_of(node_id, now) for node_id in sorted(changed) if node_id in self.nodes]
 
     def tick(self, now: datetime) -> list[Event]:
         """Passive transitions from silence: ALIVE -> SUSPECT -> LOST."""

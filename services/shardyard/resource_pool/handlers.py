@@ -16,7 +16,7 @@ class PoolHandlers:
         await self.bus.publish_all(self.book.on_heartbeat(event, self.clock.now()))
 
     async def on_ledger_event(self, event: object) -> None:
-        self.book.on_ledger_event(event)
+        await self.bus.publish_all(self.book.on_ledger_event(event, self.clock.now()))
 
     async def tick(self) -> None:
         await self.bus.publish_all(self.book.tick(self.clock.now()))

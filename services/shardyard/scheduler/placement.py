@@ -96,34 +96,36 @@ def place_job(nodes: Sequence[NodeView], spec: JobSpec) -> Decision:
         else:
             excluded[why] += 1
     candidates.sort(key=lambda n: (-match_score(n.tflops, spec.min_tflops), n.cpu_load, -len(n.free_gpus), n.node_id))
-    chosen: list[ShardPlacement] = []
-    for node in candidates:
-        take = min(_capacity(node, spec), spec.shard_count - len(chosen))
-        for gpu in node.free_gpus[:take]:
-            chosen.append(
-                ShardPlacement(
-                    shard_index=len(chosen),
-                    node_id=node.node_id,
-                    gpu_indices=(gpu,),
-                    gpu_model=node.gpu_model,
-                    match_score=round(match_score(node.tflops, spec.min_tflops), 4),
+    # Rank 0 hosts the rendezvous store: the gang is built around the best-ranked node with a free port.
+    coordinator = next((n for n in candidates if n.rendezvous_ports and _capacity(n, spec) > 0), None)
+    chosen: list[tuple[NodeView, int]] = []
+    if coordinator is not None:
+        for node in [coordinator, *(n for n in candidates if n.node_id != coordinator.node_id)]:
+            take = min(_capacity(node, spec), spec.shard_count - len(chosen))
+            chosen.extend((node, gpu) for gpu in node.free_gpus[:take])
+            if len(chosen) == spec.shard_count:
+                placements = tuple(
+                    ShardPlacement(
+                        shard_index=index,
+                        node_id=placed.node_id,
+                        gpu_indices=(gpu,),
+                        gpu_model=placed.gpu_model,
+                        match_score=round(match_score(placed.tflops, spec.min_tflops), 4),
+                    )
+                    for index, (placed, gpu) in enumerate(chosen)
                 )
-            )
-        if len(chosen) == spec.shard_count:
-            coordinator = next(n for n in candidates if n.node_id == chosen[0].node_id)
-            if not coordinator.rendezvous_ports:
-                excluded["no free rendezvous port"] += 1
-                break
-            return Place(spec.job_id, tuple(chosen), coordinator.node_id)
+                return Place(spec.job_id, placements, coordinator.node_id)
+    elif candidates:
+        excluded["no free rendezvous port"] = sum(1 for n in candidates if not n.rendezvous_ports)
     free = sum(_capacity(n, spec) for n in candidates)
-    if free:
+    if 0 < free < spec.shard_count:
         excluded["fewer free GPUs than shards"] = len(candidates)
     parts = ", ".join(f"{count} {why}" for why, count in excluded.most_common())
     message = (
         f"0/{len(nodes)} nodes can take the gang of {spec.shard_count} x "
         f"{spec.gpu_model or 'any GPU'} (>= {spec.min_tflops:g} TFLOPS): {parts or 'no capacity'}"
     )
-    reason = _reason(excluded) if not free else PendingReason.INSUFFICIENT_GPUS
+    reason = PendingReason.INSUFFICIENT_GPUS if 0 < free < spec.shard_count else _reason(excluded)
     return Unschedulable(spec.job_id, reason, message, dict(excluded))
 
 

@@ -1,0 +1,96 @@
+"""Publishing events to and watching topics of a real broker, with deadlines."""
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from shardyard.bus.codec import decode, encode, key_of, topic_of
+from shardyard.bus.topics import Topic
+from shardyard.events import Event
+
+
+class Producer:
+    def __init__(self, bootstrap: str) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+
+    async def __aenter__(self) -> "Producer":
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._producer.stop()
+
+    async def event(self, event: Event) -> None:
+        await self._producer.send_and_wait(topic_of(event).name, encode(event), key=key_of(event))
+
+    async def raw(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        return await self._producer.send_and_wait(topic, value, key=key)
+
+
+class Watcher:
+    """Reads topics from the beginning (no group) and keeps every decoded event; ``until`` waits for a condition."""
+
+    def __init__(self, bootstrap: str, topics: Sequence[Topic]) -> None:
+        self.topics = {t.name: t for t in topics}
+        self.events: list[Any] = []
+        self.raw: list[tuple[str, bytes, dict[str, bytes]]] = []
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> "Watcher":
+        await self._consumer.start()
+        await self._consumer.topics()
+        partitions = [
+            TopicPartition(name, p)
+            for name in self.topics
+            for p in sorted(self._consumer.partitions_for_topic(name) or {0})
+        ]
+        self._consumer.assign(partitions)
+        await self._consumer.seek_to_beginning(*partitions)
+        self._task = asyncio.create_task(self._pump())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task:
+            self._task.cancel()
+        await self._consumer.stop()
+
+    async def _pump(self) -> None:
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            for tp, records in batches.items():
+                for record in records:
+                    headers = {k: v for k, v in (record.headers or ())}
+                    self.raw.append((tp.topic, record.value, headers))
+                    topic = self.topics[tp.topic]
+                    if topic.payload is not None:
+                        try:
+                            self.events.append(decode(topic, record.value))
+                        except Exception as exc:  # keep watching; the test asserts on what it needs
+                            print(f"watcher: undecodable record on {tp.topic}: {exc}", file=sys.stderr)
+
+    def of(self, kind: type, **fields: Any) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind) and all(getattr(e, k) == v for k, v in fields.items())]
+
+    async def until(self, condition: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = condition()
+            if result:
+                return result
+            await asyncio.sleep(0.05)
+        seen = [type(e).__name__ for e in self.events][-30:]
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}; last events: {seen}")
+
+    async def first(self, kind: type, *, timeout_s: float = 30.0, **fields: Any) -> Any:
+        found = await self.until(lambda: self.of(kind, **fields), timeout_s=timeout_s, what=f"{kind.__name__} {fields}")
+        return found[0]
+
+
+def dumps(document: Any) -> bytes:
+    return json.dumps(document).encode()

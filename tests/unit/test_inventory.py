@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from shardyard.errors import ConfigError
+from shardyard.node_agent.inventory import SimulatedGpus
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("declared", "expected"),
+    [
+        pytest.param(["A100:2"], [("A100", 35.0, 80 * GIB)] * 2, id="a100-colon-count"),
+        pytest.param(["V100x1@16GiB"], [("V100", 15.0, 16 * GIB)], id="v100-x-count-memory"),
+        pytest.param(["H100"], [("H100", 67.0, 80 * GIB)], id="count-defaults-to-one"),
+        pytest.param(["a100*3"], [("A100", 35.0, 80 * GIB)] * 3, id="lower-case-star"),
+        pytest.param(["A100 : 1 @ 40GiB"], [("A100", 35.0, 40 * GIB)], id="spaces"),
+        pytest.param(
+            ["A100:2", "V100x1@16GiB"],
+            [("A100", 35.0, 80 * GIB), ("A100", 35.0, 80 * GIB), ("V100", 15.0, 16 * GIB)],
+            id="mixed-node",
+        ),
+        pytest.param([], [], id="cpu-only"),
+    ],
+)
+def test_declared_gpus(declared: list[str], expected: list[tuple[str, float, int]]) -> None:
+    gpus = SimulatedGpus(declared).probe({})
+
+    assert [(g.model, g.tflops, g.memory_bytes) for g in gpus] == expected
+    assert [g.index for g in gpus] == list(range(len(expected)))
+    assert all(g.simulated and g.utilization == 0.0 and g.memory_used_bytes == 0 for g in gpus)
+
+
+def test_catalogue_override() -> None:
+    (gpu,) = SimulatedGpus(["A100"], catalogue={"A100": 19.5}).probe({})
+
+    assert gpu.tflops == 19.5
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        pytest.param("Z900:2", "unknown GPU model", id="unknown-model"),
+        pytest.param("A100:two", "cannot read", id="bad-count"),
+        pytest.param("A100@16GB", "cannot read", id="decimal-memory-unit"),
+        pytest.param("A100:2 extra", "cannot read", id="trailing-garbage"),
+    ],
+)
+def test_bad_declarations(item: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SimulatedGpus([item])
+
+
+def test_busy_gpus_show_utilisation() -> None:
+    probe = SimulatedGpus(["A100:3"])
+
+    idle, busy, overloaded = probe.probe({1: 0.6, 2: 1.7})
+
+    assert (idle.utilization, idle.memory_used_bytes, idle.temperature_c) == (0.0, 0, 40.0)
+    assert (busy.utilization, busy.memory_used_bytes) == (0.6, 40 * GIB)
+    assert busy.temperature_c == pytest.approx(40.0 + 35.0 * 0.6)
+    assert overloaded.utilization == 1.0

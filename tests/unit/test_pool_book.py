@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import pytest
+
+from shardyard.events import (
+    Event,
+    FailureCause,
+    JobFailed,
+    JobSucceeded,
+    NodeLost,
+    NodeState,
+    NodeStatus,
+    ShardRevocation,
+)
+from shardyard.resource_pool.book import PoolBook
+from tests.unit.builders import assignment, at, completed, failed, gpus, heartbeat, node_state
+
+
+def statuses(events: list[Event]) -> list[tuple[str, str]]:
+    return [
+        (type(e).__name__, e.status if isinstance(e, NodeState) else e.node_id)  # type: ignore[attr-defined]
+        for e in events
+    ]
+
+
+def alive_book(*nodes: str) -> PoolBook:
+    book = PoolBook(suspect_after_s=3.0, lost_after_s=10.0)
+    for node_id in nodes or ("node-a",):
+        book.on_heartbeat(heartbeat(node_id, gpus=gpus(count=4)), at(0))
+    return book
+
+
+def test_heartbeat_gives_an_alive_node_state() -> None:
+    book = PoolBook()
+    beat = heartbeat("node-a", seq=4, cpu_load=0.3, occurred_at=at(-1))
+
+    (state,) = book.on_heartbeat(beat, at(0))
+
+    assert isinstance(state, NodeState)
+    assert (state.node_id, state.status, state.agent_instance) == ("node-a", NodeStatus.ALIVE, beat.agent_instance)
+    assert (state.occurred_at, state.last_heartbeat_at) == (at(0), at(0))
+    assert (state.gpus, state.cpu_cores, state.memory_bytes, state.cpu_load) == (
+        beat.gpus,
+        32.0,
+        beat.memory_bytes,
+        0.3,
+    )
+    assert (state.address, state.rendezvous_ports, state.allocated_gpus) == (beat.address, beat.rendezvous_ports, ())
+
+
+@pytest.mark.parametrize(
+    ("ticks", "expected"),
+    [
+        pytest.param([2.9], [[]], id="quiet-but-fresh"),
+        pytest.param([3.0], [[("NodeState", NodeStatus.SUSPECT)]], id="suspect-at-3s"),
+        pytest.param([3.0, 5.0], [[("NodeState", NodeStatus.SUSPECT)], []], id="suspect-once"),
+        pytest.param(
+            [3.0, 10.0, 11.0, 60.0],
+            [[("NodeState", NodeStatus.SUSPECT)], [("NodeState", NodeStatus.LOST), ("NodeLost", "node-a")], [], []],
+            id="lost-once",
+        ),
+        pytest.param([25.0], [[("NodeState", NodeStatus.LOST), ("NodeLost", "node-a")]], id="alive-straight-to-lost"),
+    ],
+)
+def test_silence(ticks: list[float], expected: list[list[tuple[str, str]]]) -> None:
+    book = alive_book()
+
+    assert [statuses(book.tick(at(t))) for t in ticks] == expected
+
+
+def test_node_lost_carries_the_silence() -> None:
+    book = alive_book()
+
+    _, lost = book.tick(at(12))
+
+    assert isinstance(lost, NodeLost)
+    assert (lost.last_heartbeat_at, lost.silent_for_s, lost.occurred_at) == (at(0), 12.0, at(12))
+
+
+def test_only_the_silent_node_is_suspected() -> None:
+    book = alive_book("node-a", "node-b")
+    book.on_heartbeat(heartbeat("node-b", seq=1), at(2))
+
+    assert statuses(book.tick(at(4))) == [("NodeState", NodeStatus.SUSPECT)]
+    assert book.state_of("node-b", at(4)).status is NodeStatus.ALIVE
+
+
+@pytest.mark.parametrize("silence", [4.0, 12.0], ids=["from-suspect", "from-lost"])
+def test_heartbeat_again_makes_the_node_alive(silence: float) -> None:
+    book = alive_book()
+    book.tick(at(silence))
+
+    (state,) = book.on_heartbeat(heartbeat("node-a", seq=1), at(silence + 1))
+
+    assert isinstance(state, NodeState) and state.status is NodeStatus.ALIVE
+    assert book.tick(at(silence + 2)) == []
+
+
+def test_reordered_heartbeat_of_the_same_agent_is_ignored() -> None:
+    book = PoolBook()
+    book.on_heartbeat(heartbeat(seq=5, cpu_load=0.5), at(0))
+
+    assert book.on_heartbeat(heartbeat(seq=4, cpu_load=0.9), at(1)) == []
+    assert book.state_of("node-a", at(1)).cpu_load == 0.5
+    assert statuses(book.tick(at(3.5))) == [("NodeState", NodeStatus.SUSPECT)]
+
+
+def test_restarted_agent_starts_its_sequence_again() -> None:
+    book = PoolBook()
+    book.on_heartbeat(heartbeat(seq=5), at(0))
+
+    (state,) = book.on_heartbeat(heartbeat(seq=0, agent_instance="node-a-agent-2"), at(1))
+
+    assert isinstance(state, NodeState) and state.agent_instance == "node-a-agent-2"
+
+
+def test_assignment_reserves_gpus() -> None:
+    book = alive_book()
+
+    (state,) = book.on_ledger_event(assignment(shard_index=1, gpu_indices=(2,)), at(1))
+
+    assert isinstance(state, NodeState) and state.allocated_gpus == (2,)
+    book.on_ledger_event(assignment(shard_index=0, gpu_indices=(0,)))
+    assert book.state_of("node-a", at(1)).allocated_gpus == (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("release", "left"),
+    [
+        pytest.param(completed(shard_index=1), (0,), id="shard-completed"),
+        pytest.param(failed(shard_index=0), (1,), id="shard-failed"),
+        pytest.param(
+            ShardRevocation(
+                occurred_at=at(2), job_id="job-1", shard_index=0, node_id="node-a", attempt=1, term=1, reason="r"
+            ),
+            (1,),
+            id="revocation",
+        ),
+        pytest.param(
+            JobFailed(occurred_at=at(2), job_id="job-1", attempt=1, cause=FailureCause.KILLED, message="k"),
+            (),
+            id="job-failed",
+        ),
+        pytest.param(
+            JobSucceeded(occurred_at=at(2), job_id="job-1", attempt=1, final_loss=1.0, checkpoint_dir=None),
+            (),
+            id="job-succeeded",
+        ),
+    ],
+)
+def test_release(release: Event, left: tuple[int, ...]) -> None:
+    book = alive_book()
+    book.on_ledger_event(assignment(shard_index=0))
+    book.on_ledger_event(assignment(shard_index=1))
+
+    (state,) = book.on_ledger_event(release, at(2))
+
+    assert isinstance(state, NodeState) and state.allocated_gpus == left
+
+
+def test_job_failed_releases_the_job_on_every_node_and_only_that_job() -> None:
+    book = alive_book("node-a", "node-b")
+    book.on_ledger_event(assignment(shard_index=0, node_id="node-a", gpu_indices=(0,)))
+    book.on_ledger_event(assignment(shard_index=1, node_id="node-b", gpu_indices=(0,)))
+    book.on_ledger_event(assignment("job-2", shard_index=0, node_id="node-b", gpu_indices=(3,)))
+
+    events = book.on_ledger_event(
+        JobFailed(occurred_at=at(2), job_id="job-1", attempt=1, cause=FailureCause.NODE_LOST, message="lost"), at(2)
+    )
+
+    assert [(e.node_id, e.allocated_gpus) for e in events] == [("node-a", ()), ("node-b", (3,))]  # type: ignore[attr-defined]
+
+
+def test_release_of_nothing_changes_nothing() -> None:
+    book = alive_book()
+
+    assert book.on_ledger_event(completed(shard_index=3), at(1)) == []
+
+
+def test_lost_node_drops_its_reservations() -> None:
+    book = alive_book()
+    book.on_ledger_event(assignment(shard_index=0))
+
+    state, _ = book.tick(at(10))
+
+    assert isinstance(state, NodeState) and state.allocated_gpus == ()
+
+
+def test_restore_from_node_state() -> None:
+    book = PoolBook()
+    saved = node_state("node-a", status=NodeStatus.SUSPECT, last_heartbeat_at=at(5), cpu_load=0.7)
+
+    book.restore(saved)
+
+    state = book.state_of("node-a", at(6))
+    assert (state.status, state.last_heartbeat_at, state.cpu_load) == (NodeStatus.SUSPECT, at(5), 0.7)
+    assert (state.gpus, state.address, state.agent_instance) == (saved.gpus, saved.address, saved.agent_instance)
+    assert statuses(book.tick(at(15))) == [("NodeState", NodeStatus.LOST), ("NodeLost", "node-a")]
+    (alive,) = book.on_heartbeat(heartbeat("node-a", seq=1), at(16))
+    assert isinstance(alive, NodeState) and alive.status is NodeStatus.ALIVE

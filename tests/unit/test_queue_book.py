@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import pytest
+
+from shardyard.events import (
+    Event,
+    FailureCause,
+    JobAccepted,
+    JobFailed,
+    JobReady,
+    JobRejected,
+    JobRunning,
+    RejectReason,
+)
+from shardyard.gpus import DEFAULT_TFLOPS
+from shardyard.lifecycle import JobState
+from shardyard.queue.book import QueueBook
+from tests.unit.builders import EXAMPLE, at, raw, scheduled, submission
+
+TOPIC = "shardyard.jobs.submissions"
+GOOD = EXAMPLE.read_bytes()
+JOB = "fine_tune_gpt2"
+
+
+def src(offset: int, partition: int = 0) -> str:
+    return f"{TOPIC}/{partition}/{offset}"
+
+
+def _kinds(events: list[Event]) -> list[type]:
+    return [type(e) for e in events]
+
+
+def test_accepted_submission_yields_accepted_then_ready() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+
+    events = book.on_submission(GOOD, source=src(1), now=at(1))
+
+    assert _kinds(events) == [JobAccepted, JobReady]
+    accepted, ready = events
+    assert isinstance(accepted, JobAccepted) and isinstance(ready, JobReady)
+    assert accepted.job_id == ready.job_id == JOB
+    assert accepted.source_offset == src(1)
+    assert accepted.spec == ready.spec
+    assert accepted.occurred_at == accepted.spec.submitted_at == at(1)
+    assert book.states[JOB] is JobState.READY
+
+
+def test_redelivered_offset_is_a_no_op() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(GOOD, source=src(1), now=at(1))
+
+    assert book.on_submission(GOOD, source=src(1), now=at(2)) == []
+
+
+def test_redelivered_rejection_is_a_no_op() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(b"nope", source=src(3), now=at(1))
+
+    assert book.on_submission(b"nope", source=src(3), now=at(2)) == []
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        pytest.param([], id="ready"),
+        pytest.param([scheduled(JOB)], id="scheduled"),
+        pytest.param([scheduled(JOB), JobRunning(occurred_at=at(3), job_id=JOB, attempt=1)], id="running"),
+    ],
+)
+def test_second_submission_of_an_active_job_is_a_duplicate(history: list[Event]) -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(GOOD, source=src(1), now=at(1))
+    for event in history:
+        book.apply(event)  # type: ignore[arg-type]
+    state = book.states[JOB]
+
+    (event,) = book.on_submission(GOOD, source=src(2), now=at(5))
+
+    assert isinstance(event, JobRejected)
+    assert (event.job_id, event.reason, event.source_offset) == (JOB, RejectReason.DUPLICATE_JOB, src(2))
+    assert book.states[JOB] is state
+
+
+def test_a_finished_job_id_cannot_be_reused() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(GOOD, source=src(1), now=at(1))
+    book.apply(JobFailed(occurred_at=at(2), job_id=JOB, attempt=1, cause=FailureCause.NODE_LOST, message="lost"))
+
+    (event,) = book.on_submission(GOOD, source=src(2), now=at(3))
+
+    assert isinstance(event, JobRejected) and event.reason is RejectReason.DUPLICATE_JOB
+
+
+def test_rejection_uses_the_fallback_id_without_a_task_id() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+
+    (event,) = book.on_submission(b"[1, 2]", source=src(17, partition=3), now=at(1))
+
+    assert isinstance(event, JobRejected)
+    assert (event.job_id, event.reason) == ("invalid-3-17", RejectReason.NOT_AN_OBJECT)
+    assert book.states["invalid-3-17"] is JobState.REJECTED
+
+
+def test_rejected_job_may_be_resubmitted() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    (rejected,) = book.on_submission(raw(submission(gpus=2)), source=src(1), now=at(1))
+    assert isinstance(rejected, JobRejected) and rejected.job_id == JOB
+
+    events = book.on_submission(GOOD, source=src(2), now=at(2))
+
+    assert _kinds(events) == [JobAccepted, JobReady]
+
+
+def test_resubmitted_job_is_tracked_as_ready() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(raw(submission(gpus=2)), source=src(1), now=at(1))
+    book.on_submission(GOOD, source=src(2), now=at(2))
+
+    assert book.states[JOB] is JobState.READY
+
+
+def test_resubmitted_job_is_protected_from_duplicates() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(raw(submission(gpus=2)), source=src(1), now=at(1))
+    book.on_submission(GOOD, source=src(2), now=at(2))
+
+    (event,) = book.on_submission(GOOD, source=src(3), now=at(3))
+
+    assert isinstance(event, JobRejected) and event.reason is RejectReason.DUPLICATE_JOB
+
+
+def test_replaying_the_log_rebuilds_states_and_sources() -> None:
+    live = QueueBook(DEFAULT_TFLOPS)
+    log = [
+        *live.on_submission(GOOD, source=src(1), now=at(1)),
+        *live.on_submission(b"x", source=src(2), now=at(2)),
+        scheduled(JOB),
+        JobRunning(occurred_at=at(3), job_id=JOB, attempt=1),
+    ]
+    replayed = QueueBook(DEFAULT_TFLOPS)
+
+    for event in log:
+        replayed.apply(event)  # type: ignore[arg-type]
+
+    assert replayed.states == {JOB: JobState.RUNNING, "invalid-0-2": JobState.REJECTED}
+    assert replayed.on_submission(GOOD, source=src(1), now=at(9)) == []
+    (duplicate,) = replayed.on_submission(GOOD, source=src(4), now=at(9))
+    assert isinstance(duplicate, JobRejected) and duplicate.reason is RejectReason.DUPLICATE_JOB
+
+
+def test_apply_ignores_illegal_moves() -> None:
+    book = QueueBook(DEFAULT_TFLOPS)
+    book.on_submission(GOOD, source=src(1), now=at(1))
+    book.apply(JobFailed(occurred_at=at(2), job_id=JOB, attempt=1, cause=FailureCause.KILLED, message="k"))
+
+    book.apply(JobRunning(occurred_at=at(3), job_id=JOB, attempt=1))
+
+    assert book.states[JOB] is JobState.FAILED

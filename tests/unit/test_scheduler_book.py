@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+from shardyard.events import (
+    FailureCause,
+    JobFailed,
+    JobReady,
+    JobRunning,
+    JobScheduled,
+    JobSucceeded,
+    JobUnschedulable,
+    NodeStatus,
+    PendingReason,
+    ShardAssignment,
+    ShardRevocation,
+)
+from shardyard.scheduler.book import SchedulerBook
+from tests.unit.builders import at, completed, gpus, job_spec, node_state, started
+
+V100S = gpus("V100", 2, 15.0)
+
+
+def book_with(*nodes: str, term: int = 3, gpu_count: int = 2) -> SchedulerBook:
+    book = SchedulerBook(term=term)
+    for node_id in nodes:
+        book.apply(node_state(node_id, gpus=gpus(count=gpu_count)))
+    return book
+
+
+def ready(job_id: str = "job-1", **overrides: object) -> JobReady:
+    return JobReady(occurred_at=at(0), job_id=job_id, spec=job_spec(job_id=job_id, **overrides))
+
+
+def free_gpus(book: SchedulerBook) -> dict[str, tuple[int, ...]]:
+    return {view.node_id: view.free_gpus for view in book.snapshot().nodes}
+
+
+def placed(book: SchedulerBook, job_id: str = "job-1") -> tuple[JobScheduled, list[ShardAssignment]]:
+    book.apply(ready(job_id))
+    scheduled, *assignments = book.cycle(at(1))
+    assert isinstance(scheduled, JobScheduled)
+    assert all(isinstance(a, ShardAssignment) for a in assignments)
+    return scheduled, assignments  # type: ignore[return-value]
+
+
+def test_cycle_schedules_a_ready_job_with_one_assignment_per_shard() -> None:
+    book = book_with("node-a")
+    book.apply(ready(max_steps=40, batch_size=4, seq_len=32, lr=0.01, seed=7, sync_interval=10))
+
+    scheduled, *assignments = book.cycle(at(1))
+
+    assert isinstance(scheduled, JobScheduled)
+    assert (scheduled.job_id, scheduled.attempt, scheduled.term) == ("job-1", 1, 3)
+    assert (scheduled.coordinator_node, scheduled.rendezvous_port) == ("node-a", 29500)
+    assert [p.shard_index for p in scheduled.placements] == [0, 1]
+    assert len(assignments) == 2
+    for index, assignment in enumerate(assignments):
+        assert isinstance(assignment, ShardAssignment)
+        assert (assignment.shard_index, assignment.world_size, assignment.node_id) == (index, 2, "node-a")
+        assert (assignment.attempt, assignment.term) == (1, 3)
+        assert (assignment.master_addr, assignment.master_port) == ("node-a.cluster", 29500)
+        assert assignment.gpu_indices == scheduled.placements[index].gpu_indices
+        workload = assignment.workload
+        assert (workload.model_path, workload.dataset_path) == ("/data/models/gpt2", "/data/datasets/wikitext")
+        assert workload.output_path == "/data/checkpoints/job-1"
+        assert (workload.max_steps, workload.batch_size, workload.seq_len) == (40, 4, 32)
+        assert (workload.lr, workload.seed, workload.sync_interval) == (0.01, 7, 10)
+    assert free_gpus(book) == {"node-a": ()}
+
+
+def test_nothing_new_means_nothing_emitted() -> None:
+    book = book_with("node-a")
+    placed(book)
+
+    assert book.cycle(at(2)) == []
+    assert book.cycle(at(3)) == []
+
+
+def test_jobs_on_one_coordinator_get_distinct_ports_in_one_cycle() -> None:
+    book = book_with("node-a", gpu_count=4)
+    book.apply(ready("job-1"))
+    book.apply(ready("job-2"))
+
+    events = book.cycle(at(1))
+
+    ports = [(e.coordinator_node, e.rendezvous_port) for e in events if isinstance(e, JobScheduled)]
+    assert ports == [("node-a", 29500), ("node-a", 29501)]
+    gpus_used = [a.gpu_indices for a in events if isinstance(a, ShardAssignment)]
+    assert sorted(gpus_used) == [(0,), (1,), (2,), (3,)]
+
+
+def test_jobs_on_one_coordinator_get_distinct_ports_across_cycles() -> None:
+    book = book_with("node-a", gpu_count=4)
+    first, _ = placed(book, "job-1")
+    second, _ = placed(book, "job-2")
+
+    assert (first.rendezvous_port, second.rendezvous_port) == (29500, 29501)
+
+
+def test_unschedulable_is_emitted_once_per_reason() -> None:
+    book = SchedulerBook()
+    book.apply(node_state("node-v", gpus=V100S))
+    book.apply(ready())
+
+    (first,) = book.cycle(at(1))
+    again = book.cycle(at(2))
+    book.apply(node_state("node-v", gpus=V100S, status=NodeStatus.LOST))
+    (changed,) = book.cycle(at(3))
+    book.apply(node_state("node-a"))
+    after_fit = book.cycle(at(4))
+
+    assert isinstance(first, JobUnschedulable) and first.reason is PendingReason.GPU_MODEL_MISMATCH
+    assert first.node_counts == {"GPU model mismatch": 1}
+    assert again == []
+    assert isinstance(changed, JobUnschedulable) and changed.reason is PendingReason.NO_FIT
+    assert [type(e) for e in after_fit] == [JobScheduled, ShardAssignment, ShardAssignment]
+
+
+def test_no_nodes_is_unschedulable() -> None:
+    book = SchedulerBook()
+    book.apply(ready())
+
+    (event,) = book.cycle(at(1))
+
+    assert isinstance(event, JobUnschedulable) and event.reason is PendingReason.NO_NODES
+
+
+def test_node_reservations_from_the_pool_are_respected() -> None:
+    book = SchedulerBook()
+    book.apply(node_state("node-a", gpus=gpus(count=3), allocated_gpus=(0, 2)))
+
+    assert free_gpus(book) == {"node-a": (1,)}
+
+
+def test_all_shards_started_emits_running_once() -> None:
+    book = book_with("node-a")
+    placed(book)
+
+    book.apply(started(shard_index=0))
+    after_one = book.on_shard_event(at(2))
+    book.apply(started(shard_index=1))
+    after_two = book.on_shard_event(at(3))
+    book.apply(started(shard_index=1))
+    after_redelivery = book.on_shard_event(at(4))
+
+    assert after_one == []
+    assert [(type(e), e.job_id, e.attempt) for e in after_two] == [(JobRunning, "job-1", 1)]  # type: ignore[attr-defined]
+    assert after_redelivery == []
+
+
+def test_started_of_another_attempt_is_ignored() -> None:
+    book = book_with("node-a")
+    placed(book)
+
+    book.apply(started(shard_index=0, attempt=2))
+    book.apply(started(shard_index=1, attempt=2))
+
+    assert book.on_shard_event(at(2)) == []
+
+
+def test_all_shards_completed_emits_succeeded_once_and_frees_gpus() -> None:
+    book = book_with("node-a")
+    placed(book)
+    book.apply(started(shard_index=0))
+    book.apply(started(shard_index=1))
+    book.on_shard_event(at(2))
+
+    book.apply(completed(shard_index=1, final_loss=9.0))
+    assert book.on_shard_event(at(3)) == []
+    book.apply(completed(shard_index=0, final_loss=2.5))
+    (succeeded,) = book.on_shard_event(at(4))
+
+    assert isinstance(succeeded, JobSucceeded)
+    assert (succeeded.job_id, succeeded.attempt, succeeded.final_loss) == ("job-1", 1, 2.5)
+    assert succeeded.checkpoint_dir == "/data/checkpoints/job-1"
+    assert book.on_shard_event(at(5)) == []
+    assert free_gpus(book) == {"node-a": (0, 1)}
+    assert book.cycle(at(6)) == []
+
+
+def test_revocations_list_the_unfinished_shards_of_a_failed_gang() -> None:
+    book = book_with("node-a", "node-b", gpu_count=1)
+    scheduled, _ = placed(book)
+    book.apply(completed(shard_index=0, node_id=scheduled.placements[0].node_id))
+    failure = JobFailed(occurred_at=at(3), job_id="job-1", attempt=1, cause=FailureCause.KILLED, message="k")
+
+    revocations = book.revocations(failure, at(3))
+
+    assert len(revocations) == 1
+    (revocation,) = revocations
+    assert isinstance(revocation, ShardRevocation)
+    assert (revocation.job_id, revocation.shard_index, revocation.attempt, revocation.term) == ("job-1", 1, 1, 3)
+    assert revocation.node_id == scheduled.placements[1].node_id
+    assert "KILLED" in revocation.reason
+
+
+def test_failed_job_frees_its_gpus_and_is_not_rescheduled() -> None:
+    book = book_with("node-a")
+    placed(book)
+
+    book.apply(JobFailed(occurred_at=at(3), job_id="job-1", attempt=1, cause=FailureCause.KILLED, message="k"))
+    book.apply(ready())  # a late (replayed) JobReady of the ended job
+
+    assert free_gpus(book) == {"node-a": (0, 1)}
+    assert book.cycle(at(4)) == []
+    assert (
+        book.revocations(
+            JobFailed(occurred_at=at(5), job_id="job-1", attempt=1, cause=FailureCause.KILLED, message="k"), at(5)
+        )
+        == []
+    )
+
+
+def test_replayed_ready_then_scheduled_is_not_placed_again() -> None:
+    live = book_with("node-a")
+    scheduled, _ = placed(live)
+    replayed = book_with("node-a", term=1)
+
+    replayed.apply(ready())
+    replayed.apply(scheduled)
+
+    assert replayed.cycle(at(9)) == []
+    assert free_gpus(replayed) == {"node-a": ()}
+    assert replayed.term == 3
+
+
+def test_replayed_gang_keeps_its_port() -> None:
+    live = book_with("node-a", gpu_count=4)
+    scheduled, _ = placed(live)
+    replayed = book_with("node-a", gpu_count=4)
+    replayed.apply(ready())
+    replayed.apply(scheduled)
+
+    second, _ = placed(replayed, "job-2")
+
+    assert (second.coordinator_node, second.rendezvous_port) == ("node-a", 29501)
+    assert {p.gpu_indices for p in second.placements} == {(2,), (3,)}
