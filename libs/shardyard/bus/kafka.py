@@ -8,7 +8,7 @@
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import ConsumerRecord
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Awaitable[None]]
 RawHandler = Callable[[bytes, KafkaMessage], Awaitable[None]]
 
-# Group timings: the embedded broker completes a join after the rebalance timeout, so keep it short; a member is
-# declared dead after the session timeout.
+# Group timings: the embedded broker completes a join after the rebalance timeout, so keep it short (and give each
+# service one group membership, see ``Bus.subscribe``); a member is declared dead after the session timeout.
 GROUP_OPTIONS: dict[str, Any] = {
     "session_timeout_ms": 6000,
     "heartbeat_interval_ms": 500,
@@ -88,30 +88,36 @@ class Bus:
         }
         await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers)
 
-    def subscribe(self, topic: Topic, handler: Handler, *, group: str | None, from_beginning: bool = True) -> None:
-        """Decode each message of ``topic`` and hand it to ``handler``; commit only after it returns."""
-
-        async def on_raw(raw: bytes, message: KafkaMessage) -> None:
-            try:
-                event = decode(topic, raw)
-            except EventDecodeError as exc:
-                log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
-                await self.dead_letter(raw, message, str(exc))
-                return
-            await self._call(handler, event, raw, message)
-
-        self.subscribe_raw(topic, on_raw, group=group, from_beginning=from_beginning)
-
-    def subscribe_raw(
-        self, topic: Topic, handler: RawHandler, *, group: str | None, from_beginning: bool = True
+    def subscribe(
+        self,
+        routes: Mapping[Topic, Handler],
+        *,
+        group: str | None,
+        raw_routes: Mapping[Topic, RawHandler] | None = None,
+        from_beginning: bool = True,
     ) -> None:
-        options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
+        """One consumer (one group membership) for several topics: each message of a topic in ``routes`` is
+        decoded and handed to that topic's handler; ``raw_routes`` handlers get the bytes. With a group, offsets are
+        committed only after the handler returns."""
+        raw_routes = dict(raw_routes or {})
+        by_name = {topic.name: topic for topic in [*routes, *raw_routes]}
 
         async def on_message(body: bytes, message: KafkaMessage) -> None:
-            await handler(body, message)
+            topic = by_name[source_record(message).topic]
+            if topic in raw_routes:
+                await raw_routes[topic](body, message)
+                return
+            try:
+                event = decode(topic, body)
+            except EventDecodeError as exc:
+                log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
+                await self.dead_letter(body, message, str(exc))
+                return
+            await self._call(routes[topic], event, body, message)
 
+        options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
         self.broker.subscriber(
-            topic.name,
+            *by_name,
             group_id=group,
             ack_policy=AckPolicy.ACK if group else AckPolicy.ACK_FIRST,
             auto_offset_reset="earliest" if from_beginning else "latest",

@@ -6,7 +6,7 @@ error, not a silently ignored option), and lenient where the documented JSON is:
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from shardyard.units import parse_bytes
 
@@ -19,7 +19,19 @@ def _bytes(value: object) -> int:
     return parse_bytes(value)
 
 
-ByteCount = Annotated[int, BeforeValidator(_bytes)]
+ByteCount = Annotated[
+    int,
+    BeforeValidator(_bytes),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([KMGT]i?B?|B)?\s*$"},
+            ],
+            "description": "bytes, or a size like '64GiB', '512MiB', '32GB'",
+        }
+    ),
+]
 
 
 class _UserModel(BaseModel):

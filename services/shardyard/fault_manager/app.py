@@ -25,10 +25,15 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     book = FaultBook()
     handlers = FaultHandlers(book, bus, clock)
     group = "shardyard-fault-manager"
-    bus.subscribe(LIFECYCLE, handlers.on_fact, group=f"{group}-lifecycle")
-    bus.subscribe(ASSIGNMENTS, handlers.on_fact, group=f"{group}-assignments")
-    bus.subscribe(SHARD_EVENTS, handlers.on_shard_event, group=f"{group}-shards")
-    bus.subscribe(FAILURES, handlers.on_failure, group=f"{group}-failures")
+    bus.subscribe(
+        {
+            LIFECYCLE: handlers.on_fact,
+            ASSIGNMENTS: handlers.on_fact,
+            SHARD_EVENTS: handlers.on_shard_event,
+            FAILURES: handlers.on_failure,
+        },
+        group=group,
+    )
     app = FastStream(broker)
 
     @app.on_startup

@@ -41,9 +41,12 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     registry, events = make_registry(view)
     handlers = MonitorHandlers(view, events)
     # No consumer group: every monitor replica reads every topic from the beginning and so rebuilds its view.
-    for topic in (LIFECYCLE, SHARD_EVENTS, NODE_STATE, FAILURES, SERVICES, ASSIGNMENTS, HEARTBEATS):
-        bus.subscribe(topic, handlers.for_topic(topic), group=None)
-    bus.subscribe_raw(DEADLETTER, handlers.on_dead_letter, group=None)
+    watched = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, FAILURES, SERVICES, ASSIGNMENTS, HEARTBEATS)
+    bus.subscribe(
+        {topic: handlers.for_topic(topic) for topic in watched},
+        raw_routes={DEADLETTER: handlers.on_dead_letter},
+        group=None,
+    )
     runner = web.AppRunner(build_http(view, registry), access_log=None)
     app = FastStream(broker)
 

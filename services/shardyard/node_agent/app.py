@@ -68,7 +68,7 @@ def build_app(
     )
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
-    bus.subscribe(ASSIGNMENTS, handlers.on_assignment, group=f"shardyard-agent-{settings.node_id}")
+    bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=f"shardyard-agent-{settings.node_id}")
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
     app = FastStream(broker)
 

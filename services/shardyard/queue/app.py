@@ -28,8 +28,8 @@ def build_app(settings: QueueSettings, *, clock: Clock, catalogue: Mapping[str, 
     book = QueueBook(catalogue)
     handlers = QueueHandlers(book, bus, clock)
     # Lifecycle facts are read by every replica in full (no group): each needs the whole job table.
-    bus.subscribe(LIFECYCLE, handlers.on_lifecycle, group=None)
-    bus.subscribe_raw(SUBMISSIONS, handlers.on_submission, group="shardyard-queue")
+    bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
+    bus.subscribe({}, raw_routes={SUBMISSIONS: handlers.on_submission}, group="shardyard-queue")
     app = FastStream(broker)
 
     @app.on_startup

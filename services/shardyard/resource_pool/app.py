@@ -29,9 +29,15 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     bus = Bus(broker, service=SERVICE)
     book = PoolBook(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s)
     handlers = PoolHandlers(book, bus, clock)
-    bus.subscribe(HEARTBEATS, handlers.on_heartbeat, group="shardyard-resource-pool")
-    for topic in (ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE):
-        bus.subscribe(topic, handlers.on_ledger_event, group=f"shardyard-resource-pool-{topic.name}")
+    bus.subscribe(
+        {
+            HEARTBEATS: handlers.on_heartbeat,
+            ASSIGNMENTS: handlers.on_ledger_event,
+            SHARD_EVENTS: handlers.on_ledger_event,
+            LIFECYCLE: handlers.on_ledger_event,
+        },
+        group="shardyard-resource-pool",
+    )
     ticker = Periodic("liveness", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)
 

@@ -28,9 +28,8 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     book = SchedulerBook(checkpoint_root=settings.checkpoint_root)
     handlers = SchedulerHandlers(book, bus, clock)
     group = "shardyard-scheduler"
-    bus.subscribe(NODE_STATE, handlers.on_node_state, group=None)
-    bus.subscribe(LIFECYCLE, handlers.on_lifecycle, group=f"{group}-lifecycle")
-    bus.subscribe(SHARD_EVENTS, handlers.on_shard_event, group=f"{group}-shards")
+    bus.subscribe({NODE_STATE: handlers.on_node_state}, group=None)
+    bus.subscribe({LIFECYCLE: handlers.on_lifecycle, SHARD_EVENTS: handlers.on_shard_event}, group=group)
     ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, handlers.cycle)
     app = FastStream(broker)
 
