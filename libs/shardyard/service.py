@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from faststream import FastStream
 
 from shardyard.bus.kafka import Bus
-from shardyard.clock import Clock
+from shardyard.clock import Clock, SystemClock
 from shardyard.errors import ShardyardError
 from shardyard.events import ServiceReady
+from shardyard.settings import S, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,18 @@ class Periodic:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
 
-def run_main(build: Callable[[Sequence[str]], FastStream], argv: Sequence[str] | None = None) -> int:
-    """Entry point body of every ``python -m shardyard.<service>``."""
+def run_main(
+    settings_class: type[S],
+    build_app: Callable[..., FastStream],
+    *,
+    prog: str,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """The body of every ``python -m shardyard.<service>``: load settings once, build the app, run it."""
     try:
-        app = build(sys.argv[1:] if argv is None else argv)
+        settings = load_settings(settings_class, sys.argv[1:] if argv is None else argv, os.environ, prog=prog)
+        configure_logging(settings.log_level)
+        app = build_app(settings, clock=SystemClock())
     except ShardyardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

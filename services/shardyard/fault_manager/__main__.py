@@ -1,22 +1,9 @@
 """``python -m shardyard.fault_manager``: load settings, build the app, run it."""
 
-import os
 import sys
-from collections.abc import Sequence
 
-from faststream import FastStream
-
-from shardyard.clock import SystemClock
 from shardyard.fault_manager.app import FaultSettings, build_app
-from shardyard.service import configure_logging, run_main
-from shardyard.settings import load_settings
-
-
-def build(argv: Sequence[str]) -> FastStream:
-    settings = load_settings(FaultSettings, argv, os.environ, prog="shardyard-fault-manager")
-    configure_logging(settings.log_level)
-    return build_app(settings, clock=SystemClock())
-
+from shardyard.service import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(build))
+    sys.exit(run_main(FaultSettings, build_app, prog="shardyard-fault-manager"))
