@@ -1,5 +1,7 @@
 """Monitor handlers: every event folds into the cluster view."""
 
+from collections.abc import Awaitable, Callable
+
 from faststream.kafka import KafkaMessage
 from prometheus_client import Counter
 
@@ -12,7 +14,7 @@ class MonitorHandlers:
         self.view = view
         self.events = events
 
-    def for_topic(self, topic: Topic):  # type: ignore[no-untyped-def]
+    def for_topic(self, topic: Topic) -> Callable[[object], Awaitable[None]]:
         async def on_event(event: object) -> None:
             self.events.labels(topic.name).inc()
             self.view.apply(event)

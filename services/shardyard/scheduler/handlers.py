@@ -6,8 +6,6 @@ from shardyard.events import JobFailed, JobReady, NodeState
 from shardyard.lifecycle import LifecycleFact
 from shardyard.scheduler.book import SchedulerBook
 
-ShardFact = object
-
 
 class SchedulerHandlers:
     def __init__(self, book: SchedulerBook, bus: Bus, clock: Clock) -> None:
