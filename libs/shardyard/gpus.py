@@ -4,8 +4,9 @@ The defaults reproduce the figures of the product brief (A100 35, V100 15); the 
 Agents may override a node's figure with a measured one; the scheduler then uses the node's own figure.
 """
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 DEFAULT_TFLOPS: Mapping[str, float] = MappingProxyType(
@@ -37,6 +38,24 @@ def canonical_model(name: str) -> str:
     if tokens[0] in _SERIES and len(tokens) > 1:
         return tokens[0] + tokens[1]
     return tokens[0]
+
+
+def catalogue_with(overrides: Sequence[str]) -> Mapping[str, float]:
+    """The default catalogue plus ``MODEL=TFLOPS`` overrides (``["A100=19.5", "MI300X=163"]``).
+
+    Raises ValueError naming the bad entry.
+    """
+    merged = dict(DEFAULT_TFLOPS)
+    for item in overrides:
+        model, sep, figure = item.partition("=")
+        try:
+            tflops = float(figure)
+        except ValueError:
+            tflops = float("nan")
+        if not sep or not model.strip() or not math.isfinite(tflops) or tflops <= 0:
+            raise ValueError(f"cannot read GPU figure {item!r}; write MODEL=TFLOPS, e.g. A100=35")
+        merged[canonical_model(model)] = tflops
+    return MappingProxyType(merged)
 
 
 def match_score(node_tflops: float, required_tflops: float) -> float:

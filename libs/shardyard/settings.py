@@ -5,13 +5,23 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from shardyard.errors import ConfigError
+from shardyard.gpus import catalogue_with
 
 BOOTSTRAP_ENV = "SHARDYARD_KAFKA_BOOTSTRAP"
+
+
+def _gpu_figures(value: list[str]) -> list[str]:
+    catalogue_with(value)  # raises ValueError naming the bad entry
+    return value
+
+
+GpuFigures = Annotated[list[str], AfterValidator(_gpu_figures)]
+"""GPU catalogue overrides as ``MODEL=TFLOPS`` entries (``--gpu-tflops A100=19.5``, repeatable)."""
 
 
 def default_instance() -> str:

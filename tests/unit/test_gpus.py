@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardyard.gpus import DEFAULT_TFLOPS, canonical_model, match_score
+from shardyard.gpus import DEFAULT_TFLOPS, canonical_model, catalogue_with, match_score
 
 
 @pytest.mark.parametrize(
@@ -57,3 +57,32 @@ def test_match_score(node: float, required: float, score: float) -> None:
 
 def test_v100_score_is_about_point_four_three() -> None:
     assert round(match_score(15.0, 35.0), 2) == 0.43
+
+
+@pytest.mark.parametrize(
+    ("overrides", "model", "tflops"),
+    [
+        pytest.param([], "A100", 35.0, id="defaults"),
+        pytest.param(["A100=19.5"], "A100", 19.5, id="override-known"),
+        pytest.param(["MI300X=163.4"], "MI300X", 163.4, id="add-unknown"),
+        pytest.param(["NVIDIA H100-SXM=60"], "H100", 60.0, id="canonical-name"),
+    ],
+)
+def test_catalogue_with(overrides: list[str], model: str, tflops: float) -> None:
+    assert catalogue_with(overrides)[model] == tflops
+
+
+@pytest.mark.parametrize("bad", ["A100", "A100=", "=35", "A100=fast", "A100=-1", "A100=inf"], ids=str)
+def test_catalogue_with_refuses_unreadable_entries(bad: str) -> None:
+    with pytest.raises(ValueError, match="MODEL=TFLOPS"):
+        catalogue_with([bad])
+
+
+def test_queue_settings_refuse_a_bad_figure_with_a_config_error() -> None:
+    from shardyard.errors import ConfigError
+    from shardyard.queue.app import QueueSettings
+    from shardyard.settings import load_settings
+
+    assert load_settings(QueueSettings, ["--gpu-tflops", "MI300X=163"], {}, prog="q").gpu_tflops == ["MI300X=163"]
+    with pytest.raises(ConfigError, match="gpu_tflops"):
+        load_settings(QueueSettings, [], {"SHARDYARD_GPU_TFLOPS": "A100=fast"}, prog="q")

@@ -11,13 +11,14 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.topics import ASSIGNMENTS
 from shardyard.clock import Clock
+from shardyard.gpus import catalogue_with
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import GpuProbe, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
 from shardyard.node_agent.mounts import parse_mounts
 from shardyard.service import Periodic, announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import GpuFigures, ServiceSettings
 
 SERVICE = "node-agent"
 
@@ -31,6 +32,7 @@ class AgentSettings(ServiceSettings):
 
     node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     gpus: list[str] = Field(default_factory=list, description="simulated GPUs when NVML finds none, e.g. A100:2")
+    gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")
     cpu_cores: float = Field(default_factory=lambda: float(os.cpu_count() or 1), gt=0)
     memory_gib: float = Field(default_factory=lambda: _host_memory() / 1024**3, gt=0)
     mounts: list[str] = Field(default_factory=list, description="JOB_PREFIX=LOCAL_DIR, e.g. /data=./data")
@@ -63,7 +65,7 @@ def build_app(
         AgentBook(settings.node_id),
         bus,
         clock,
-        gpus or detect(settings.gpus),
+        gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops)),
         launcher or SubprocessLauncher(),
     )
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed

@@ -1,19 +1,18 @@
 """Wiring of the queue service: the only place that connects its book to the bus."""
 
-from collections.abc import Mapping
-
 from faststream import FastStream
+from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
-from shardyard.gpus import DEFAULT_TFLOPS
+from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.service import announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import GpuFigures, ServiceSettings
 
 SERVICE = "queue"
 
@@ -21,11 +20,13 @@ SERVICE = "queue"
 class QueueSettings(ServiceSettings):
     """The queue: admission and ordering of submitted jobs."""
 
+    gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")
 
-def build_app(settings: QueueSettings, *, clock: Clock, catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> FastStream:
+
+def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = QueueBook(catalogue)
+    book = QueueBook(catalogue_with(settings.gpu_tflops))
     handlers = QueueHandlers(book, bus, clock)
     # Lifecycle facts are read by every replica in full (no group): each needs the whole job table.
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
