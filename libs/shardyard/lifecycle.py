@@ -7,13 +7,18 @@ from typing import Final
 
 from shardyard.events import (
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobScheduled,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
 )
 
 
@@ -55,7 +60,19 @@ TRANSITIONS: Final = MappingProxyType(
 )
 
 LifecycleFact = (
-    JobAccepted | JobRejected | JobReady | JobUnschedulable | JobScheduled | JobRunning | JobSucceeded | JobFailed
+    JobAccepted
+    | JobRejected
+    | JobReady
+    | JobWaiting
+    | JobUnschedulable
+    | JobScheduled
+    | JobRunning
+    | JobSucceeded
+    | JobFailed
+    | JobPreempting
+    | JobPreempted
+    | JobCancelRequested
+    | JobCancelled
 )
 
 
@@ -66,8 +83,12 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return JobState.ACCEPTED
         case JobRejected():
             return JobState.REJECTED
-        case JobReady():
+        case JobReady() | JobPreempted():
             return JobState.READY
+        case JobWaiting():
+            return JobState.WAITING
+        case JobCancelled():
+            return JobState.CANCELLED
         case JobScheduled():
             return JobState.SCHEDULED
         case JobRunning():
@@ -76,7 +97,7 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return JobState.SUCCEEDED
         case JobFailed():
             return JobState.FAILED
-        case JobUnschedulable():
+        case JobUnschedulable() | JobPreempting() | JobCancelRequested():
             return None
 
 

@@ -8,6 +8,7 @@ from shardyard.bus.topics import (
     BY_NAME,
     CATALOGUE,
     DEADLETTER,
+    ELASTICITY,
     FAILURES,
     HEARTBEATS,
     LIFECYCLE,
@@ -19,23 +20,33 @@ from shardyard.bus.topics import (
 )
 from shardyard.errors import EventDecodeError
 from shardyard.events import (
+    CapacityRequested,
     Event,
     FailureCause,
     FieldError,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
+    NodeDrain,
     NodeLost,
     PendingReason,
+    ReclaimCandidate,
     RejectReason,
     RunningShard,
     ServiceReady,
     ShardCause,
+    ShardPreempted,
     ShardRevocation,
+    ShardStopRequest,
 )
 from tests.unit.builders import (
     assignment,
@@ -116,6 +127,52 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (completed("job-7", node_id="node-b"), SHARD_EVENTS, "job-7"),
     (failed("job-7", node_id="node-b", cause=FailureCause.COMM_ERROR), SHARD_EVENTS, "job-7"),
     (ServiceReady(occurred_at=at(1), service="scheduler", instance="s1", pid=7, host="h"), SERVICES, "scheduler"),
+    (
+        JobWaiting(
+            occurred_at=at(1),
+            job_id="job-7",
+            reason=PendingReason.WAITING_FOR_DEPENDENCY,
+            message="m",
+            waiting_for=("job-1",),
+        ),
+        LIFECYCLE,
+        "job-7",
+    ),
+    (JobPreempting(occurred_at=at(1), job_id="job-7", attempt=1, by_job="vip", deadline_s=30), LIFECYCLE, "job-7"),
+    (
+        JobPreempted(
+            occurred_at=at(1), job_id="job-7", attempt=1, by_job="vip", checkpoint_dir="/c", checkpoint_step=100
+        ),
+        LIFECYCLE,
+        "job-7",
+    ),
+    (JobCancelRequested(occurred_at=at(1), job_id="job-7"), LIFECYCLE, "job-7"),
+    (JobCancelled(occurred_at=at(1), job_id="job-7", message="by user"), LIFECYCLE, "job-7"),
+    (NodeDrain(occurred_at=at(1), node_id="node-b", draining=True), HEARTBEATS, "node-b"),
+    (
+        ShardStopRequest(
+            occurred_at=at(1), job_id="job-7", shard_index=0, node_id="node-b", attempt=1, term=1, reason="r"
+        ),
+        ASSIGNMENTS,
+        "node-b",
+    ),
+    (
+        ShardPreempted(
+            occurred_at=at(1), job_id="job-7", shard_index=0, attempt=1, node_id="node-b", step=100, checkpoint_dir="/c"
+        ),
+        SHARD_EVENTS,
+        "job-7",
+    ),
+    (
+        CapacityRequested(occurred_at=at(1), gpu_model="A100", min_tflops=35, gpus=3, jobs=("job-7",), waiting_s=40),
+        ELASTICITY,
+        "A100",
+    ),
+    (
+        ReclaimCandidate(occurred_at=at(1), node_id="node-b", gpu_model="V100", gpus=2, idle_s=300),
+        ELASTICITY,
+        "node-b",
+    ),
 ]
 IDS = [type(event).__name__ for event, _, _ in SAMPLES]
 

@@ -5,13 +5,18 @@ import pytest
 from shardyard.events import (
     FailureCause,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobScheduled,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
     PendingReason,
     RejectReason,
 )
@@ -111,6 +116,25 @@ _FAILED = JobFailed(occurred_at=T0, job_id="job-1", attempt=1, cause=FailureCaus
             id="succeeded",
         ),
         pytest.param(_FAILED, S.FAILED, id="failed"),
+        pytest.param(
+            JobWaiting(occurred_at=T0, job_id="job-1", reason=PendingReason.WAITING_FOR_DEPENDENCY, message="m"),
+            S.WAITING,
+            id="waiting",
+        ),
+        pytest.param(
+            JobPreempting(occurred_at=T0, job_id="job-1", attempt=1, by_job="vip", deadline_s=30),
+            None,
+            id="preempting-keeps-state",
+        ),
+        pytest.param(
+            JobPreempted(
+                occurred_at=T0, job_id="job-1", attempt=1, by_job="vip", checkpoint_dir=None, checkpoint_step=None
+            ),
+            S.READY,
+            id="preempted-requeues",
+        ),
+        pytest.param(JobCancelRequested(occurred_at=T0, job_id="job-1"), None, id="cancel-request-keeps-state"),
+        pytest.param(JobCancelled(occurred_at=T0, job_id="job-1", message="m"), S.CANCELLED, id="cancelled"),
     ],
 )
 def test_target_state(event: LifecycleFact, state: JobState | None) -> None:
@@ -118,5 +142,19 @@ def test_target_state(event: LifecycleFact, state: JobState | None) -> None:
 
 
 def test_target_state_table_covers_every_lifecycle_event_class() -> None:
-    classes = {JobAccepted, JobRejected, JobReady, JobUnschedulable, JobScheduled, JobRunning, JobSucceeded, JobFailed}
+    classes = {
+        JobAccepted,
+        JobRejected,
+        JobReady,
+        JobWaiting,
+        JobUnschedulable,
+        JobScheduled,
+        JobRunning,
+        JobSucceeded,
+        JobFailed,
+        JobPreempting,
+        JobPreempted,
+        JobCancelRequested,
+        JobCancelled,
+    }
     assert set(LifecycleFact.__args__) == classes  # type: ignore[attr-defined]

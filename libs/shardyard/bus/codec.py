@@ -7,6 +7,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from shardyard.bus.topics import (
     ASSIGNMENTS,
+    ELASTICITY,
     FAILURES,
     HEARTBEATS,
     LIFECYCLE,
@@ -17,39 +18,67 @@ from shardyard.bus.topics import (
 )
 from shardyard.errors import EventDecodeError
 from shardyard.events import (
+    CapacityRequested,
     Event,
     Heartbeat,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobScheduled,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
+    NodeDrain,
     NodeLost,
     NodeState,
+    ReclaimCandidate,
     ServiceReady,
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
+    ShardPreempted,
     ShardProgress,
     ShardRevocation,
     ShardStarted,
+    ShardStopRequest,
 )
 
 _TOPIC_OF: dict[type[Event], Topic] = {
     **dict.fromkeys(
-        (JobAccepted, JobRejected, JobReady, JobUnschedulable, JobScheduled, JobRunning, JobSucceeded, JobFailed),
+        (
+            JobAccepted,
+            JobRejected,
+            JobReady,
+            JobWaiting,
+            JobUnschedulable,
+            JobScheduled,
+            JobRunning,
+            JobSucceeded,
+            JobFailed,
+            JobPreempting,
+            JobPreempted,
+            JobCancelRequested,
+            JobCancelled,
+        ),
         LIFECYCLE,
     ),
     Heartbeat: HEARTBEATS,
+    NodeDrain: HEARTBEATS,
     NodeState: NODE_STATE,
     NodeLost: FAILURES,
     ShardAssignment: ASSIGNMENTS,
     ShardRevocation: ASSIGNMENTS,
-    **dict.fromkeys((ShardStarted, ShardProgress, ShardCompleted, ShardFailed), SHARD_EVENTS),
+    ShardStopRequest: ASSIGNMENTS,
+    **dict.fromkeys((ShardStarted, ShardProgress, ShardCompleted, ShardFailed, ShardPreempted), SHARD_EVENTS),
     ServiceReady: SERVICES,
+    CapacityRequested: ELASTICITY,
+    ReclaimCandidate: ELASTICITY,
 }
 
 
@@ -64,6 +93,8 @@ def key_of(event: Event) -> bytes:
         return str(getattr(event, "node_id")).encode()  # noqa: B009 - every event of these topics has one
     if topic is SERVICES:
         return str(getattr(event, "service")).encode()  # noqa: B009
+    if topic is ELASTICITY:
+        return str(getattr(event, "node_id", None) or getattr(event, "gpu_model")).encode()  # noqa: B009
     return str(getattr(event, "job_id")).encode()  # noqa: B009
 
 

@@ -5,7 +5,8 @@ from typing import Any, Final
 
 from shardyard.events import (
     AssignmentEvent,
-    Heartbeat,
+    ElasticityEvent,
+    HeartbeatEvent,
     JobLifecycleEvent,
     NodeLost,
     NodeState,
@@ -30,12 +31,13 @@ class Topic:
 
 SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)")
 LIFECYCLE: Final = Topic("shardyard.jobs.lifecycle", 4, "job id", JobLifecycleEvent)
-HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 4, "node id", Heartbeat)
+HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 4, "node id", HeartbeatEvent)
 NODE_STATE: Final = Topic("shardyard.nodes.state", 4, "node id", NodeState, compacted=True)
 ASSIGNMENTS: Final = Topic("shardyard.assignments", 4, "node id", AssignmentEvent)
 SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)
 FAILURES: Final = Topic("shardyard.failures", 4, "node id", NodeLost)
 SERVICES: Final = Topic("shardyard.services", 1, "service name", ServiceReady)
+ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", ElasticityEvent)
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
 
 CATALOGUE: Final = (
@@ -47,6 +49,7 @@ CATALOGUE: Final = (
     SHARD_EVENTS,
     FAILURES,
     SERVICES,
+    ELASTICITY,
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

@@ -1,12 +1,17 @@
 """Every event on Shardyard's bus, as strict pydantic models."""
 
 from shardyard.events.base import Event, Model, new_event_id
+from shardyard.events.elastic import CapacityRequested, ElasticityEvent, ReclaimCandidate
 from shardyard.events.job import (
     FailureCause,
     FieldError,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
     JobLifecycleEvent,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
@@ -14,12 +19,24 @@ from shardyard.events.job import (
     JobSpec,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
     PendingReason,
     RejectReason,
     ShardCause,
     ShardPlacement,
 )
-from shardyard.events.node import GpuStatus, Heartbeat, NodeEvent, NodeLost, NodeState, NodeStatus, RunningShard
+from shardyard.events.node import (
+    ArtifactPlace,
+    GpuStatus,
+    Heartbeat,
+    HeartbeatEvent,
+    NodeDrain,
+    NodeEvent,
+    NodeLost,
+    NodeState,
+    NodeStatus,
+    RunningShard,
+)
 from shardyard.events.service import ServiceReady
 from shardyard.events.shard import (
     AssignmentEvent,
@@ -27,23 +44,33 @@ from shardyard.events.shard import (
     ShardCompleted,
     ShardEvent,
     ShardFailed,
+    ShardPreempted,
     ShardProgress,
     ShardRevocation,
     ShardStarted,
+    ShardStopRequest,
     Workload,
 )
 from shardyard.events.submission import JobSubmission
 
 __all__ = [
+    "ArtifactPlace",
     "AssignmentEvent",
+    "CapacityRequested",
+    "ElasticityEvent",
     "Event",
     "FailureCause",
     "FieldError",
     "GpuStatus",
     "Heartbeat",
+    "HeartbeatEvent",
     "JobAccepted",
+    "JobCancelRequested",
+    "JobCancelled",
     "JobFailed",
     "JobLifecycleEvent",
+    "JobPreempted",
+    "JobPreempting",
     "JobReady",
     "JobRejected",
     "JobRunning",
@@ -52,12 +79,15 @@ __all__ = [
     "JobSubmission",
     "JobSucceeded",
     "JobUnschedulable",
+    "JobWaiting",
     "Model",
+    "NodeDrain",
     "NodeEvent",
     "NodeLost",
     "NodeState",
     "NodeStatus",
     "PendingReason",
+    "ReclaimCandidate",
     "RejectReason",
     "RunningShard",
     "ServiceReady",
@@ -67,9 +97,11 @@ __all__ = [
     "ShardEvent",
     "ShardFailed",
     "ShardPlacement",
+    "ShardPreempted",
     "ShardProgress",
     "ShardRevocation",
     "ShardStarted",
+    "ShardStopRequest",
     "Workload",
     "new_event_id",
 ]

@@ -29,6 +29,11 @@ class JobSpec(Model):
     lr: float
     seed: int
     submitted_at: AwareDatetime
+    depends_on: tuple[str, ...] = ()
+    on_dependency_failure: Literal["fail", "hold"] = "fail"
+    min_match: float | None = Field(default=None, description="degraded placement floor; None: full match only")
+    max_wait_s: float = 0.0
+    preemptible: bool = True
 
     @property
     def memory_per_shard(self) -> int:
@@ -49,6 +54,8 @@ class RejectReason(StrEnum):
     UNKNOWN_GPU_MODEL = "UNKNOWN_GPU_MODEL"
     SHARD_COUNT_MISMATCH = "SHARD_COUNT_MISMATCH"
     DUPLICATE_JOB = "DUPLICATE_JOB"
+    UNKNOWN_DEPENDENCY = "UNKNOWN_DEPENDENCY"
+    DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
 
 
 class FieldError(Model):
@@ -58,11 +65,21 @@ class FieldError(Model):
 
 
 class PendingReason(StrEnum):
+    """Why a job is not running yet. The scheduler and the queue keep one current reason per pending job."""
+
     NO_NODES = "NO_NODES"
     NO_FIT = "NO_FIT"
     GPU_MODEL_MISMATCH = "GPU_MODEL_MISMATCH"
     INSUFFICIENT_TFLOPS = "INSUFFICIENT_TFLOPS"
     INSUFFICIENT_GPUS = "INSUFFICIENT_GPUS"
+    INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
+    INSUFFICIENT_CPU = "INSUFFICIENT_CPU"
+    LOAD_TOO_HIGH = "LOAD_TOO_HIGH"
+    WAITING_FOR_ARTIFACT = "WAITING_FOR_ARTIFACT"
+    WAITING_FOR_DEPENDENCY = "WAITING_FOR_DEPENDENCY"
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
+    RESERVED_FOR_HIGHER_PRIORITY = "RESERVED_FOR_HIGHER_PRIORITY"
+    PREEMPTING = "PREEMPTING"
 
 
 class FailureCause(StrEnum):
@@ -73,6 +90,7 @@ class FailureCause(StrEnum):
     NODE_LOST = "NODE_LOST"
     MISSING_ARTIFACT = "MISSING_ARTIFACT"
     LAUNCH_ERROR = "LAUNCH_ERROR"
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
 
 
 class ShardPlacement(Model):
@@ -81,6 +99,7 @@ class ShardPlacement(Model):
     gpu_indices: tuple[int, ...]
     gpu_model: str
     match_score: float
+    degraded: bool = False
 
 
 class JobAccepted(Event):
@@ -113,6 +132,16 @@ class JobUnschedulable(Event):
     node_counts: dict[str, int] = Field(default_factory=dict, description="nodes excluded, by filter")
 
 
+class JobWaiting(Event):
+    """Held by the queue until its parent jobs succeed (or, with ``on_dependency_failure: hold``, after one failed)."""
+
+    type: Literal["job.waiting"] = "job.waiting"
+    job_id: str
+    reason: PendingReason
+    message: str
+    waiting_for: tuple[str, ...] = ()
+
+
 class JobScheduled(Event):
     type: Literal["job.scheduled"] = "job.scheduled"
     job_id: str
@@ -121,6 +150,29 @@ class JobScheduled(Event):
     coordinator_node: str
     rendezvous_port: int
     placements: tuple[ShardPlacement, ...]
+    degraded: bool = Field(default=False, description="placed below a full match, as the job allowed")
+    resume_from: str | None = Field(default=None, description="checkpoint the gang resumes from (after preemption)")
+
+
+class JobPreempting(Event):
+    """A higher-priority job needs this job's GPUs: its shards were asked to checkpoint and stop."""
+
+    type: Literal["job.preempting"] = "job.preempting"
+    job_id: str
+    attempt: int
+    by_job: str
+    deadline_s: float
+
+
+class JobPreempted(Event):
+    """The gang stopped (checkpointed, or revoked after the deadline); the job is pending again."""
+
+    type: Literal["job.preempted"] = "job.preempted"
+    job_id: str
+    attempt: int
+    by_job: str
+    checkpoint_dir: str | None
+    checkpoint_step: int | None
 
 
 class JobRunning(Event):
@@ -153,7 +205,33 @@ class JobFailed(Event):
     causes: tuple[ShardCause, ...] = ()
 
 
+class JobCancelRequested(Event):
+    """A user asks to cancel a job (``shardyard cancel JOB``); the service that holds the job carries it out."""
+
+    type: Literal["job.cancel_requested"] = "job.cancel_requested"
+    job_id: str
+    requested_by: str = "cli"
+
+
+class JobCancelled(Event):
+    type: Literal["job.cancelled"] = "job.cancelled"
+    job_id: str
+    message: str
+
+
 JobLifecycleEvent = Annotated[
-    JobAccepted | JobRejected | JobReady | JobUnschedulable | JobScheduled | JobRunning | JobSucceeded | JobFailed,
+    JobAccepted
+    | JobRejected
+    | JobReady
+    | JobWaiting
+    | JobUnschedulable
+    | JobScheduled
+    | JobRunning
+    | JobSucceeded
+    | JobFailed
+    | JobPreempting
+    | JobPreempted
+    | JobCancelRequested
+    | JobCancelled,
     Field(discriminator="type"),
 ]

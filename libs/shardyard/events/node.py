@@ -17,6 +17,12 @@ class GpuStatus(Model):
     utilization: float = Field(default=0.0, ge=0, le=1)
     temperature_c: float | None = None
     simulated: bool = False
+    tflops_source: Literal["catalogue", "measured"] = Field(
+        default="catalogue", description="where the TFLOPS figure comes from: the catalogue, or a start-up benchmark"
+    )
+
+
+ArtifactPlace = Literal["local", "shared"]
 
 
 class RunningShard(Model):
@@ -40,6 +46,18 @@ class Heartbeat(Event):
     cpu_load: float = Field(ge=0, description="fraction of the node's CPU in use, 0..1 (may exceed 1 when loaded)")
     mounts: dict[str, str] = Field(default_factory=dict, description="job path prefix -> local path")
     running: tuple[RunningShard, ...] = ()
+    artifacts: dict[str, ArtifactPlace] = Field(
+        default_factory=dict, description="watched job paths (models, datasets) present here: local disk or shared"
+    )
+    topology: dict[str, str] = Field(default_factory=dict, description="placement labels: zone, rack")
+
+
+class NodeDrain(Event):
+    """An operator drains a node (no new shards; running ones finish) or undrains it (``shardyard drain``)."""
+
+    type: Literal["node.drain"] = "node.drain"
+    node_id: str
+    draining: bool
 
 
 class NodeStatus(StrEnum):
@@ -63,6 +81,9 @@ class NodeState(Event):
     memory_bytes: int
     cpu_load: float
     running: tuple[RunningShard, ...] = ()
+    artifacts: dict[str, ArtifactPlace] = Field(default_factory=dict)
+    topology: dict[str, str] = Field(default_factory=dict)
+    draining: bool = False
 
 
 class NodeLost(Event):
@@ -72,4 +93,6 @@ class NodeLost(Event):
     silent_for_s: float
 
 
-NodeEvent = Annotated[Heartbeat | NodeState | NodeLost, Field(discriminator="type")]
+NodeEvent = Annotated[Heartbeat | NodeDrain | NodeState | NodeLost, Field(discriminator="type")]
+HeartbeatEvent = Annotated[Heartbeat | NodeDrain, Field(discriminator="type")]
+"""What the heartbeats topic carries: agents' heartbeats and operators' drain requests, both keyed by node."""

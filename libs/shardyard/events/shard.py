@@ -20,6 +20,7 @@ class Workload(Model):
     seq_len: int
     lr: float
     seed: int
+    resume_from: str | None = Field(default=None, description="checkpoint directory to resume from (job path)")
 
 
 class ShardAssignment(Event):
@@ -46,7 +47,19 @@ class ShardRevocation(Event):
     reason: str
 
 
-AssignmentEvent = Annotated[ShardAssignment | ShardRevocation, Field(discriminator="type")]
+class ShardStopRequest(Event):
+    """Checkpoint and stop (preemption): the shards stop together at their next parameter sync, rank 0 saves."""
+
+    type: Literal["shard.stop_request"] = "shard.stop_request"
+    job_id: str
+    shard_index: int
+    node_id: str
+    attempt: int
+    term: int
+    reason: str
+
+
+AssignmentEvent = Annotated[ShardAssignment | ShardRevocation | ShardStopRequest, Field(discriminator="type")]
 
 
 class ShardStarted(Event):
@@ -95,7 +108,19 @@ class ShardFailed(Event):
     message: str
 
 
+class ShardPreempted(Event):
+    """The shard stopped on a stop request; ``checkpoint_dir`` (job path) holds the gang's state at ``step``."""
+
+    type: Literal["shard.preempted"] = "shard.preempted"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    step: int | None
+    checkpoint_dir: str | None
+
+
 ShardEvent = Annotated[
-    ShardStarted | ShardProgress | ShardCompleted | ShardFailed,
+    ShardStarted | ShardProgress | ShardCompleted | ShardFailed | ShardPreempted,
     Field(discriminator="type"),
 ]

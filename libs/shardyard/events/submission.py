@@ -4,7 +4,7 @@ Parsing is strict about types (``"count": "two"`` is refused, not guessed) and a
 error, not a silently ignored option), and lenient where the documented JSON is: ``"memory": "64GiB"``.
 """
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
@@ -65,6 +65,13 @@ class TrainingParams(_UserModel):
     seed: int = Field(default=0, ge=0)
 
 
+class PlacementOptions(_UserModel):
+    """Opt-in degraded placement: after ``max_wait_s`` without a full match, accept GPUs scoring ``min_match``."""
+
+    min_match: float = Field(gt=0, le=1, description="lowest match score (node TFLOPS / required) accepted")
+    max_wait_s: float = Field(default=0, ge=0, le=30 * 86_400, description="wait this long for a full match first")
+
+
 class JobSubmission(_UserModel):
     task_id: str = Field(pattern=JOB_ID_PATTERN)
     task_type: str = Field(default="micro_train", min_length=1, max_length=64)
@@ -74,6 +81,14 @@ class JobSubmission(_UserModel):
     shard_count: int | None = Field(default=None, ge=1, le=4096, description="defaults to the GPU count")
     sync_interval: int = Field(default=100, ge=1, le=10_000_000, description="steps between parameter AllReduces")
     training: TrainingParams = Field(default_factory=TrainingParams)
+    depends_on: list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]] = Field(
+        default_factory=list, max_length=256, description="job ids that must succeed before this job is ready"
+    )
+    on_dependency_failure: Literal["fail", "hold"] = Field(
+        default="fail", description="when a parent fails: fail this job too, or hold it (WAITING) with the reason"
+    )
+    placement: PlacementOptions | None = Field(default=None, description="degraded placement, off unless given")
+    preemptible: bool = Field(default=True, description="a higher-priority job may checkpoint and requeue this one")
 
     @model_validator(mode="after")
     def _one_gpu_per_shard(self) -> "JobSubmission":
@@ -82,4 +97,6 @@ class JobSubmission(_UserModel):
                 f"shard_count ({self.shard_count}) must equal resource_requirements.gpu.count "
                 f"({self.resource_requirements.gpu.count}): each shard runs on one GPU"
             )
+        if self.task_id in self.depends_on:
+            raise ValueError(f"depends_on: job {self.task_id!r} cannot depend on itself")
         return self
