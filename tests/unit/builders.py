@@ -78,6 +78,10 @@ def gpus(model: str = "A100", count: int = 2, tflops: float = 35.0, memory_gib: 
     )
 
 
+ARTIFACTS = {"/data/models/gpt2": "shared", "/data/datasets/wikitext": "shared"}
+"""The default job's model and dataset, as a node reports them when they sit on a shared path."""
+
+
 def heartbeat(node_id: str = "node-a", **overrides: Any) -> Heartbeat:
     fields: dict[str, Any] = {
         "occurred_at": T0,
@@ -91,6 +95,7 @@ def heartbeat(node_id: str = "node-a", **overrides: Any) -> Heartbeat:
         "cpu_cores": 32.0,
         "memory_bytes": 256 * GIB,
         "cpu_load": 0.1,
+        "artifacts": ARTIFACTS,
     }
     return Heartbeat(**{**fields, **overrides})
 
@@ -109,6 +114,7 @@ def node_state(node_id: str = "node-a", **overrides: Any) -> NodeState:
         "cpu_cores": 32.0,
         "memory_bytes": 256 * GIB,
         "cpu_load": 0.1,
+        "artifacts": ARTIFACTS,
     }
     return NodeState(**{**fields, **overrides})
 

@@ -1,11 +1,19 @@
-"""The scheduler's state (rebuilt from the log) and its decisions, as events to publish. Pure: time comes in."""
+"""The scheduler's state (rebuilt from the log) and its decisions, as events to publish. Pure: time comes in.
+
+``apply`` takes facts (also during the start-up replay) and never decides; ``cycle``, ``on_shard_event`` and
+``on_cancel`` return the events that carry out decisions.
+"""
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shardyard.events import (
     Event,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRunning,
     JobScheduled,
@@ -15,11 +23,15 @@ from shardyard.events import (
     NodeState,
     ShardAssignment,
     ShardCompleted,
+    ShardPreempted,
     ShardRevocation,
     ShardStarted,
+    ShardStopRequest,
     Workload,
 )
-from shardyard.scheduler.placement import NodeView, Place, Snapshot, schedule
+from shardyard.scheduler.elasticity import ElasticityTracker
+from shardyard.scheduler.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot, Unschedulable
+from shardyard.scheduler.placement import schedule
 
 RENDEZVOUS_PORT_CHOICES = 8
 
@@ -30,17 +42,33 @@ class Gang:
     scheduled: JobScheduled
     started: set[int] = field(default_factory=set)
     completed: dict[int, ShardCompleted] = field(default_factory=dict)
+    preempted: dict[int, ShardPreempted] = field(default_factory=dict)
     running: bool = False
+    preempted_by: str | None = None
+    preempt_deadline: datetime | None = None
 
 
 class SchedulerBook:
-    def __init__(self, *, term: int = 1, checkpoint_root: str = "/data/checkpoints") -> None:
+    def __init__(
+        self,
+        *,
+        term: int = 1,
+        checkpoint_root: str = "/data/checkpoints",
+        policy: Policy | None = None,
+        preempt_deadline_s: float = 30.0,
+        elasticity: ElasticityTracker | None = None,
+    ) -> None:
         self.term = term
         self.checkpoint_root = checkpoint_root.rstrip("/")
+        self.policy = policy or Policy()
+        self.preempt_deadline_s = preempt_deadline_s
+        self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
-        self.pending: dict[str, JobSpec] = {}
+        self.specs: dict[str, JobSpec] = {}
+        self.pending: dict[str, PendingJob] = {}
         self.gangs: dict[str, Gang] = {}
-        self.ports: dict[str, int] = {}
+        self.resume: dict[str, str] = {}
+        """Job -> checkpoint (job path) its next attempt resumes from."""
         self.attempts: dict[str, int] = {}
         self.finished: set[str] = set()
         self.reasons: dict[str, tuple[str, str]] = {}
@@ -51,48 +79,80 @@ class SchedulerBook:
             case NodeState():
                 self.nodes[event.node_id] = event
             case JobReady() if event.job_id not in self.finished and event.job_id not in self.gangs:
-                self.pending[event.job_id] = event.spec
+                self.specs[event.job_id] = event.spec
+                self.pending[event.job_id] = PendingJob(event.spec, event.occurred_at)
             case JobScheduled():
-                spec = self.pending.pop(event.job_id, None)
-                gang = self.gangs.get(event.job_id)
-                if spec is None and gang is not None:
-                    spec = gang.spec
-                if spec is not None and event.job_id not in self.finished:
-                    self.gangs[event.job_id] = Gang(spec, event)
-                    self.ports[event.job_id] = event.rendezvous_port
-                self.attempts[event.job_id] = max(self.attempts.get(event.job_id, 0), event.attempt)
-                self.term = max(self.term, event.term)
+                self._on_scheduled(event)
             case JobRunning() if event.job_id in self.gangs:
                 self.gangs[event.job_id].running = True
-            case JobSucceeded() | JobFailed():
+            case JobPreempting() if self._current(event.job_id, event.attempt):
+                gang = self.gangs[event.job_id]
+                gang.preempted_by = event.by_job
+                gang.preempt_deadline = event.occurred_at + timedelta(seconds=event.deadline_s)
+            case JobPreempted() if event.job_id not in self.finished:
+                ended = self.gangs.pop(event.job_id, None)
+                spec = ended.spec if ended is not None else self.specs.get(event.job_id)
+                if event.checkpoint_dir:
+                    self.resume[event.job_id] = event.checkpoint_dir
+                if spec is not None:
+                    self.pending[event.job_id] = PendingJob(spec, event.occurred_at)
+            case JobSucceeded() | JobFailed() | JobCancelled():
                 self.pending.pop(event.job_id, None)
                 self.gangs.pop(event.job_id, None)
-                self.ports.pop(event.job_id, None)
                 self.reasons.pop(event.job_id, None)
+                self.resume.pop(event.job_id, None)
+                self.specs.pop(event.job_id, None)
                 self.finished.add(event.job_id)
             case ShardStarted() if self._current(event.job_id, event.attempt):
                 self.gangs[event.job_id].started.add(event.shard_index)
             case ShardCompleted() if self._current(event.job_id, event.attempt):
                 self.gangs[event.job_id].completed[event.shard_index] = event
+            case ShardPreempted() if self._current(event.job_id, event.attempt):
+                self.gangs[event.job_id].preempted[event.shard_index] = event
             case _:
                 pass
+
+    def _on_scheduled(self, event: JobScheduled) -> None:
+        self.attempts[event.job_id] = max(self.attempts.get(event.job_id, 0), event.attempt)
+        self.term = max(self.term, event.term)
+        if event.job_id in self.finished:
+            return
+        self.pending.pop(event.job_id, None)
+        spec = self.specs.get(event.job_id)
+        if spec is not None:
+            self.gangs[event.job_id] = Gang(spec, event)
 
     def _current(self, job_id: str, attempt: int) -> bool:
         gang = self.gangs.get(job_id)
         return gang is not None and gang.scheduled.attempt == attempt
 
-    # --- decisions ---------------------------------------------------------------------------------------------
+    # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         used_gpus: dict[str, set[int]] = {}
         used_memory: dict[str, int] = {}
         used_cpu: dict[str, float] = {}
         used_ports: dict[str, set[int]] = {}
-        for job_id, gang in self.gangs.items():
+        running: list[RunningJob] = []
+        for gang in self.gangs.values():
+            shards: dict[str, list[int]] = {}
             for shard in gang.scheduled.placements:
                 used_gpus.setdefault(shard.node_id, set()).update(shard.gpu_indices)
                 used_memory[shard.node_id] = used_memory.get(shard.node_id, 0) + gang.spec.memory_per_shard
                 used_cpu[shard.node_id] = used_cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
-            used_ports.setdefault(gang.scheduled.coordinator_node, set()).add(self.ports.get(job_id, 0))
+                shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
+            used_ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
+            running.append(
+                RunningJob(
+                    job_id=gang.spec.job_id,
+                    priority=gang.spec.priority,
+                    preemptible=gang.spec.preemptible,
+                    started_at=gang.scheduled.occurred_at,
+                    shards=tuple((node_id, tuple(gpus)) for node_id, gpus in shards.items()),
+                    memory_per_shard=gang.spec.memory_per_shard,
+                    cpu_per_shard=gang.spec.cpu_per_shard,
+                    preempted_by=gang.preempted_by,
+                )
+            )
         views = []
         for node in self.nodes.values():
             if not node.gpus:
@@ -112,41 +172,67 @@ class SchedulerBook:
                     free_cpu_cores=node.cpu_cores - used_cpu.get(node.node_id, 0.0),
                     cpu_load=node.cpu_load,
                     rendezvous_ports=tuple(ports[:RENDEZVOUS_PORT_CHOICES]),
+                    total_gpus=len(node.gpus),
+                    total_memory_bytes=node.memory_bytes,
+                    total_cpu_cores=node.cpu_cores,
+                    draining=node.draining,
+                    artifacts=node.artifacts,
+                    zone=node.topology.get("zone", ""),
+                    rack=node.topology.get("rack", ""),
                 )
             )
-        return Snapshot(tuple(sorted(views, key=lambda v: v.node_id)))
+        return Snapshot(tuple(sorted(views, key=lambda v: v.node_id)), tuple(running))
 
+    # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:
-        """One scheduling cycle over every pending job; returns the events that carry out its decisions."""
+        """One scheduling cycle: overdue preemptions end, every pending job is decided, elasticity is reported."""
+        out = self._overdue_preemptions(now)
         if not self.pending:
-            return []
+            out.extend(self.elasticity.observe((), self.nodes, self._busy_nodes(), now))
+            return out
         snapshot = self.snapshot()
         by_id = {view.node_id: view for view in snapshot.nodes}
-        out: list[Event] = []
-        for decision in schedule(snapshot, list(self.pending.values()), now):
+        blocked = []
+        for decision in schedule(snapshot, list(self.pending.values()), self.policy, now=now):
             if isinstance(decision, Place):
                 out.extend(self._admit(decision, by_id, now))
-                # Later decisions of this cycle already accounted for this gang; the next snapshot must too.
-                snapshot = self.snapshot()
-                by_id = {view.node_id: view for view in snapshot.nodes}
-            elif self.reasons.get(decision.job_id) != (decision.reason, decision.message):
-                self.reasons[decision.job_id] = (decision.reason, decision.message)
-                out.append(
-                    JobUnschedulable(
-                        occurred_at=now,
-                        job_id=decision.job_id,
-                        reason=decision.reason,
-                        message=decision.message,
-                        node_counts=decision.node_counts,
-                    )
-                )
+            elif isinstance(decision, Preempt):
+                out.extend(self._preempt(decision, now))
+            else:
+                pending = self.pending[decision.job_id]
+                blocked.append((pending.spec, decision.reason, pending.ready_at))
+                out.extend(self._explain(decision, now))
+        out.extend(self.elasticity.observe(blocked, self.nodes, self._busy_nodes(), now))
         return out
 
+    def _busy_nodes(self) -> set[str]:
+        return {shard.node_id for gang in self.gangs.values() for shard in gang.scheduled.placements}
+
+    def _explain(self, decision: Unschedulable, now: datetime) -> list[Event]:
+        if self.reasons.get(decision.job_id) == (decision.reason, decision.message):
+            return []
+        self.reasons[decision.job_id] = (decision.reason, decision.message)
+        return [
+            JobUnschedulable(
+                occurred_at=now,
+                job_id=decision.job_id,
+                reason=decision.reason,
+                message=decision.message,
+                node_counts=decision.node_counts,
+            )
+        ]
+
     def _admit(self, place: Place, nodes: dict[str, NodeView], now: datetime) -> list[Event]:
-        spec = self.pending[place.job_id]
+        spec = self.pending[place.job_id].spec
         attempt = self.attempts.get(place.job_id, 0) + 1
         coordinator = nodes[place.coordinator_node]
-        port = coordinator.rendezvous_ports[0]
+        used = {
+            g.scheduled.rendezvous_port
+            for g in self.gangs.values()
+            if g.scheduled.coordinator_node == coordinator.node_id
+        }
+        port = next(p for p in coordinator.rendezvous_ports if p not in used)
+        resume_from = self.resume.get(place.job_id)
         scheduled = JobScheduled(
             occurred_at=now,
             job_id=place.job_id,
@@ -155,6 +241,8 @@ class SchedulerBook:
             coordinator_node=place.coordinator_node,
             rendezvous_port=port,
             placements=place.placements,
+            degraded=place.degraded,
+            resume_from=resume_from,
         )
         workload = Workload(
             model_path=spec.model_path,
@@ -166,6 +254,7 @@ class SchedulerBook:
             seq_len=spec.seq_len,
             lr=spec.lr,
             seed=spec.seed,
+            resume_from=resume_from,
         )
         assignments = [
             ShardAssignment(
@@ -187,15 +276,68 @@ class SchedulerBook:
         self.reasons.pop(place.job_id, None)
         return [scheduled, *assignments]
 
+    def _preempt(self, decision: Preempt, now: datetime) -> list[Event]:
+        """Ask every shard of the victim to checkpoint and stop; the gang ends when all have (or at the deadline)."""
+        gang = self.gangs.get(decision.job_id)
+        if gang is None or gang.preempted_by is not None:
+            return []
+        attempt = gang.scheduled.attempt
+        marker = JobPreempting(
+            occurred_at=now,
+            job_id=decision.job_id,
+            attempt=attempt,
+            by_job=decision.by_job,
+            deadline_s=self.preempt_deadline_s,
+        )
+        self.apply(marker)
+        requests = [
+            ShardStopRequest(
+                occurred_at=now,
+                job_id=decision.job_id,
+                shard_index=shard.shard_index,
+                node_id=shard.node_id,
+                attempt=attempt,
+                term=self.term,
+                reason=f"preempted by {decision.by_job}",
+            )
+            for shard in gang.scheduled.placements
+            if shard.shard_index not in gang.completed
+        ]
+        return [marker, *requests]
+
+    def _overdue_preemptions(self, now: datetime) -> list[Event]:
+        out: list[Event] = []
+        for job_id, gang in list(self.gangs.items()):
+            if gang.preempt_deadline is not None and now >= gang.preempt_deadline:
+                out.extend(self._revoke(gang, now, f"preempted by {gang.preempted_by}: no checkpoint in time"))
+                out.extend(self._end_preemption(job_id, gang, now))
+        return out
+
+    def _end_preemption(self, job_id: str, gang: Gang, now: datetime) -> list[Event]:
+        lead = gang.preempted.get(0) or next(iter(gang.preempted.values()), None)
+        checkpoint = lead.checkpoint_dir if lead is not None else None
+        event = JobPreempted(
+            occurred_at=now,
+            job_id=job_id,
+            attempt=gang.scheduled.attempt,
+            by_job=gang.preempted_by or "",
+            checkpoint_dir=checkpoint or self.resume.get(job_id),
+            checkpoint_step=lead.step if lead is not None and checkpoint else None,
+        )
+        self.apply(event)
+        return [event]
+
     def on_shard_event(self, now: datetime) -> list[Event]:
-        """Gang-level consequences of shard facts: every shard started -> RUNNING; every shard done -> SUCCEEDED."""
+        """Gang-level consequences of shard facts: all started -> RUNNING; all done -> SUCCEEDED; all stopped on a
+        preemption request -> PREEMPTED (requeued)."""
         out: list[Event] = []
         for job_id, gang in list(self.gangs.items()):
             attempt = gang.scheduled.attempt
-            if not gang.running and len(gang.started) == gang.spec.shard_count:
+            count = gang.spec.shard_count
+            if not gang.running and len(gang.started) == count:
                 gang.running = True
                 out.append(JobRunning(occurred_at=now, job_id=job_id, attempt=attempt))
-            if len(gang.completed) == gang.spec.shard_count:
+            if len(gang.completed) == count:
                 lead = gang.completed.get(0) or next(iter(gang.completed.values()))
                 event = JobSucceeded(
                     occurred_at=now,
@@ -206,23 +348,37 @@ class SchedulerBook:
                 )
                 self.apply(event)
                 out.append(event)
+            elif gang.preempted and len(gang.preempted) + len(gang.completed) == count:
+                out.extend(self._end_preemption(job_id, gang, now))
         return out
+
+    def on_cancel(self, request: JobCancelRequested, now: datetime) -> list[Event]:
+        """Cancel a job the scheduler holds (pending or placed); the queue cancels jobs still waiting on parents."""
+        job_id = request.job_id
+        if job_id in self.finished or (job_id not in self.pending and job_id not in self.gangs):
+            return []
+        gang = self.gangs.get(job_id)
+        out: list[Event] = self._revoke(gang, now, f"cancelled by {request.requested_by}") if gang else []
+        event = JobCancelled(occurred_at=now, job_id=job_id, message=f"cancelled by {request.requested_by}")
+        self.apply(event)
+        return [*out, event]
 
     def revocations(self, failed: JobFailed, now: datetime) -> list[Event]:
         """Stop the shards of a failed job that are still running, so its GPUs are freed at once."""
         gang = self.gangs.get(failed.job_id)
-        if gang is None:
-            return []
+        return self._revoke(gang, now, f"job failed: {failed.cause}") if gang else []
+
+    def _revoke(self, gang: Gang, now: datetime, reason: str) -> list[Event]:
         return [
             ShardRevocation(
                 occurred_at=now,
-                job_id=failed.job_id,
+                job_id=gang.spec.job_id,
                 shard_index=shard.shard_index,
                 node_id=shard.node_id,
                 attempt=gang.scheduled.attempt,
                 term=self.term,
-                reason=f"job failed: {failed.cause}",
+                reason=reason,
             )
             for shard in gang.scheduled.placements
-            if shard.shard_index not in gang.completed
+            if shard.shard_index not in gang.completed and shard.shard_index not in gang.preempted
         ]

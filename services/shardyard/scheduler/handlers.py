@@ -2,7 +2,7 @@
 
 from shardyard.bus.kafka import Bus
 from shardyard.clock import Clock
-from shardyard.events import JobFailed, JobReady, NodeState
+from shardyard.events import JobCancelRequested, JobFailed, JobPreempted, JobReady, NodeState
 from shardyard.lifecycle import LifecycleFact
 from shardyard.scheduler.book import SchedulerBook
 
@@ -17,8 +17,11 @@ class SchedulerHandlers:
         now = self.clock.now()
         if isinstance(event, JobFailed):
             await self.bus.publish_all(self.book.revocations(event, now))
+        if isinstance(event, JobCancelRequested):
+            await self.bus.publish_all(self.book.on_cancel(event, now))
+            return
         self.book.apply(event)
-        if isinstance(event, JobReady):
+        if isinstance(event, JobReady | JobPreempted):
             await self.cycle()
 
     async def on_node_state(self, event: NodeState) -> None:

@@ -1,0 +1,144 @@
+"""What the placement policy reads and returns: a frozen cluster snapshot, the pending jobs, the policy knobs, and
+decisions as data (place, preempt, unschedulable-with-reason). No I/O, no clock."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs of the placement policy; the defaults are Shardyard's."""
+
+    load_threshold: float = 0.5
+    """Nodes at or above this CPU load take no new shards (S16: load < 50 %)."""
+    load_step: float = 0.1
+    """"Least load" compares loads in steps of this size, so locality, fragmentation and latency decide among
+    nodes of about the same load instead of load differences of a few tenths of a percent."""
+    aging_per_minute: float = 1.0
+    """A pending job's effective priority grows by this much per minute waited, so nothing starves."""
+    reservations: int = 1
+    """How many blocked jobs, in queue order, hold a reservation that lower jobs may not backfill into."""
+    preemption: bool = True
+    """Checkpoint and requeue lower-priority preemptible jobs when a higher-priority one cannot otherwise fit."""
+    latency_window: int = 32
+    """Equally ranked nodes examined beyond those a gang needs, to pick the ones with the lowest mutual RTT."""
+    locality_scan_limit: int = 512
+    """Nodes with a job's artifacts on local disk are preferred when there are at most this many of them."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the policy sees it in a cycle: its free resources after every admitted gang."""
+
+    node_id: str
+    status: NodeStatus
+    address: str
+    gpu_model: str
+    tflops: float
+    free_gpus: tuple[int, ...]
+    free_memory_bytes: int
+    free_cpu_cores: float
+    cpu_load: float
+    rendezvous_ports: tuple[int, ...] = ()
+    """Free ports of the node's rendezvous range (a gang's coordinator listens on one)."""
+    total_gpus: int = -1
+    """All GPUs of the node, free or not (-1: as many as are free)."""
+    total_memory_bytes: int = -1
+    total_cpu_cores: float = -1.0
+    draining: bool = False
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+    """Job paths present on the node: path -> "local" (its own disk) or "shared" (a network path)."""
+    zone: str = ""
+    rack: str = ""
+
+    @property
+    def gpu_total(self) -> int:
+        return self.total_gpus if self.total_gpus >= 0 else len(self.free_gpus)
+
+    def potential(self, memory_per_shard: int, cpu_per_shard: float) -> int:
+        """Shards of this size the node could take once everything on it ended."""
+        count = self.gpu_total
+        memory = self.total_memory_bytes if self.total_memory_bytes >= 0 else self.free_memory_bytes
+        cpu = self.total_cpu_cores if self.total_cpu_cores >= 0 else self.free_cpu_cores
+        if memory_per_shard:
+            count = min(count, memory // memory_per_shard)
+        if cpu_per_shard:
+            count = min(count, int(cpu / cpu_per_shard + 1e-9))
+        return count
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A gang holding GPUs; preemption may free them."""
+
+    job_id: str
+    priority: int
+    preemptible: bool
+    started_at: datetime
+    shards: tuple[tuple[str, tuple[int, ...]], ...]
+    """(node id, GPU indices) of each shard."""
+    memory_per_shard: int = 0
+    cpu_per_shard: float = 0.0
+    preempted_by: str | None = None
+    """Set while the gang is checkpointing to make room for that job."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: tuple[NodeView, ...]
+    running: tuple[RunningJob, ...] = ()
+    rtt_ms: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """Measured round-trip times between nodes (either order); topology labels estimate the rest."""
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    spec: JobSpec
+    ready_at: datetime
+    """When the job last became ready (submission, release by its parents, or requeue): aging and max_wait count
+    from here."""
+    excluded_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Place:
+    job_id: str
+    placements: tuple[ShardPlacement, ...]
+    coordinator_node: str
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Checkpoint and requeue ``job_id`` so that ``by_job`` can fit."""
+
+    job_id: str
+    by_job: str
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    job_id: str
+    reason: PendingReason
+    message: str
+    node_counts: dict[str, int] = field(default_factory=dict)
+
+
+Decision = Place | Preempt | Unschedulable
+
+
+def estimated_rtt_ms(a: NodeView, b: NodeView, measured: Mapping[tuple[str, str], float]) -> float:
+    """RTT between two nodes: measured when known, else estimated from their topology labels."""
+    if a.node_id == b.node_id:
+        return 0.0
+    known = measured.get((a.node_id, b.node_id), measured.get((b.node_id, a.node_id)))
+    if known is not None:
+        return known
+    if a.rack and a.rack == b.rack and a.zone == b.zone:
+        return 0.1
+    if a.zone and b.zone:
+        return 0.5 if a.zone == b.zone else 5.0
+    return 1.0
