@@ -85,8 +85,8 @@ class ClusterIndex:
         self.load_steps = max(1, int(policy.load_threshold / policy.load_step + 0.999999))
         self.slots: dict[str, Slot] = {}
         self.groups: dict[tuple[str, float], Group] = {}
-        self.local: dict[str, set[str]] = {}
-        """Artifact path -> nodes that hold it on local disk."""
+        self.local: dict[str, dict[tuple[str, float, int], list[str]]] = {}
+        """Artifact path -> (model, TFLOPS, load step) -> nodes that hold it on local disk."""
         self.max_free = 0
         for view in nodes:
             self._add(view)
@@ -101,7 +101,8 @@ class ClusterIndex:
         self.slots[view.node_id] = slot
         for path, place in view.artifacts.items():
             if place == "local":
-                self.local.setdefault(norm_path(path), set()).add(view.node_id)
+                where = (model, view.tflops, load_rank)
+                self.local.setdefault(norm_path(path), {}).setdefault(where, []).append(view.node_id)
         if view.status is not NodeStatus.ALIVE:
             group.dead += 1
         elif view.draining:
@@ -157,3 +158,7 @@ class ClusterIndex:
 
     def usable(self, slot: Slot) -> bool:
         return slot.bucket is not None
+
+    def local_nodes(self, path: str, group: Group, load_rank: int) -> list[str]:
+        """Nodes of ``group`` at ``load_rank`` that hold ``path`` on local disk."""
+        return self.local.get(path, {}).get((group.model, group.tflops, load_rank), [])

@@ -23,10 +23,8 @@ class Policy:
     """How many blocked jobs, in queue order, hold a reservation that lower jobs may not backfill into."""
     preemption: bool = True
     """Checkpoint and requeue lower-priority preemptible jobs when a higher-priority one cannot otherwise fit."""
-    latency_window: int = 32
+    latency_window: int = 8
     """Equally ranked nodes examined beyond those a gang needs, to pick the ones with the lowest mutual RTT."""
-    locality_scan_limit: int = 512
-    """Nodes with a job's artifacts on local disk are preferred when there are at most this many of them."""
 
 
 @dataclass(frozen=True)

@@ -139,24 +139,22 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
         tiers.setdefault(match, []).append(index.groups[key])
     fcs = _frag_order(job.k, index.max_free)
     frag_rank = {fc: rank for rank, fc in enumerate(fcs)}
-    local_ids = index.local.get(job.model_path, set()) | index.local.get(job.dataset_path, set())
-    prefer_local = 0 < len(local_ids) <= index.policy.locality_scan_limit
-    local_by_tier: dict[tuple[float, int], list[tuple[int, int, float, str]]] = {}
-    if prefer_local:
-        for node_id in local_ids:
-            slot = index.slots[node_id]
-            tier = job.eligible.get((slot.group.model, slot.group.tflops))
-            if tier is None or slot.bucket is None or not slot.free:
-                continue
-            rank = frag_rank.get(len(slot.free), len(fcs))
-            loc = slot.locality(job.model_path, job.dataset_path)
-            local_by_tier.setdefault((tier, slot.load_rank), []).append((-loc, rank, slot.view.cpu_load, node_id))
     for match in sorted(tiers, reverse=True):
         groups = tiers[match]
         for step in range(index.load_steps):
+            # Locality first within the tier: the few nodes holding the job's model or dataset on local disk.
             seen: set[str] = set()
-            for neg_loc, rank, _load, node_id in sorted(local_by_tier.get((match, step), ())):
-                seen.add(node_id)
+            local: list[tuple[int, int, float, str]] = []
+            for group in groups:
+                for path in (job.model_path, job.dataset_path):
+                    for node_id in index.local_nodes(path, group, step):
+                        slot = index.slots[node_id]
+                        if node_id in seen or slot.bucket is None or not slot.free:
+                            continue
+                        seen.add(node_id)
+                        loc = slot.locality(job.model_path, job.dataset_path)
+                        local.append((-loc, frag_rank.get(len(slot.free), len(fcs)), slot.view.cpu_load, node_id))
+            for neg_loc, rank, _load, node_id in sorted(local):
                 slot = index.slots[node_id]
                 if node_id in job.excluded or not slot.has_artifacts(job.model_path, job.dataset_path):
                     continue
@@ -177,8 +175,7 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
                             continue
                         capacity = slot.capacity(job.spec)
                         if capacity > 0:
-                            loc = slot.locality(job.model_path, job.dataset_path) if prefer_local else 0
-                            yield (-match, step, -loc, rank), slot, capacity
+                            yield (-match, step, 0, rank), slot, capacity
 
 
 def _place(index: ClusterIndex, job: _Job, rtt: dict[tuple[str, str], float], topology: bool) -> Place | None:
@@ -449,55 +446,67 @@ def _reserve(index: ClusterIndex, job: _Job) -> None:
             return
 
 
+class PlacementCycle:
+    """One scheduling cycle over a snapshot: ``decide`` each pending job in queue order (``schedule`` does).
+
+    Building the cycle indexes the snapshot once; each ``decide`` then costs about the same at any cluster size.
+    """
+
+    def __init__(self, snapshot: Snapshot, policy: Policy | None = None, *, now: datetime) -> None:
+        self.policy = policy or Policy()
+        self.now = now
+        self.running = snapshot.running
+        self.index = ClusterIndex(snapshot.nodes, self.policy)
+        self.rtt = dict(snapshot.rtt_ms)
+        self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
+        self.waiting_on: dict[str, list[RunningJob]] = {}
+        for gang in snapshot.running:
+            if gang.preempted_by is not None:
+                self.waiting_on.setdefault(gang.preempted_by, []).append(gang)
+        self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
+        self.reservations = self.policy.reservations
+
+    def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
+        """Queue order: effective priority (priority + aging), then the longest ready, then the job id."""
+        now, policy = self.now, self.policy
+        return sorted(pending, key=lambda p: (-effective_priority(p, policy, now), p.ready_at, p.spec.job_id))
+
+    def decide(self, pending_job: PendingJob) -> list[Decision]:
+        """The decisions for one job: [Place], [Preempt..., Unschedulable(PREEMPTING)] or [Unschedulable]."""
+        index, policy = self.index, self.policy
+        job = _Job(pending_job, index, self.now)
+        shape = job.shape()
+        known = self.unplaceable.get(shape)
+        if known is not None:
+            return [replace(known, job_id=job.spec.job_id)]
+        placed = _place(index, job, self.rtt, self.topology) if job.eligible else None
+        if placed is not None:
+            return [placed]
+        verdict, passing = _explain(index, job, self.now)
+        victims = self.waiting_on.get(job.spec.job_id)
+        if victims:
+            _hold(index, victims, job.spec.job_id)
+            return [_preempting(verdict, victims)]
+        if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
+            chosen = _preemption(index, job, self.running, passing)
+            if chosen:
+                _hold(index, chosen, job.spec.job_id)
+                return [*(Preempt(victim.job_id, job.spec.job_id) for victim in chosen), _preempting(verdict, chosen)]
+        self.unplaceable[shape] = verdict
+        if self.reservations > 0 and verdict.reason in _RESERVABLE:
+            self.reservations -= 1
+            _reserve(index, job)
+        return [verdict]
+
+
 def schedule(
     snapshot: Snapshot, pending: Sequence[PendingJob], policy: Policy | None = None, *, now: datetime
 ) -> list[Decision]:
     """Decide for every pending job, in queue order. Returns Place, Preempt and Unschedulable decisions."""
-    policy = policy or Policy()
-    # 1. index
-    index = ClusterIndex(snapshot.nodes, policy)
-    rtt = dict(snapshot.rtt_ms)
-    topology = bool(rtt) or any(view.zone or view.rack for view in snapshot.nodes)
-    waiting_on: dict[str, list[RunningJob]] = {}
-    for gang in snapshot.running:
-        if gang.preempted_by is not None:
-            waiting_on.setdefault(gang.preempted_by, []).append(gang)
-    # 2. order
-    ordered = sorted(pending, key=lambda p: (-effective_priority(p, policy, now), p.ready_at, p.spec.job_id))
+    cycle = PlacementCycle(snapshot, policy, now=now)
     decisions: list[Decision] = []
-    unplaceable: dict[tuple[object, ...], Unschedulable] = {}
-    reservations = policy.reservations
-    for pending_job in ordered:
-        job = _Job(pending_job, index, now)
-        shape = job.shape()
-        known = unplaceable.get(shape)
-        if known is not None:
-            decisions.append(replace(known, job_id=job.spec.job_id))
-            continue
-        # 3. place
-        placed = _place(index, job, rtt, topology) if job.eligible else None
-        if placed is not None:
-            decisions.append(placed)
-            continue
-        # 4. preempt, reserve, explain
-        verdict, passing = _explain(index, job, now)
-        victims = waiting_on.get(job.spec.job_id)
-        if victims:
-            _hold(index, victims, job.spec.job_id)
-            decisions.append(_preempting(verdict, victims))
-            continue
-        if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
-            chosen = _preemption(index, job, snapshot.running, passing)
-            if chosen:
-                decisions.extend(Preempt(victim.job_id, job.spec.job_id) for victim in chosen)
-                _hold(index, chosen, job.spec.job_id)
-                decisions.append(_preempting(verdict, chosen))
-                continue
-        unplaceable[shape] = verdict
-        decisions.append(verdict)
-        if reservations > 0 and verdict.reason in _RESERVABLE:
-            reservations -= 1
-            _reserve(index, job)
+    for job in cycle.order(pending):
+        decisions.extend(cycle.decide(job))
     return decisions
 
 
