@@ -47,6 +47,7 @@ def node(node_id: str, model: str, tflops: float, gpus: int = 1) -> NodeState:
         cpu_cores=16,
         memory_bytes=128 * 1024**3,
         cpu_load=0.1,
+        artifacts={"/data/models/m": "shared", "/data/datasets/d": "shared"},
     )
 
 
