@@ -1,0 +1,117 @@
+"""``shardyard simulate``: replay a trace under each policy and print their figures; or write a synthetic trace.
+
+shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
+shardyard simulate --generate N [--seed S] [--load 0.95] [--cluster ...] [--out trace.csv]
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from shardyard.errors import ConfigError
+from shardyard.gpus import catalogue_with
+from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
+from shardyard.sim.engine import DEFAULT_CHECKPOINT_S, simulate
+from shardyard.sim.generate import DEFAULT_LOAD, generate
+from shardyard.sim.policies import POLICY_NAMES, policy_named
+from shardyard.sim.report import as_json, render_table, summarize
+from shardyard.sim.trace import read_trace, write_trace
+
+CORE_NOTE = (
+    "shardyard = the real placement core (shardyard.scheduler.placement.schedule, default Policy); "
+    "fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or preemption"
+)
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    sim = subparsers.add_parser(
+        "simulate",
+        help="replay a job trace (CSV) in simulated time under Shardyard's placement core, FIFO and priority",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument("trace", nargs="?", help="the trace CSV (see the README for its columns)")
+    sim.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"MODEL:GPUSxNODES groups (default {DEFAULT_CLUSTER})")
+    sim.add_argument(
+        "--policy",
+        action="append",
+        choices=POLICY_NAMES,
+        help="a policy to run (repeat; default all: " + ", ".join(POLICY_NAMES) + ")",
+    )
+    sim.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=DEFAULT_CHECKPOINT_S,
+        help=f"simulated seconds a preempted gang spends checkpointing (default {DEFAULT_CHECKPOINT_S:g})",
+    )
+    sim.add_argument("--gpu-tflops", action="append", default=[], help="catalogue override MODEL=TFLOPS (repeat)")
+    sim.add_argument("--json", action="store_true", help="print the figures as JSON")
+    gen = sim.add_argument_group("trace generation (writes a trace instead of simulating)")
+    gen.add_argument("--generate", type=int, metavar="N", help="write a synthetic trace of N jobs for --cluster")
+    gen.add_argument("--seed", type=int, default=0, help="random seed of --generate (default 0)")
+    gen.add_argument(
+        "--load", type=float, default=DEFAULT_LOAD, help=f"offered load of --generate (default {DEFAULT_LOAD})"
+    )
+    gen.add_argument("--out", default="-", help="where --generate writes (default - : standard output)")
+    sim.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        catalogue = catalogue_with(args.gpu_tflops)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    nodes = parse_cluster(args.cluster, catalogue)
+    if args.generate is not None:
+        if args.trace is not None:
+            raise ConfigError("give either a TRACE to simulate or --generate N, not both")
+        return _generate(args, nodes, catalogue)
+    if args.trace is None:
+        raise ConfigError("simulate needs a TRACE.csv (or --generate N to write one)")
+    if not args.checkpoint_s >= 0:
+        raise ConfigError("--checkpoint-s must be at least 0")
+    path = Path(args.trace)
+    trace = read_trace(path, catalogue)
+    names = list(dict.fromkeys(args.policy or POLICY_NAMES))
+    summaries = [
+        summarize(simulate(trace, nodes, policy_named(name, nodes), name=name, checkpoint_s=args.checkpoint_s))
+        for name in names
+    ]
+    span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
+    if args.json:
+        context = {
+            "trace": str(path),
+            "jobs": len(trace),
+            "cluster": args.cluster,
+            "nodes": len(nodes),
+            "gpus": sum(node.gpus for node in nodes),
+            "checkpoint_s": args.checkpoint_s,
+        }
+        print(json.dumps(as_json(summaries, **context), indent=2))
+        return 0
+    print(f"trace:    {path} ({len(trace)} jobs submitted over {span:,.0f} s)")
+    print(f"cluster:  {describe(nodes)}; checkpoint {args.checkpoint_s:g} s per preemption")
+    print(f"policies: {CORE_NOTE}")
+    print()
+    print(render_table(summaries))
+    return 0
+
+
+def _generate(args: argparse.Namespace, nodes: tuple[NodeSpec, ...], catalogue: Mapping[str, float]) -> int:
+    try:
+        jobs = generate(args.generate, args.seed, nodes, load=args.load, catalogue=catalogue)
+    except ValueError as exc:
+        raise ConfigError(f"--generate: {exc}") from exc
+    if args.out == "-":
+        write_trace(jobs, sys.stdout)
+        return 0
+    out = Path(args.out)
+    try:
+        with out.open("w", newline="", encoding="utf-8") as stream:
+            write_trace(jobs, stream)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    print(f"wrote {len(jobs)} jobs for {describe(nodes)} to {out} (seed {args.seed}, load {args.load:g})")
+    return 0

@@ -1,0 +1,113 @@
+"""The figures of one simulated run, and their table and JSON forms.
+
+- JCT (job completion time) = finish - submit; queueing delay = first start - submit; both over completed jobs.
+- p99 is the nearest-rank percentile: the smallest value with at least 99 % of the values at or below it.
+- makespan = last finish - first submit; GPU utilisation = GPU-seconds held by gangs (checkpointing included) /
+  (cluster GPUs x makespan).
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardyard.cli.render import table
+from shardyard.sim.engine import US, SimResult
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    jobs: int
+    completed: int
+    unfinished: int
+    """Jobs still pending or running when no event was left (they can never fit this cluster under the policy)."""
+    avg_jct_s: float
+    p99_jct_s: float
+    avg_wait_s: float
+    p99_wait_s: float
+    makespan_s: float
+    gpu_utilisation: float
+    preemptions: int
+    degraded_placements: int
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0 < q <= 100) of ``values``; 0 when there are none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def summarize(result: SimResult) -> Summary:
+    done = [o for o in result.outcomes if o.finish_us is not None and o.first_start_us is not None]
+    submits = [o.job.submit_s for o in result.outcomes]
+    jct = [o.finish_us / US - o.job.submit_s for o in done if o.finish_us is not None]
+    wait = [o.first_start_us / US - o.job.submit_s for o in done if o.first_start_us is not None]
+    last = max((o.finish_us for o in done if o.finish_us is not None), default=None)
+    makespan = last / US - min(submits) if last is not None and submits else 0.0
+    capacity = result.total_gpus * makespan
+    return Summary(
+        policy=result.policy,
+        jobs=len(result.outcomes),
+        completed=len(done),
+        unfinished=len(result.outcomes) - len(done),
+        avg_jct_s=_mean(jct),
+        p99_jct_s=percentile(jct, 99),
+        avg_wait_s=_mean(wait),
+        p99_wait_s=percentile(wait, 99),
+        makespan_s=makespan,
+        gpu_utilisation=result.busy_gpu_s / capacity if capacity > 0 else 0.0,
+        preemptions=result.preemptions,
+        degraded_placements=result.degraded_placements,
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def render_table(summaries: Sequence[Summary]) -> str:
+    rows = [
+        [
+            s.policy,
+            f"{s.completed}/{s.jobs}",
+            _seconds(s.avg_jct_s),
+            _seconds(s.p99_jct_s),
+            _seconds(s.avg_wait_s),
+            _seconds(s.p99_wait_s),
+            _seconds(s.makespan_s),
+            f"{s.gpu_utilisation:.1%}",
+            str(s.preemptions),
+            str(s.degraded_placements),
+        ]
+        for s in summaries
+    ]
+    headers = [
+        "POLICY",
+        "DONE",
+        "AVG JCT s",
+        "P99 JCT s",
+        "AVG WAIT s",
+        "P99 WAIT s",
+        "MAKESPAN s",
+        "GPU UTIL",
+        "PREEMPT",
+        "DEGRADED",
+    ]
+    return table(rows, headers)
+
+
+def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
+    """``context`` (trace, cluster, ...) first, then ``policies``: name -> figures, rounded to the millisecond."""
+    policies: dict[str, dict[str, Any]] = {}
+    for summary in summaries:
+        figures = asdict(summary)
+        del figures["policy"]
+        policies[summary.policy] = {k: round(v, 6 if k == "gpu_utilisation" else 3) for k, v in figures.items()}
+    return {**context, "policies": policies}

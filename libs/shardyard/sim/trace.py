@@ -1,0 +1,209 @@
+"""The simulator's trace: one CSV row per job, parsed strictly.
+
+Columns (a header row names them, in any order):
+
+=============  ========  ================================================================================
+``submit_s``   required  seconds from the start of the trace, >= 0
+``gpus``       required  GPUs of the gang (one shard each), integer 1..64
+``gpu_model``  required  a catalogue model (A100, V100, H100, ...), or ``ANY`` / empty for any GPU
+``duration_s`` required  run time on full-match GPUs, > 0
+``priority``   required  integer 0..1000
+``job_id``     optional  unique; default ``job-<row>`` (data rows counted from 1)
+``min_tflops`` optional  the TFLOPS floor; default the catalogue figure of ``gpu_model`` (0 for ANY)
+``min_match``  optional  opt-in degraded placement floor in (0, 1]; empty: full match only
+``max_wait_s`` optional  seconds to wait for a full match before ``min_match`` applies (needs ``min_match``)
+=============  ========  ================================================================================
+
+Every problem is a ``TraceError`` naming the line (the header is line 1) and the column.
+"""
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from shardyard.errors import ShardyardError
+from shardyard.gpus import DEFAULT_TFLOPS, canonical_model
+
+REQUIRED = ("submit_s", "gpus", "gpu_model", "duration_s", "priority")
+OPTIONAL = ("job_id", "min_tflops", "min_match", "max_wait_s")
+COLUMNS = ("job_id", *REQUIRED, "min_tflops", "min_match", "max_wait_s")
+"""The order ``write_trace`` uses."""
+ANY = "ANY"
+MAX_GPUS = 64
+MAX_PRIORITY = 1000
+
+
+class TraceError(ShardyardError):
+    """A trace that cannot be simulated: ``line`` (1 = the header) and ``column`` say where, when known."""
+
+    def __init__(self, source: str, line: int, column: str | None, problem: str) -> None:
+        where = f"{source}:{line}" + (f": column {column!r}" if column else "")
+        super().__init__(f"{where}: {problem}")
+        self.source = source
+        self.line = line
+        self.column = column
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    submit_s: float
+    gpus: int
+    gpu_model: str | None
+    """Canonical model name; None: any GPU."""
+    duration_s: float
+    priority: int
+    min_tflops: float
+    min_match: float | None = None
+    max_wait_s: float = 0.0
+
+
+class _Row:
+    """One data row being parsed: every field read goes through ``take`` so errors carry line and column."""
+
+    def __init__(self, source: str, line: int, values: Mapping[str, str]) -> None:
+        self.source = source
+        self.line = line
+        self.values = values
+
+    def fail(self, column: str | None, problem: str) -> TraceError:
+        return TraceError(self.source, self.line, column, problem)
+
+    def text(self, column: str) -> str:
+        return self.values.get(column, "").strip()
+
+    def number(self, column: str, *, low: float, high: float = math.inf, open_low: bool = False) -> float:
+        raw = self.text(column)
+        if not raw:
+            raise self.fail(column, "is empty; a number is required")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, f"{raw!r} is not a number") from None
+        bound = "above" if open_low else "at least"
+        if not math.isfinite(value) or value < low or (open_low and value == low) or value > high:
+            upper = f" and at most {high:g}" if math.isfinite(high) else ""
+            raise self.fail(column, f"{raw!r} is out of range; must be {bound} {low:g}{upper}")
+        return value
+
+    def integer(self, column: str, *, low: int, high: int) -> int:
+        raw = self.text(column)
+        if not raw:
+            raise self.fail(column, "is empty; an integer is required")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise self.fail(column, f"{raw!r} is not an integer") from None
+        if not low <= value <= high:
+            raise self.fail(column, f"{raw!r} is out of range; must be {low}..{high}")
+        return value
+
+
+def _header(source: str, header: list[str]) -> list[str]:
+    names = [name.strip() for name in header]
+    known = set(REQUIRED) | set(OPTIONAL)
+    for name in names:
+        if name not in known:
+            raise TraceError(source, 1, name, f"unknown column; the columns are {', '.join((*REQUIRED, *OPTIONAL))}")
+        if names.count(name) > 1:
+            raise TraceError(source, 1, name, "appears twice")
+    missing = [name for name in REQUIRED if name not in names]
+    if missing:
+        raise TraceError(source, 1, missing[0], "required column missing from the header")
+    return names
+
+
+def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
+    submit_s = row.number("submit_s", low=0.0)
+    gpus = row.integer("gpus", low=1, high=MAX_GPUS)
+    model_text = row.text("gpu_model")
+    model = None if model_text.upper() in ("", ANY) else canonical_model(model_text)
+    if model is not None and model not in catalogue:
+        known = ", ".join(sorted(catalogue))
+        raise row.fail("gpu_model", f"unknown GPU model {model_text!r}; use one of {known} or ANY")
+    duration_s = row.number("duration_s", low=0.0, open_low=True)
+    priority = row.integer("priority", low=0, high=MAX_PRIORITY)
+    job_id = row.text("job_id") or f"job-{number}"
+    default_tflops = catalogue[model] if model is not None else 0.0
+    min_tflops = row.number("min_tflops", low=0.0) if row.text("min_tflops") else default_tflops
+    min_match = row.number("min_match", low=0.0, high=1.0, open_low=True) if row.text("min_match") else None
+    max_wait_s = row.number("max_wait_s", low=0.0) if row.text("max_wait_s") else 0.0
+    if min_match is None and row.text("max_wait_s"):
+        raise row.fail("max_wait_s", "is set without min_match (it is the wait before min_match applies)")
+    return TraceJob(job_id, submit_s, gpus, model, duration_s, priority, min_tflops, min_match, max_wait_s)
+
+
+def parse_trace(
+    stream: TextIO, source: str = "<trace>", catalogue: Mapping[str, float] = DEFAULT_TFLOPS
+) -> list[TraceJob]:
+    """The jobs of a CSV trace, in file order. Raises TraceError at the first problem."""
+    reader = csv.reader(stream)
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(source, 1, None, "the trace is empty; it needs a header row and at least one job")
+        names = _header(source, header)
+        jobs: list[TraceJob] = []
+        seen: dict[str, int] = {}
+        for cells in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) != len(names):
+                raise TraceError(source, line, None, f"has {len(cells)} fields; the header has {len(names)}")
+            row = _Row(source, line, dict(zip(names, cells, strict=True)))
+            job = _job(row, len(jobs) + 1, catalogue)
+            if job.job_id in seen:
+                raise row.fail("job_id", f"{job.job_id!r} already used on line {seen[job.job_id]}")
+            seen[job.job_id] = line
+            jobs.append(job)
+    except csv.Error as exc:
+        raise TraceError(source, reader.line_num, None, f"not valid CSV: {exc}") from exc
+    if not jobs:
+        raise TraceError(source, reader.line_num or 1, None, "the trace has no jobs")
+    return jobs
+
+
+def read_trace(path: Path, catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> list[TraceJob]:
+    try:
+        with path.open(newline="", encoding="utf-8") as stream:
+            return parse_trace(stream, str(path), catalogue)
+    except OSError as exc:
+        raise TraceError(str(path), 0, None, f"cannot read the trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(str(path), 0, None, "not UTF-8 text") from exc
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else repr(value)
+
+
+def write_trace(jobs: Iterable[TraceJob], stream: TextIO) -> None:
+    """Write ``jobs`` as CSV with every column, so the file reads back to the same jobs."""
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for job in jobs:
+        writer.writerow(
+            [
+                job.job_id,
+                repr(job.submit_s),
+                job.gpus,
+                job.gpu_model or ANY,
+                repr(job.duration_s),
+                job.priority,
+                _cell(job.min_tflops),
+                _cell(job.min_match),
+                _cell(job.max_wait_s) if job.min_match is not None else "",
+            ]
+        )
+
+
+def trace_text(jobs: Iterable[TraceJob]) -> str:
+    buffer = io.StringIO()
+    write_trace(jobs, buffer)
+    return buffer.getvalue()

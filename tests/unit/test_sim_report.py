@@ -1,0 +1,129 @@
+"""The generator, the report and the ``simulate`` subcommand: seeded, deterministic, round-tripping."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from shardyard.errors import ConfigError
+from shardyard.sim import cli
+from shardyard.sim.cluster import parse_cluster
+from shardyard.sim.engine import simulate
+from shardyard.sim.generate import generate
+from shardyard.sim.policies import POLICY_NAMES, policy_named
+from shardyard.sim.report import Summary, percentile, summarize
+from shardyard.sim.trace import TraceError, parse_trace, trace_text
+
+CLUSTER = "A100:8x4,V100:8x4,H100:8x2"
+
+
+def simulate_cli(*argv: str) -> int:
+    top = argparse.ArgumentParser(prog="shardyard")
+    cli.add_parser(top.add_subparsers(dest="command", required=True))
+    args = top.parse_args(["simulate", *argv])
+    code: int = args.func(args)
+    return code
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        pytest.param([], 99, 0.0, id="none"),
+        pytest.param([5.0], 99, 5.0, id="one"),
+        pytest.param([float(v) for v in range(1, 101)], 99, 99.0, id="hundred"),
+        pytest.param([float(v) for v in range(1, 101)], 50, 50.0, id="median"),
+        pytest.param([3.0, 1.0, 2.0], 99, 3.0, id="few-is-the-max"),
+    ],
+)
+def test_nearest_rank_percentile(values: list[float], q: float, expected: float) -> None:
+    assert percentile(values, q) == expected
+
+
+def test_generated_trace_round_trips_through_the_csv() -> None:
+    jobs = generate(300, 3, parse_cluster(CLUSTER))
+
+    assert parse_trace(io.StringIO(trace_text(jobs))) == jobs
+
+
+def test_the_generator_is_seeded() -> None:
+    nodes = parse_cluster(CLUSTER)
+
+    assert generate(200, 11, nodes) == generate(200, 11, nodes)
+    assert generate(200, 11, nodes) != generate(200, 12, nodes)
+
+
+def test_the_generated_mix() -> None:
+    jobs = generate(2000, 5, parse_cluster(CLUSTER))
+
+    sizes = Counter(job.gpus for job in jobs)
+    models = Counter(job.gpu_model for job in jobs)
+    priorities = Counter(job.priority for job in jobs)
+    assert set(sizes) <= {1, 2, 4, 8, 16} and sizes[1] > sizes[2] > sizes[4] > sizes[16]
+    assert set(models) == {"A100", "V100", "H100", None}
+    assert priorities[0] > 0.6 * len(jobs) and 0 < priorities[900] < priorities[500] < priorities[100]
+    assert all(60 <= job.duration_s <= 6 * 3600 for job in jobs)
+    assert [job.submit_s for job in jobs] == sorted(job.submit_s for job in jobs)
+    assert any(job.min_match is not None for job in jobs)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_same_seed_same_report(name: str) -> None:
+    nodes = parse_cluster(CLUSTER)
+
+    def once() -> Summary:
+        trace = generate(150, 9, nodes, load=1.2)
+        return summarize(simulate(trace, nodes, policy_named(name, nodes), name=name))
+
+    assert once() == once()
+
+
+def test_simulate_prints_every_policy_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    assert simulate_cli("--generate", "120", "--seed", "4", "--cluster", CLUSTER, "--out", str(trace)) == 0
+    capsys.readouterr()
+
+    assert simulate_cli(str(trace), "--cluster", CLUSTER, "--json") == 0
+
+    report = json.loads(capsys.readouterr().out)
+    assert (report["jobs"], report["nodes"], report["gpus"]) == (120, 10, 80)
+    assert list(report["policies"]) == list(POLICY_NAMES)
+    assert all(figures["completed"] == 120 for figures in report["policies"].values())
+
+
+def test_simulate_prints_a_table_of_the_chosen_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("submit_s,gpus,gpu_model,duration_s,priority\n0,2,A100,60,0\n")
+
+    assert simulate_cli(str(trace), "--cluster", "A100:4x1", "--policy", "fifo", "--policy", "shardyard") == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].split()[:3] == ["POLICY", "DONE", "AVG"]
+    assert [line.split()[:3] for line in lines[-2:]] == [["fifo", "1/1", "60.0"], ["shardyard", "1/1", "60.0"]]
+
+
+def test_generate_writes_to_standard_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate_cli("--generate", "5", "--cluster", CLUSTER) == 0
+
+    assert len(parse_trace(io.StringIO(capsys.readouterr().out))) == 5
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "problem"),
+    [
+        pytest.param((), ConfigError, "needs a TRACE.csv", id="no-trace"),
+        pytest.param(("t.csv", "--generate", "3"), ConfigError, "not both", id="trace-and-generate"),
+        pytest.param(("--generate", "0"), ConfigError, "at least one job", id="generate-zero"),
+        pytest.param(("--generate", "3", "--load", "0"), ConfigError, "load must be above 0", id="zero-load"),
+        pytest.param(("t.csv", "--cluster", "A100"), ConfigError, "MODEL:GPUSxNODES", id="bad-cluster"),
+        pytest.param(("t.csv", "--gpu-tflops", "MI300X"), ConfigError, "MODEL=TFLOPS", id="bad-override"),
+        pytest.param(("absent.csv",), TraceError, "cannot read the trace", id="absent-trace"),
+    ],
+)
+def test_usage_errors(argv: tuple[str, ...], error: type[Exception], problem: str) -> None:
+    with pytest.raises(error, match=problem):
+        simulate_cli(*argv)
