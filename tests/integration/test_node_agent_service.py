@@ -1,6 +1,9 @@
 """A node agent as a real process: heartbeats with its simulated GPUs, runs assigned shards as real training
-processes, refuses stale terms, reports missing artifacts, and stops revoked shards."""
+processes, refuses stale terms, reports missing artifacts, stops revoked shards, reports the artifacts of live jobs
+as they appear, and checkpoints and stops a shard on a stop request (then resumes it)."""
 
+import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,13 +15,18 @@ from shardyard.embedded import free_port
 from shardyard.events import (
     FailureCause,
     Heartbeat,
+    JobAccepted,
+    JobCancelled,
+    JobSpec,
     ServiceReady,
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
+    ShardPreempted,
     ShardProgress,
     ShardRevocation,
     ShardStarted,
+    ShardStopRequest,
     Workload,
 )
 from shardyard.training.artifacts import create_demo_artifacts
@@ -29,16 +37,23 @@ pytestmark = pytest.mark.broker
 
 
 def assignment(
-    job_id: str, *, term: int = 1, steps: int = 40, model: str = "/data/models/gpt2_pretrained"
+    job_id: str,
+    *,
+    term: int = 1,
+    steps: int = 40,
+    model: str = "/data/models/gpt2_pretrained",
+    node_id: str = "agent-n1",
+    attempt: int = 1,
+    resume_from: str | None = None,
 ) -> ShardAssignment:
     return ShardAssignment(
         occurred_at=datetime.now(UTC),
         job_id=job_id,
         shard_index=0,
         world_size=1,
-        node_id="agent-n1",
+        node_id=node_id,
         gpu_indices=(0,),
-        attempt=1,
+        attempt=attempt,
         term=term,
         master_addr="127.0.0.1",
         master_port=free_port(),
@@ -52,8 +67,34 @@ def assignment(
             seq_len=32,
             lr=3e-3,
             seed=0,
+            resume_from=resume_from,
         ),
     )
+
+
+def accepted(job_id: str, *, model: str, dataset: str) -> JobAccepted:
+    now = datetime.now(UTC)
+    spec = JobSpec(
+        job_id=job_id,
+        task_type="micro_train",
+        priority=0,
+        gpu_count=1,
+        gpu_model="A100",
+        min_tflops=35.0,
+        memory_bytes=1 << 30,
+        cpu_cores=1.0,
+        model_path=model,
+        dataset_path=dataset,
+        shard_count=1,
+        sync_interval=10,
+        max_steps=40,
+        batch_size=4,
+        seq_len=32,
+        lr=3e-3,
+        seed=0,
+        submitted_at=now,
+    )
+    return JobAccepted(occurred_at=now, job_id=job_id, spec=spec, source_offset=f"test/0/{job_id}")
 
 
 async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, log_dir: Path) -> None:
@@ -115,3 +156,103 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
             await send.event(assignment("agent-after", term=2, steps=5))
             await watch.first(ShardCompleted, job_id="agent-after", timeout_s=60)
             assert not watch.of(ShardStarted, job_id="agent-stale")
+
+
+async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
+    bootstrap: str, tmp_path: Path, log_dir: Path
+) -> None:
+    await ensure_topics(bootstrap)
+    data = tmp_path / "data"
+    create_demo_artifacts(data)
+    (data / "shared" / "models" / "m").mkdir(parents=True)
+    node = "agent-n2"
+    args = [
+        *("--node-id", node, "--gpus", "A100:1", "--mounts", f"/data={data}", "--log-dir", str(tmp_path / "shards")),
+        *("--shared-mounts", "/data/shared", "--cpu-cores", "8", "--zone", "z1", "--rack", "r7"),
+    ]
+    model, shared_model, late = "/data/models/gpt2_pretrained", "/data/shared/models/m", "/data/datasets/late"
+
+    def last_beat() -> Heartbeat | None:
+        beats = watch.of(Heartbeat, node_id=node)
+        return beats[-1] if beats else None
+
+    def artifacts() -> dict[str, str]:
+        beat = last_beat()
+        return dict(beat.artifacts) if beat else {}
+
+    with service("shardyard.node_agent", args, bootstrap=bootstrap, log_dir=log_dir):
+        async with Watcher(bootstrap, [HEARTBEATS, SHARD_EVENTS, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="node-agent", instance=node, timeout_s=60)
+            beat = await watch.first(Heartbeat, node_id=node)
+            assert beat.topology == {"zone": "z1", "rack": "r7"}
+            assert [(g.tflops, g.tflops_source) for g in beat.gpus] == [(35.0, "catalogue")]  # simulated: no bench
+
+            # (a) Two live jobs name a local model, a shared one and a dataset that is not here yet.
+            sent = time.monotonic()
+            await send.event(accepted("art-1", model=model, dataset=late))
+            await watch.until(lambda: model in artifacts(), what="the model of a new job, already here")
+            known_s = time.monotonic() - sent
+            await send.event(accepted("art-2", model=shared_model, dataset=late))
+            await watch.until(
+                lambda: artifacts() == {model: "local", shared_model: "shared"}, what="the models, not the dataset"
+            )
+            seq = watch.of(Heartbeat, node_id=node)[-1].seq
+            await watch.until(lambda: last_beat().seq >= seq + 2, what="two more heartbeats")  # type: ignore[union-attr]
+            assert late not in artifacts()  # still absent, still not reported
+
+            (data / "datasets" / "late").mkdir()
+            created = time.monotonic()
+            await watch.until(lambda: late in artifacts(), timeout_s=10, what="the dataset reported")
+            appeared_s = time.monotonic() - created
+            assert appeared_s < 2.0
+            print(
+                f"\nJobAccepted sent -> heartbeat with its (present) model seen after {known_s:.3f} s;"
+                f" dataset directory created -> heartbeat reporting it seen after {appeared_s:.3f} s"
+            )
+
+            await send.event(JobCancelled(occurred_at=datetime.now(UTC), job_id="art-2", message="test"))
+            await watch.until(lambda: shared_model not in artifacts(), what="the cancelled job's model unwatched")
+            assert artifacts() == {model: "local", late: "local"}  # art-1 still names them
+
+            # (b) A stop request: the shard checkpoints at its next sync and reports ShardPreempted.
+            await send.event(assignment("agent-preempt", term=2, steps=1_000_000, node_id=node))
+            await watch.first(ShardProgress, job_id="agent-preempt", timeout_s=60)
+            busy = await watch.until(
+                lambda: [b for b in watch.of(Heartbeat, node_id=node) if b.running and b.cpu_load > 0],
+                what="a heartbeat with the shard's CPU use",
+            )
+            assert 0 < busy[-1].cpu_load < 0.5  # one shard of 8 declared cores, whatever the host's load
+            await send.event(
+                ShardStopRequest(
+                    occurred_at=datetime.now(UTC),
+                    job_id="agent-preempt",
+                    shard_index=0,
+                    node_id=node,
+                    attempt=1,
+                    term=2,
+                    reason="test",
+                )
+            )
+            preempted = await watch.first(ShardPreempted, job_id="agent-preempt", timeout_s=60)
+            assert preempted.step is not None and preempted.step % 10 == 0
+            assert preempted.checkpoint_dir == "/data/checkpoints/agent-preempt/checkpoint"
+            state = json.loads((data / "checkpoints" / "agent-preempt" / "checkpoint" / "state.json").read_text())
+            assert state["step"] == preempted.step
+            assert not watch.of(ShardFailed, job_id="agent-preempt")
+
+            # ...and resumes from the checkpoint (a job path, through the mounts) to its max_steps.
+            steps = preempted.step + 20
+            await send.event(
+                assignment(
+                    "agent-preempt",
+                    term=2,
+                    steps=steps,
+                    node_id=node,
+                    attempt=2,
+                    resume_from=preempted.checkpoint_dir,
+                )
+            )
+            done = await watch.first(ShardCompleted, job_id="agent-preempt", attempt=2, timeout_s=60)
+            assert done.steps == steps and done.final_loss is not None
+            first = watch.of(ShardProgress, job_id="agent-preempt", attempt=2)[0]
+            assert first.step == preempted.step + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -167,6 +168,74 @@ def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launch
     print(
         f"\n2 shards x 300 steps: {elapsed:.2f} s wall from Popen to exit; rank 0 start-up"
         f" {rank0.arrived[0] - t0:.2f} s, training {train_s:.2f} s = {1000 * train_s / 300:.1f} ms/step"
+    )
+
+
+def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_a_stop_signal_to_one_shard_stops_both_at_one_sync_and_the_gang_resumes(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "out"
+    checkpoint = output_dir / "checkpoint"
+    env = _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_SYNC_INTERVAL="10")
+    rank0, rank1 = launch(2, env)
+    _until(lambda: any(p["step"] >= 30 for p in rank1.progress()), 60, "rank 1 at step 30")
+    seen = max(p["step"] for p in rank1.progress())
+    rank1.proc.send_signal(signal.SIGUSR1)  # only rank 1 is asked; rank 0 learns it at the next sync
+
+    rcs = [_wait(shard, 60) for shard in (rank0, rank1)]
+
+    assert rcs == [exitcodes.PREEMPTED, exitcodes.PREEMPTED], "\n".join(s.stderr() for s in (rank0, rank1))
+    assert classify_exit(exitcodes.PREEMPTED) is ExitCause.PREEMPTED
+    ends = [shard.lines[-1] for shard in (rank0, rank1)]
+    stop_step = ends[0]["step"]
+    assert ends == [
+        {"kind": "preempted", "step": stop_step, "checkpoint_dir": str(checkpoint)},
+        {"kind": "preempted", "step": stop_step, "checkpoint_dir": None},
+    ]
+    assert stop_step % 10 == 0 and stop_step > seen
+    assert [shard.progress()[-1]["step"] for shard in (rank0, rank1)] == [stop_step, stop_step]
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert (state["step"], state["world_size"], state["sync_interval"]) == (stop_step, 2, 10)
+    assert load_pretrained(checkpoint).config == TEST_MODEL
+    assert (checkpoint / "optimizer.pt").is_file()
+    first_loss = rank0.progress()[0]["loss"]
+
+    max_steps = stop_step + 100
+    resumed = launch(
+        2,
+        _train_env(
+            artifacts,
+            output_dir,
+            SHARDYARD_MAX_STEPS=str(max_steps),
+            SHARDYARD_SYNC_INTERVAL="10",
+            SHARDYARD_RESUME_DIR=str(checkpoint),
+        ),
+    )
+    rcs = [_wait(shard, RUN_DEADLINE_S) for shard in resumed]
+
+    assert rcs == [exitcodes.OK, exitcodes.OK], "\n".join(s.stderr() for s in resumed)
+    for shard in resumed:
+        progress = shard.progress()
+        assert progress[0]["step"] == stop_step + 1 and progress[-1]["step"] == max_steps
+        losses = [p["loss"] for p in progress]
+        assert all(loss is not None and math.isfinite(loss) for loss in losses)
+        # The weights were restored (the first loss is far below a fresh model's) and training went on improving.
+        assert losses[0] < first_loss - 0.5 and losses[-1] < first_loss - 0.5
+        finished = shard.lines[-1]
+        assert finished["kind"] == "finished" and finished["steps"] == max_steps
+        assert math.isfinite(finished["final_loss"]) and finished["final_loss"] < first_loss - 0.5
+    assert load_pretrained(output_dir).config == TEST_MODEL
+    print(
+        f"\nstopped at step {stop_step} (signal after step {seen}); first loss {first_loss:.3f}, resumed"
+        f" {resumed[0].progress()[0]['loss']:.3f} -> {resumed[0].progress()[-1]['loss']:.3f} at step {max_steps}"
     )
 
 

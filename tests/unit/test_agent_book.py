@@ -4,7 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.events import FailureCause, RunningShard, ShardAssignment, ShardCompleted, ShardFailed, ShardRevocation
+from shardyard.events import (
+    FailureCause,
+    RunningShard,
+    ShardAssignment,
+    ShardCompleted,
+    ShardFailed,
+    ShardPreempted,
+    ShardRevocation,
+    ShardStopRequest,
+)
 from shardyard.node_agent.book import AgentBook, ShardPaths, Verdict, key_of, shard_env
 from tests.unit.builders import assignment, at, workload
 
@@ -20,6 +29,19 @@ def revocation(shard_index: int = 0, **overrides: object) -> ShardRevocation:
         "reason": "job failed",
     }
     return ShardRevocation(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+def stop_request(shard_index: int = 0, **overrides: object) -> ShardStopRequest:
+    fields: dict[str, object] = {
+        "occurred_at": at(1),
+        "job_id": "job-1",
+        "shard_index": shard_index,
+        "node_id": "node-a",
+        "attempt": 1,
+        "term": 1,
+        "reason": "preempted by job-2",
+    }
+    return ShardStopRequest(**{**fields, **overrides})
 
 
 def verdicts(*assignments: ShardAssignment) -> list[Verdict]:
@@ -214,3 +236,122 @@ def test_shard_missing_paths(tmp_path: Path) -> None:
     paths = ShardPaths(model=tmp_path / "model", dataset=tmp_path / "absent", output=tmp_path / "out")
 
     assert paths.missing() == [f"dataset {tmp_path / 'absent'}"]
+
+
+@pytest.mark.parametrize(
+    ("event", "stops"),
+    [
+        pytest.param(stop_request(), True, id="ours-running"),
+        pytest.param(stop_request(term=2), True, id="newer-term"),
+        pytest.param(stop_request(node_id="node-b"), False, id="other-node"),
+        pytest.param(stop_request(shard_index=1), False, id="not-running"),
+        pytest.param(stop_request(attempt=2), False, id="other-attempt"),
+        pytest.param(stop_request(term=0), False, id="older-term"),
+    ],
+)
+def test_on_stop_request(event: ShardStopRequest, stops: bool) -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment())
+
+    assert book.on_stop_request(event) == (("job-1", 0, 1) if stops else None)
+
+
+def test_stop_request_is_refused_after_a_newer_term_was_seen() -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment())
+    book.on_assignment(assignment(job_id="job-2", term=3))
+
+    assert book.on_stop_request(stop_request(term=2)) is None
+    assert book.on_stop_request(stop_request(term=3)) == ("job-1", 0, 1)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [pytest.param(stop_request(), id="redelivered-stop"), pytest.param(revocation(), id="already-revoked")],
+)
+def test_a_shard_being_stopped_is_not_signalled_again(first: ShardStopRequest | ShardRevocation) -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment())
+    if isinstance(first, ShardStopRequest):
+        book.on_stop_request(first)
+    else:
+        book.on_revocation(first)
+
+    assert book.on_stop_request(stop_request()) is None
+
+
+@pytest.mark.parametrize(
+    ("final", "step"),
+    [
+        pytest.param({"kind": "preempted", "step": 120, "checkpoint_dir": "/srv/out/checkpoint"}, 120, id="reported"),
+        pytest.param(None, None, id="no-report"),
+        pytest.param({"kind": "finished", "steps": 300}, None, id="other-report"),
+        pytest.param({"kind": "preempted", "step": "120"}, None, id="bad-step"),
+    ],
+)
+def test_preempted_exit_reports_the_step_and_the_job_checkpoint_path(
+    final: dict[str, object] | None, step: int | None
+) -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment(workload=workload(output_path="/data/checkpoints/job-1")))
+    book.on_stop_request(stop_request())
+
+    event = book.finished(("job-1", 0, 1), 75, now=at(9), final=final, message="exit code 75")
+
+    assert event == ShardPreempted(
+        event_id=event.event_id,  # type: ignore[union-attr]
+        occurred_at=at(9),
+        job_id="job-1",
+        shard_index=0,
+        attempt=1,
+        node_id="node-a",
+        step=step,
+        checkpoint_dir="/data/checkpoints/job-1/checkpoint",
+    )
+    assert (book.running, book.stopping) == ({}, set())
+
+
+@pytest.mark.parametrize(
+    ("returncode", "kind"),
+    [
+        pytest.param(0, ShardCompleted, id="finished-before-its-next-sync"),
+        pytest.param(4, ShardFailed, id="failed-while-stopping"),
+    ],
+)
+def test_a_shard_asked_to_stop_may_still_end_otherwise(returncode: int, kind: type) -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment())
+    book.on_stop_request(stop_request())
+
+    assert isinstance(book.finished(("job-1", 0, 1), returncode, now=at(9), final=None, message=""), kind)
+
+
+def test_revoked_while_stopping_reports_nothing() -> None:
+    book = AgentBook("node-a")
+    book.on_assignment(assignment())
+    book.on_stop_request(stop_request())
+    book.on_revocation(revocation())
+
+    assert book.finished(("job-1", 0, 1), 75, now=at(9), final=None, message="") is None
+
+
+def test_resume_checkpoint_goes_through_the_mounts_and_into_the_environment(tmp_path: Path) -> None:
+    book = AgentBook("node-a")
+    shard = assignment(workload=workload(resume_from="/data/checkpoints/job-1/checkpoint"))
+
+    paths = book.paths(shard, {"/data": "/srv/data"})
+    env = shard_env(shard, paths, base_env={})
+
+    assert paths.resume == Path("/srv/data/checkpoints/job-1/checkpoint")
+    assert env["SHARDYARD_RESUME_DIR"] == "/srv/data/checkpoints/job-1/checkpoint"
+    assert "SHARDYARD_RESUME_DIR" not in shard_env(assignment(), book.paths(assignment(), {}), base_env={})
+
+
+def test_a_missing_resume_checkpoint_is_a_missing_artifact(tmp_path: Path) -> None:
+    for name in ("model", "dataset"):
+        (tmp_path / name).mkdir()
+    paths = ShardPaths(
+        model=tmp_path / "model", dataset=tmp_path / "dataset", output=tmp_path / "out", resume=tmp_path / "ckpt"
+    )
+
+    assert paths.missing() == [f"checkpoint {tmp_path / 'ckpt'}"]

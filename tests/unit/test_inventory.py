@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from shardyard.errors import ConfigError
-from shardyard.node_agent.inventory import SimulatedGpus
+from shardyard.node_agent.inventory import MeasuredTflops, SimulatedGpus
 
 GIB = 1024**3
 
@@ -61,3 +61,20 @@ def test_busy_gpus_show_utilisation() -> None:
     assert (busy.utilization, busy.memory_used_bytes) == (0.6, 40 * GIB)
     assert busy.temperature_c == pytest.approx(40.0 + 35.0 * 0.6)
     assert overloaded.utilization == 1.0
+
+
+def test_simulated_gpus_have_no_hardware_ids() -> None:
+    probe = SimulatedGpus(["A100:2"])
+
+    assert probe.simulated is True
+    assert probe.uuids() == (None, None)
+
+
+def test_measured_figures_replace_the_catalogue_by_index() -> None:
+    probe = MeasuredTflops(SimulatedGpus(["A100:2"]), {1: 21.5})
+
+    first, second = probe.probe({1: 0.5})
+
+    assert (first.tflops, first.tflops_source) == (35.0, "catalogue")
+    assert (second.tflops, second.tflops_source, second.utilization) == (21.5, "measured", 0.5)
+    assert probe.simulated and probe.uuids() == (None, None)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from shardyard.errors import ConfigError
-from shardyard.node_agent.mounts import parse_mounts, resolve
+from shardyard.node_agent.mounts import LocalDisk, parse_mounts, parse_shared_mounts, resolve
 
 MOUNTS = {"/data": "/srv/data", "/data/models": "/fast/models", "/scratch": "/tmp/scratch"}
 
@@ -58,3 +58,20 @@ def test_parse_mounts_resolves_relative_local_dirs(tmp_path: Path, monkeypatch: 
 def test_parse_mounts_errors(item: str) -> None:
     with pytest.raises(ConfigError, match="JOB_PREFIX=LOCAL_DIR"):
         parse_mounts([item])
+
+
+def test_parse_shared_mounts() -> None:
+    assert parse_shared_mounts(["/data/shared/", "/nfs", "/nfs/"]) == ("/data/shared", "/nfs")
+
+
+@pytest.mark.parametrize("item", [pytest.param("data/shared", id="relative"), pytest.param("", id="empty")])
+def test_parse_shared_mounts_errors(item: str) -> None:
+    with pytest.raises(ConfigError, match="absolute job path prefix"):
+        parse_shared_mounts([item])
+
+
+def test_local_disk(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+
+    assert [LocalDisk().is_dir(tmp_path / name) for name in ("dir", "file", "absent")] == [True, False, False]

@@ -25,7 +25,7 @@ GOOD_ENV: dict[str, str] = {
     "SHARDYARD_LR": "3e-4",
     "SHARDYARD_SEED": "7",
 }
-OPTIONAL = {"SHARDYARD_PROGRESS_FD", "SHARDYARD_DIST_TIMEOUT_S"}
+OPTIONAL = {"SHARDYARD_PROGRESS_FD", "SHARDYARD_DIST_TIMEOUT_S", "SHARDYARD_RESUME_DIR"}
 
 
 def test_parses_a_complete_environment() -> None:
@@ -54,6 +54,14 @@ def test_optional_values_take_defaults() -> None:
     cfg = RunConfig.from_env(GOOD_ENV)
     assert cfg.progress_fd is None
     assert cfg.dist_timeout_s == DEFAULT_DIST_TIMEOUT_S == 60.0
+    assert cfg.resume_dir is None
+
+
+@pytest.mark.parametrize(
+    ("value", "resume_dir"), [("/out/ckpt/checkpoint", Path("/out/ckpt/checkpoint")), ("  ", None)]
+)
+def test_resume_dir(value: str, resume_dir: Path | None) -> None:
+    assert RunConfig.from_env({**GOOD_ENV, "SHARDYARD_RESUME_DIR": value}).resume_dir == resume_dir
 
 
 def test_config_is_frozen() -> None:

@@ -92,3 +92,20 @@ def test_dataset_shorter_than_a_window_raises_when_batches_is_called(tmp_path: P
 def test_bad_rank_raises(rank: int, world: int) -> None:
     with pytest.raises(ValueError, match="rank"):
         _random_dataset().batches(rank, world, 1, 4, 0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stream_started_at_step_k_continues_the_uninterrupted_one(rank: int) -> None:
+    ds = _random_dataset()
+    uninterrupted = ds.batches(rank, 2, 4, 16, seed=5)
+    for _ in range(7):
+        next(uninterrupted)
+    resumed = ds.batches(rank, 2, 4, 16, seed=5, start_step=7)
+    for _ in range(3):
+        expected, got = next(uninterrupted), next(resumed)
+        assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+
+
+def test_negative_start_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="start_step"):
+        _random_dataset().batches(0, 1, 4, 16, seed=0, start_step=-1)

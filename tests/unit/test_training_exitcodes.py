@@ -12,6 +12,7 @@ from shardyard.training.exitcodes import ExitCause, classify_exit
         pytest.param(0, ExitCause.OK, id="ok"),
         pytest.param(3, ExitCause.USER_ERROR, id="user-error"),
         pytest.param(4, ExitCause.COMM_ERROR, id="comm-error"),
+        pytest.param(75, ExitCause.PREEMPTED, id="preempted"),
         pytest.param(5, ExitCause.PROCESS_EXIT, id="internal-error"),
         pytest.param(1, ExitCause.PROCESS_EXIT, id="python-traceback"),
         pytest.param(2, ExitCause.PROCESS_EXIT, id="usage"),
@@ -29,5 +30,6 @@ def test_classify_exit(returncode: int, cause: ExitCause) -> None:
 
 
 def test_exit_code_values_are_stable() -> None:
-    assert (exitcodes.OK, exitcodes.USER_ERROR, exitcodes.COMM_ERROR, exitcodes.INTERNAL_ERROR) == (0, 3, 4, 5)
-    assert [str(c) for c in ExitCause] == ["ok", "user_error", "comm_error", "killed", "process_exit"]
+    codes = (exitcodes.OK, exitcodes.USER_ERROR, exitcodes.COMM_ERROR, exitcodes.INTERNAL_ERROR, exitcodes.PREEMPTED)
+    assert codes == (0, 3, 4, 5, 75)
+    assert [str(c) for c in ExitCause] == ["ok", "user_error", "comm_error", "killed", "process_exit", "preempted"]

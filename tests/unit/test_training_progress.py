@@ -114,3 +114,12 @@ def test_a_closed_reader_disables_reporting(pipe: tuple[int, int], capsys: pytes
     assert not reporter.enabled
     assert "reporting disabled" in capsys.readouterr().err
     assert not _step(reporter, 1, 1.0, force=True)
+
+
+def test_preempted_line(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    reporter = ProgressReporter(w)
+    reporter.preempted(step=120, checkpoint_dir="/srv/out/checkpoint")
+    reporter.close()
+
+    assert _lines(r) == [{"kind": "preempted", "step": 120, "checkpoint_dir": "/srv/out/checkpoint"}]

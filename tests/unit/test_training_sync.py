@@ -76,7 +76,60 @@ def test_multi_rank_path_averages_and_copies_back(monkeypatch: pytest.MonkeyPatc
     sync = ParamSync(params, bucket_bytes=450)
     stats = sync.allreduce_mean()
     assert stats == SyncStats(ms=stats.ms, bytes=624, buckets=3)
-    assert calls == [100, 46, 5]
+    assert calls == [100 + 1, 46, 5]  # the first bucket carries the stop flag too
+    assert not stats.stop
     for p, b in zip(params, before, strict=True):
         torch.testing.assert_close(p.detach(), 2 * b)
         assert p.grad is None and p.requires_grad
+
+
+@pytest.mark.parametrize(
+    ("ours", "peers", "agreed"),
+    [
+        pytest.param(False, 0.0, False, id="nobody"),
+        pytest.param(True, 0.0, True, id="we-were-asked"),
+        pytest.param(False, 1.0, True, id="a-peer-was-asked"),
+        pytest.param(True, 2.0, True, id="everybody"),
+    ],
+)
+def test_ranks_agree_to_stop_through_the_control_slot(
+    monkeypatch: pytest.MonkeyPatch, ours: bool, peers: float, agreed: bool
+) -> None:
+    """The fake AllReduce adds the peers' flags to the control slot (the last element of the first bucket)."""
+    params = _params()
+    before = [p.detach().clone() for p in params]
+    first_call = [True]
+
+    def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+        tensor.mul_(2)  # a peer with identical parameters...
+        if first_call[0]:
+            tensor[-1] = tensor[-1] / 2 + peers  # ...and its own stop flags
+            first_call[0] = False
+
+    monkeypatch.setattr(ParamSync, "world_size", lambda self: 3)
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    stats = ParamSync(params).allreduce_mean(stop=ours)
+
+    assert stats.stop is agreed
+    for p, b in zip(params, before, strict=True):  # the slot is not a parameter: the mean is untouched by it
+        torch.testing.assert_close(p.detach(), 2 * b / 3)
+
+
+def test_one_rank_stops_on_its_own_flag(single_rank_group: None) -> None:
+    sync = ParamSync(_params())
+
+    assert sync.allreduce_mean(stop=True).stop and not sync.allreduce_mean().stop
+
+
+def test_without_parameters_the_flag_travels_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+        calls.append(tensor.numel())
+        tensor.add_(1)  # one peer asked to stop
+
+    monkeypatch.setattr(ParamSync, "world_size", lambda self: 2)
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    stats = ParamSync([]).allreduce_mean()
+
+    assert stats.stop and stats.buckets == 1 and stats.bytes == 0 and calls == [1]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from shardyard.training.preemption import RESUME_DIR_ENV
+
 _T = TypeVar("_T")
 
 DEFAULT_DIST_TIMEOUT_S = 60.0
@@ -40,6 +42,8 @@ class RunConfig:
     seed: int
     progress_fd: int | None = None
     dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S
+    resume_dir: Path | None = None
+    """A checkpoint to resume from (``SHARDYARD_RESUME_DIR``): its weights, step and optimizer state."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RunConfig:
@@ -61,6 +65,7 @@ class RunConfig:
         seed = p.required("SHARDYARD_SEED", int, lambda v: 0 <= v <= _MAX_SEED, f"an integer in 0..{_MAX_SEED}")
         progress_fd = p.optional("SHARDYARD_PROGRESS_FD", int, lambda v: v >= 0, "a file descriptor >= 0")
         timeout = p.optional("SHARDYARD_DIST_TIMEOUT_S", float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
+        resume_dir = p.optional(RESUME_DIR_ENV, str, lambda v: v != "", "a directory path")
         if rank is not None and world_size is not None and rank >= world_size:
             p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
         if p.problems:
@@ -87,6 +92,7 @@ class RunConfig:
             seed=seed,
             progress_fd=progress_fd,
             dist_timeout_s=DEFAULT_DIST_TIMEOUT_S if timeout is None else timeout,
+            resume_dir=None if resume_dir is None else Path(resume_dir),
         )
 
 

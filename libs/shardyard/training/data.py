@@ -53,25 +53,35 @@ class ByteDataset:
         if len(self) < seq_len + 1:
             raise DatasetError(f"dataset {self.name} has {len(self)} bytes; seq_len={seq_len} needs >= {seq_len + 1}")
 
-    def batches(self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
+    def batches(
+        self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int, *, start_step: int = 0
+    ) -> Iterator[Batch]:
         """Infinite stream of ``(inputs, targets)`` LongTensors ``[batch_size, seq_len]``, targets shifted by one.
 
         Every rank seeds the same generator; each step it draws ``world_size * batch_size`` window starts and
         rank ``r`` takes slice ``[r * batch_size, (r + 1) * batch_size)``. The ranks' draws are therefore
         disjoint, and together they equal what one process drawing the combined batch would get.
+        ``start_step`` skips that many steps' draws: a run resumed at step ``k`` sees exactly the batches an
+        uninterrupted run would have seen from step ``k + 1`` on.
         """
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
         self.check_seq_len(seq_len)  # raised here, not at the first next()
-        return self._stream(rank, world_size, batch_size, seq_len, seed)
+        return self._stream(rank, world_size, batch_size, seq_len, seed, start_step)
 
-    def _stream(self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
+    def _stream(
+        self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int, start_step: int
+    ) -> Iterator[Batch]:
         gen = torch.Generator().manual_seed(seed)
         n_starts = len(self) - seq_len  # a start s uses bytes [s, s + seq_len]
         offsets = torch.arange(seq_len + 1)
         lo, hi = rank * batch_size, (rank + 1) * batch_size
+        for _ in range(start_step):  # the same draws as the steps being skipped, so the generator ends up alike
+            torch.randint(0, n_starts, (world_size * batch_size,), generator=gen)
         while True:
             starts = torch.randint(0, n_starts, (world_size * batch_size,), generator=gen)[lo:hi]
             windows = self.data[starts.unsqueeze(1) + offsets].long()

@@ -12,6 +12,9 @@ COMM_ERROR: Final = 4
 """torch.distributed errors or timeouts during process-group init, AllReduce or barrier."""
 INTERNAL_ERROR: Final = 5
 """Anything else (a bug, an unexpected exception)."""
+PREEMPTED: Final = 75
+"""Stopped on request (preemption) after the gang checkpointed; not a failure. 75 is ``EX_TEMPFAIL`` of
+``sysexits.h``: "try again later", which is what a preempted shard's job does."""
 
 _SHELL_SIGNAL_BASE: Final = 128
 _MAX_SIGNAL: Final = 64  # SIGRTMAX on Linux; 128+n above this is an ordinary exit status
@@ -23,6 +26,7 @@ class ExitCause(StrEnum):
     COMM_ERROR = "comm_error"
     KILLED = "killed"
     PROCESS_EXIT = "process_exit"
+    PREEMPTED = "preempted"
 
 
 def classify_exit(returncode: int) -> ExitCause:
@@ -37,6 +41,8 @@ def classify_exit(returncode: int) -> ExitCause:
         return ExitCause.USER_ERROR
     if returncode == COMM_ERROR:
         return ExitCause.COMM_ERROR
+    if returncode == PREEMPTED:
+        return ExitCause.PREEMPTED
     if returncode < 0 or _SHELL_SIGNAL_BASE < returncode <= _SHELL_SIGNAL_BASE + _MAX_SIGNAL:
         return ExitCause.KILLED
     return ExitCause.PROCESS_EXIT

@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -137,15 +138,22 @@ class TinyGPT(nn.Module):
         return logits
 
 
-def save_pretrained(model: TinyGPT, directory: str | os.PathLike[str]) -> Path:
+def save_pretrained(
+    model: TinyGPT, directory: str | os.PathLike[str], *, extra_files: Mapping[str, bytes] | None = None
+) -> Path:
     """Write ``config.json`` + ``model.safetensors`` into ``directory`` atomically, replacing what is there.
 
     The files are written and fsynced in a sibling temp directory, which is then renamed onto the target.
     Replacing an existing target takes two renames (POSIX cannot rename onto a non-empty directory): readers
     see either the old or the new checkpoint complete, or (for an instant) no directory at all.
+    ``extra_files`` (plain file names -> contents) are written alongside, inside the same atomic swap.
     """
     if not model.weights_tied:
         raise CheckpointError("the LM head is not tied to the token embedding; refusing to save a single copy")
+    extra = dict(extra_files or {})
+    for name in extra:
+        if name in (CONFIG_FILE, WEIGHTS_FILE) or not name or name != Path(name).name or name.startswith("."):
+            raise ValueError(f"extra checkpoint file name {name!r} is not a plain, free file name")
     target = Path(directory).absolute()
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target} exists and is not a directory")
@@ -157,6 +165,8 @@ def save_pretrained(model: TinyGPT, directory: str | os.PathLike[str]) -> Path:
         weights = safetensors_bytes(state, metadata={"format": "pt"})  # 1 key: stable bytes
         _write_synced(tmp / WEIGHTS_FILE, weights)
         _write_synced(tmp / CONFIG_FILE, (json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+        for name, data in extra.items():
+            _write_synced(tmp / name, data)
         _fsync_path(tmp)
         _swap_into_place(tmp, target)
     except BaseException:

@@ -90,6 +90,11 @@ class ProgressReporter:
         ckpt = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._emit({"kind": "finished", "final_loss": final_loss, "steps": steps, "checkpoint_dir": ckpt})
 
+    def preempted(self, step: int, checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        """The gang stopped on request at ``step``; rank 0 names the checkpoint it wrote."""
+        ckpt = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._emit({"kind": "preempted", "step": step, "checkpoint_dir": ckpt})
+
     def close(self) -> None:
         """Close the descriptor (the reader then sees EOF); later reports go nowhere."""
         fd, self._fd = self._fd, None

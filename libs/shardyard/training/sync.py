@@ -1,4 +1,9 @@
-"""Periodic parameter averaging across shards: flat per-dtype buckets, one AllReduce per bucket."""
+"""Periodic parameter averaging across shards: flat per-dtype buckets, one AllReduce per bucket.
+
+The first bucket carries one extra element, a control slot in which every rank puts 1 when it was asked to stop
+and 0 otherwise. After the (SUM) AllReduce each rank reads the same total there, so all ranks agree, at the same
+sync, whether to stop, without an extra collective.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +22,15 @@ class SyncStats:
     ms: float
     """Wall time of the whole sync (pack, AllReduces, unpack)."""
     bytes: int
-    """Payload bytes reduced (sum of bucket sizes); 0 when there was nothing to reduce."""
+    """Payload bytes reduced (sum of bucket sizes, parameters only); 0 when there was nothing to reduce."""
     buckets: int
     """Number of AllReduce calls issued."""
+    stop: bool = False
+    """Whether any rank asked to stop at this sync (the same answer on every rank)."""
 
 
 class _Bucket:
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], *, control: bool = False) -> None:
         first = params[0]
         self.params = params
         self.offsets: list[int] = []
@@ -31,11 +38,15 @@ class _Bucket:
         for p in params:
             self.offsets.append(total)
             total += p.numel()
-        self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+        self.flat = torch.zeros(total + (1 if control else 0), dtype=first.dtype, device=first.device)
+        self.payload = total
+        self.control = total if control else None
+        """Index of the control slot (the stop flag), after the parameters; None in every bucket but the first."""
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        """Parameter bytes (the control slot is not payload)."""
+        return self.payload * self.flat.element_size()
 
     def pack(self) -> None:
         with torch.no_grad():
@@ -65,7 +76,7 @@ class ParamSync:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self._group = group
-        self._buckets: list[_Bucket] = []
+        groups: list[list[torch.nn.Parameter]] = []
         open_buckets: dict[tuple[torch.dtype, torch.device], tuple[list[torch.nn.Parameter], int]] = {}
         seen: set[int] = set()
         for p in params:
@@ -76,11 +87,13 @@ class ParamSync:
             size = p.numel() * p.element_size()
             members, used = open_buckets.get(key, ([], 0))
             if members and used + size > bucket_bytes:
-                self._buckets.append(_Bucket(members))
+                groups.append(members)
                 members, used = [], 0
             members.append(p)
             open_buckets[key] = (members, used + size)
-        self._buckets.extend(_Bucket(members) for members, _ in open_buckets.values() if members)
+        groups.extend(members for members, _ in open_buckets.values() if members)
+        # The control slot (the stop flag) rides in the first bucket.
+        self._buckets = [_Bucket(members, control=index == 0) for index, members in enumerate(groups)]
 
     @property
     def num_buckets(self) -> int:
@@ -99,15 +112,29 @@ class ParamSync:
             return 1
         return dist.get_world_size(self._group)
 
-    def allreduce_mean(self) -> SyncStats:
-        """Replace every parameter by its mean over the group; a no-op (bytes 0) with one rank."""
+    def allreduce_mean(self, *, stop: bool = False) -> SyncStats:
+        """Replace every parameter by its mean over the group and agree on ``stop`` (True if any rank passed True).
+
+        A no-op (bytes 0) with one rank, where the answer is this rank's own ``stop``.
+        """
         t0 = time.perf_counter()
         world = self.world_size()
         if world == 1:
-            return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=0, buckets=0)
+            return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=0, buckets=0, stop=stop)
+        if not self._buckets:  # nothing to average: the flag travels alone
+            flag = torch.tensor([1.0 if stop else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._group)
+            return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=0, buckets=1, stop=bool(flag[0] > 0))
+        agreed = stop
         for bucket in self._buckets:
             bucket.pack()
+            if bucket.control is not None:
+                bucket.flat[bucket.control] = 1.0 if stop else 0.0
             dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self._group)
+            if bucket.control is not None:
+                agreed = bool(bucket.flat[bucket.control] > 0)
             bucket.flat.div_(world)
             bucket.unpack()
-        return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=self.total_bytes, buckets=self.num_buckets)
+        return SyncStats(
+            ms=(time.perf_counter() - t0) * 1000.0, bytes=self.total_bytes, buckets=self.num_buckets, stop=agreed
+        )

@@ -1,5 +1,6 @@
 """Wiring of the node agent: one per node."""
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -9,14 +10,27 @@ from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.topics import ASSIGNMENTS
+from shardyard.bus.replay import replay
+from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, Topic
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
+from shardyard.lifecycle import LifecycleFact
+from shardyard.node_agent.artifacts import ArtifactWatch
+from shardyard.node_agent.benchmark import (
+    DEFAULT_SECONDS,
+    DEFAULT_SIZE,
+    GpuBench,
+    MatmulDtype,
+    MeasureMode,
+    SubprocessBench,
+    calibrate,
+)
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
-from shardyard.node_agent.inventory import GpuProbe, detect
+from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
-from shardyard.node_agent.mounts import parse_mounts
+from shardyard.node_agent.load import LoadSetting, load_source
+from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 
@@ -33,9 +47,24 @@ class AgentSettings(ServiceSettings):
     node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     gpus: list[str] = Field(default_factory=list, description="simulated GPUs when NVML finds none, e.g. A100:2")
     gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")
+    measure_tflops: MeasureMode = Field(
+        default="auto", description="benchmark the GPUs at start-up: auto (real GPUs only), on, off"
+    )
+    tflops_dtype: MatmulDtype = Field(default="float32", description="benchmark precision: float32, tf32, bfloat16...")
+    tflops_size: int = Field(default=DEFAULT_SIZE, ge=64, le=32768, description="benchmark matrix size (n x n)")
+    tflops_seconds: float = Field(default=DEFAULT_SECONDS, gt=0, le=10, description="benchmark time per GPU")
     cpu_cores: float = Field(default_factory=lambda: float(os.cpu_count() or 1), gt=0)
     memory_gib: float = Field(default_factory=lambda: _host_memory() / 1024**3, gt=0)
+    load_source: LoadSetting = Field(
+        default="auto", description="cpu_load from the host load average or this node's shards; auto: by GPU kind"
+    )
     mounts: list[str] = Field(default_factory=list, description="JOB_PREFIX=LOCAL_DIR, e.g. /data=./data")
+    shared_mounts: list[str] = Field(
+        default_factory=list, description="job path prefixes on network filesystems all nodes share, e.g. /data/shared"
+    )
+    artifact_poll_s: float = Field(default=0.25, gt=0, description="how often absent watched artifacts are looked for")
+    zone: str = Field(default="", description="topology label: availability zone")
+    rack: str = Field(default="", description="topology label: rack")
     address: str = "127.0.0.1"
     rendezvous_port_base: int = Field(default=29500, gt=0, lt=65000)
     rendezvous_port_count: int = Field(default=64, gt=0, le=1000)
@@ -43,11 +72,27 @@ class AgentSettings(ServiceSettings):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
 
 
+def topology(zone: str, rack: str) -> dict[str, str]:
+    labels: dict[str, str] = {"zone": zone, "rack": rack}
+    return {name: value for name, value in labels.items() if value}
+
+
 def build_app(
-    settings: AgentSettings, *, clock: Clock, gpus: GpuProbe | None = None, launcher: Launcher | None = None
+    settings: AgentSettings,
+    *,
+    clock: Clock,
+    gpus: GpuProbe | None = None,
+    launcher: Launcher | None = None,
+    bench: GpuBench | None = None,
+    disk: PathProbe | None = None,
 ) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.node_id}")
     bus = Bus(broker, service=SERVICE)
+    probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops))
+    measured = MeasuredTflops(probe)
+    bench = bench or SubprocessBench(
+        sys.executable, size=settings.tflops_size, dtype=settings.tflops_dtype, seconds=settings.tflops_seconds
+    )
     identity = NodeIdentity(
         node_id=settings.node_id,
         instance=settings.instance,
@@ -59,32 +104,49 @@ def build_app(
         log_dir=settings.log_dir.resolve(),
         python=sys.executable,
         base_env={k: v for k, v in os.environ.items() if not k.startswith("SHARDYARD_")},
+        load_source=load_source(settings.load_source, simulated=probe.simulated),
+        topology=topology(settings.zone, settings.rack),
     )
+    watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     handlers = AgentHandlers(
         identity,
         AgentBook(settings.node_id),
         bus,
         clock,
-        gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops)),
+        measured,
         launcher or SubprocessLauncher(),
+        watch=watch,
+        disk=disk,
     )
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
     bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=f"shardyard-agent-{settings.node_id}")
+    # Lifecycle facts are read in full by every agent (no group): each watches the artifacts of every live job.
+    bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
+    poll = Periodic("artifact-poll", settings.artifact_poll_s, handlers.poll_artifacts)
     app = FastStream(broker)
 
+    def restore(_topic: Topic, event: LifecycleFact) -> None:
+        watch.apply(event)  # no stat yet: the first heartbeat looks at every watched path
+
     @app.on_startup
-    async def topics() -> None:
+    async def prepare() -> None:
         await ensure_topics(settings.bootstrap)
+        _, figures = await asyncio.gather(
+            replay(settings.bootstrap, [LIFECYCLE], restore), calibrate(settings.measure_tflops, probe, bench)
+        )
+        measured.figures.update(figures)
 
     @app.after_startup
     async def ready() -> None:
         beat.start()
+        poll.start()
         await announce(bus, clock, instance=settings.node_id)
 
     @app.on_shutdown
     async def stop() -> None:
+        await poll.stop()
         await beat.stop()
         await handlers.stop_all()
 

@@ -1,4 +1,5 @@
-"""The agent's decisions, pure: which assignments to run, the environment a shard gets, and what its end means."""
+"""The agent's decisions, pure: which assignments to run and which shards to stop, the environment a shard gets,
+and what its end means (completed, failed, or preempted with a checkpoint)."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,10 +14,13 @@ from shardyard.events import (
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
+    ShardPreempted,
     ShardRevocation,
+    ShardStopRequest,
 )
 from shardyard.node_agent.mounts import resolve
 from shardyard.training.exitcodes import ExitCause, classify_exit
+from shardyard.training.preemption import RESUME_DIR_ENV, checkpoint_job_path
 
 ShardKey = tuple[str, int, int]
 """(job id, shard index, attempt): a shard attempt runs at most once."""
@@ -38,7 +42,7 @@ class Verdict(StrEnum):
     STALE_TERM = "STALE_TERM"
 
 
-def key_of(event: ShardAssignment | ShardRevocation) -> ShardKey:
+def key_of(event: ShardAssignment | ShardRevocation | ShardStopRequest) -> ShardKey:
     return (event.job_id, event.shard_index, event.attempt)
 
 
@@ -47,11 +51,13 @@ class ShardPaths:
     model: Path
     dataset: Path
     output: Path
+    resume: Path | None = None
 
     def missing(self) -> list[str]:
-        return [
-            f"{name} {path}" for name, path in (("model", self.model), ("dataset", self.dataset)) if not path.is_dir()
-        ]
+        inputs = [("model", self.model), ("dataset", self.dataset)]
+        if self.resume is not None:
+            inputs.append(("checkpoint", self.resume))
+        return [f"{name} {path}" for name, path in inputs if not path.is_dir()]
 
 
 @dataclass
@@ -61,7 +67,9 @@ class AgentBook:
     seen: set[ShardKey] = field(default_factory=set)
     running: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
     revoked: set[ShardKey] = field(default_factory=set)
+    stopping: set[ShardKey] = field(default_factory=set)
     utilization: dict[ShardKey, float] = field(default_factory=dict)
+    """Cores each running shard uses (its last progress report's ``cpu_percent`` / 100)."""
 
     def on_assignment(self, assignment: ShardAssignment) -> Verdict:
         if assignment.node_id != self.node_id:
@@ -84,6 +92,16 @@ class AgentBook:
         self.revoked.add(key)
         return key
 
+    def on_stop_request(self, request: ShardStopRequest) -> ShardKey | None:
+        """The running shard to signal, if the request is for one of ours, not from an older term, and new."""
+        key = key_of(request)
+        if request.node_id != self.node_id or request.term < self.max_term or key not in self.running:
+            return None
+        if key in self.revoked or key in self.stopping:
+            return None  # being stopped already: a redelivered request changes nothing
+        self.stopping.add(key)
+        return key
+
     def gpu_utilization(self) -> dict[int, float]:
         out: dict[int, float] = {}
         for key, assignment in self.running.items():
@@ -103,6 +121,7 @@ class AgentBook:
             model=resolve(workload.model_path, mounts),
             dataset=resolve(workload.dataset_path, mounts),
             output=resolve(workload.output_path, mounts),
+            resume=None if workload.resume_from is None else resolve(workload.resume_from, mounts),
         )
 
     def finished(
@@ -115,17 +134,21 @@ class AgentBook:
         message: str,
         cause: FailureCause | None = None,
     ) -> Event | None:
-        """The event that reports a shard's end; None when it was revoked (its job already ended)."""
+        """The event that reports a shard's end; None when it was revoked (its job already ended).
+
+        ``final`` is the shard's last report: ``finished`` (after a normal end) or ``preempted`` (after a stop).
+        """
         assignment = self.running.pop(key)
         self.utilization.pop(key, None)
+        self.stopping.discard(key)
         if key in self.revoked:
             self.revoked.discard(key)
             return None
         job_id, shard_index, attempt = key
+        info = final or {}
         if cause is None and returncode is not None:
             exit_cause = classify_exit(returncode)
             if exit_cause is ExitCause.OK:
-                info = final or {}
                 loss = info.get("final_loss")
                 steps = info.get("steps")
                 return ShardCompleted(
@@ -137,6 +160,18 @@ class AgentBook:
                     final_loss=float(loss) if isinstance(loss, int | float) else None,
                     steps=int(steps) if isinstance(steps, int) else None,
                     checkpoint_dir=assignment.workload.output_path,
+                )
+            if exit_cause is ExitCause.PREEMPTED:
+                # The runner exits PREEMPTED only once rank 0's checkpoint is complete, report or not.
+                step = info.get("step") if info.get("kind") == "preempted" else None
+                return ShardPreempted(
+                    occurred_at=now,
+                    job_id=job_id,
+                    shard_index=shard_index,
+                    attempt=attempt,
+                    node_id=self.node_id,
+                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    checkpoint_dir=checkpoint_job_path(assignment.workload.output_path),
                 )
             cause = _CAUSE[exit_cause]
         return ShardFailed(
@@ -177,4 +212,4 @@ def shard_env(assignment: ShardAssignment, paths: ShardPaths, *, base_env: Mappi
         "SHARDYARD_SEQ_LEN": str(workload.seq_len),
         "SHARDYARD_LR": repr(workload.lr),
         "SHARDYARD_SEED": str(workload.seed),
-    }
+    } | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})

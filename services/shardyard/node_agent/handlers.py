@@ -1,20 +1,38 @@
-"""Node-agent handlers: assignments start and stop shard processes; heartbeats and shard events go out."""
+"""Node-agent handlers: assignments start and stop shard processes; heartbeats and shard events go out.
+
+Lifecycle events tell the agent which artifact paths live jobs need (``ArtifactWatch``); the agent polls the absent
+ones and sends a heartbeat at once when one appears, so a job waiting for its dataset here hears of it quickly.
+"""
 
 import asyncio
 import json
 import logging
 import os
 import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from shardyard.bus.kafka import Bus
 from shardyard.clock import Clock
-from shardyard.events import FailureCause, Heartbeat, ShardAssignment, ShardProgress, ShardRevocation, ShardStarted
+from shardyard.events import (
+    Event,
+    FailureCause,
+    Heartbeat,
+    ShardAssignment,
+    ShardProgress,
+    ShardRevocation,
+    ShardStarted,
+    ShardStopRequest,
+)
+from shardyard.lifecycle import LifecycleFact
+from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.book import PROGRESS_FD_ENV, AgentBook, ShardKey, Verdict, key_of, shard_env
 from shardyard.node_agent.inventory import GpuProbe
 from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
+from shardyard.node_agent.load import LoadSource, host_load, shards_load
+from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
+from shardyard.training.preemption import STOP_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +51,31 @@ class NodeIdentity:
     log_dir: Path
     python: str
     base_env: Mapping[str, str]
+    load_source: LoadSource = "host"
+    topology: Mapping[str, str] = field(default_factory=dict)
+
+
+class Publisher(Protocol):
+    async def publish(self, event: Event) -> None: ...
+
+
+def _host_load() -> float:
+    return host_load(os.getloadavg()[0], os.cpu_count() or 1)
 
 
 class AgentHandlers:
     def __init__(
-        self, identity: NodeIdentity, book: AgentBook, bus: Bus, clock: Clock, gpus: GpuProbe, launcher: Launcher
+        self,
+        identity: NodeIdentity,
+        book: AgentBook,
+        bus: Publisher,
+        clock: Clock,
+        gpus: GpuProbe,
+        launcher: Launcher,
+        *,
+        watch: ArtifactWatch | None = None,
+        disk: PathProbe | None = None,
+        host_load: Callable[[], float] = _host_load,
     ) -> None:
         self.me = identity
         self.book = book
@@ -45,13 +83,20 @@ class AgentHandlers:
         self.clock = clock
         self.gpus = gpus
         self.launcher = launcher
+        self.watch = watch or ArtifactWatch()
+        self.disk = disk or LocalDisk()
+        self.host_load = host_load
         self.processes: dict[ShardKey, ShardProcess] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.seq = 0
+        self._beat_lock = asyncio.Lock()  # one heartbeat at a time: seq order is publish order
 
     async def on_assignment(self, event: object) -> None:
         if isinstance(event, ShardRevocation):
             await self._revoke(event)
+            return
+        if isinstance(event, ShardStopRequest):
+            self._stop(event)
             return
         if not isinstance(event, ShardAssignment):
             return
@@ -112,7 +157,7 @@ class AgentHandlers:
             if report.get("kind") == "progress":
                 self.book.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
                 await self._progress(key, report)
-            elif report.get("kind") == "finished":
+            elif report.get("kind") in ("finished", "preempted"):
                 final = report
         code = await process.wait()
         self.processes.pop(key, None)
@@ -163,27 +208,63 @@ class AgentHandlers:
             process.terminate()
             asyncio.get_running_loop().call_later(TERMINATE_GRACE_S, process.kill)
 
+    def _stop(self, request: ShardStopRequest) -> None:
+        key = self.book.on_stop_request(request)
+        process = self.processes.get(key) if key else None
+        if process is not None:
+            log.info("asking %s to checkpoint and stop: %s", key, request.reason)
+            process.signal(STOP_SIGNAL)
+
+    async def on_lifecycle(self, event: LifecycleFact) -> None:
+        """Learn the artifact paths of live jobs; a new one that is already here is reported at once."""
+        added = self.watch.apply(event)
+        if added and await self._look(added):
+            await self.heartbeat()
+
+    async def poll_artifacts(self) -> None:
+        """Look for the watched paths not here yet; report at once when one appeared."""
+        absent = self.watch.absent()
+        if absent and await self._look(absent):
+            await self.heartbeat()
+
+    async def _look(self, job_paths: Iterable[str]) -> bool:
+        """Stat ``job_paths`` (in a thread: a network filesystem may be slow) and record it; True when it changed."""
+        paths = list(job_paths)
+        if not paths:
+            return False
+        mounts, disk = self.me.mounts, self.disk
+        found = await asyncio.to_thread(lambda: {path: disk.is_dir(resolve(path, mounts)) for path in paths})
+        return self.watch.observe(found)
+
+    def _load(self) -> float:
+        if self.me.load_source == "shards":
+            return shards_load(self.book.utilization.values(), self.me.cpu_cores)
+        return self.host_load()
+
     async def heartbeat(self) -> None:
-        self.seq += 1
-        pids = {key: process.pid for key, process in self.processes.items()}
-        load = os.getloadavg()[0] / (os.cpu_count() or 1)
-        await self.bus.publish(
-            Heartbeat(
-                occurred_at=self.clock.now(),
-                node_id=self.me.node_id,
-                agent_instance=self.me.instance,
-                seq=self.seq,
-                host=socket.gethostname(),
-                address=self.me.address,
-                rendezvous_ports=self.me.rendezvous_ports,
-                gpus=self.gpus.probe(self.book.gpu_utilization()),
-                cpu_cores=self.me.cpu_cores,
-                memory_bytes=self.me.memory_bytes,
-                cpu_load=round(load, 4),
-                mounts=dict(self.me.mounts),
-                running=self.book.running_shards(pids),
+        async with self._beat_lock:
+            await self._look(self.watch.watched)  # every watched path: those that went away, too
+            self.seq += 1
+            pids = {key: process.pid for key, process in self.processes.items()}
+            await self.bus.publish(
+                Heartbeat(
+                    occurred_at=self.clock.now(),
+                    node_id=self.me.node_id,
+                    agent_instance=self.me.instance,
+                    seq=self.seq,
+                    host=socket.gethostname(),
+                    address=self.me.address,
+                    rendezvous_ports=self.me.rendezvous_ports,
+                    gpus=self.gpus.probe(self.book.gpu_utilization()),
+                    cpu_cores=self.me.cpu_cores,
+                    memory_bytes=self.me.memory_bytes,
+                    cpu_load=round(self._load(), 4),
+                    mounts=dict(self.me.mounts),
+                    running=self.book.running_shards(pids),
+                    artifacts=self.watch.report(),
+                    topology=dict(self.me.topology),
+                )
             )
-        )
 
     async def stop_all(self) -> None:
         """On shutdown: stop every shard, wait for them to exit (SIGKILL after the grace period)."""

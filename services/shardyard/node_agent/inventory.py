@@ -1,6 +1,7 @@
 """What GPUs a node has: NVML when a GPU and its driver are present, else the node's declared simulated GPUs.
 
-``GpuProbe`` is the seam: the agent asks ``probe(busy)`` for the current status of every GPU.
+``GpuProbe`` is the seam: the agent asks ``probe(busy)`` for the current status of every GPU. ``MeasuredTflops``
+wraps a probe to report start-up benchmark figures (see ``benchmark.py``) instead of the catalogue's.
 """
 
 import logging
@@ -19,6 +20,15 @@ DEFAULT_GPU_MEMORY_GIB = 80
 
 
 class GpuProbe(Protocol):
+    @property
+    def simulated(self) -> bool:
+        """True for declared GPUs (several simulated nodes may share one host), False for real ones."""
+        ...
+
+    def uuids(self) -> tuple[str | None, ...]:
+        """A stable hardware id per GPU index (NVML's UUID); None where there is none (simulated GPUs)."""
+        ...
+
     def probe(self, utilization: Mapping[int, float]) -> tuple[GpuStatus, ...]:
         """Every GPU's status; ``utilization`` is the agent's own view of busy GPUs (used where nothing measures)."""
         ...
@@ -44,6 +54,13 @@ class SimulatedGpus:
             memory = int(match.group(3) or DEFAULT_GPU_MEMORY_GIB) * 1024**3
             gpus.extend((model, catalogue[model], memory) for _ in range(count))
         self._gpus = gpus
+
+    @property
+    def simulated(self) -> bool:
+        return True
+
+    def uuids(self) -> tuple[str | None, ...]:
+        return (None,) * len(self._gpus)
 
     def probe(self, utilization: Mapping[int, float]) -> tuple[GpuStatus, ...]:
         return tuple(
@@ -77,6 +94,18 @@ class NvmlGpus:
         self._nvml = pynvml
         self._catalogue = catalogue
 
+    @property
+    def simulated(self) -> bool:
+        return False
+
+    def uuids(self) -> tuple[str | None, ...]:
+        nvml = self._nvml
+        out: list[str | None] = []
+        for index in range(self._count):
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+            out.append(uuid if isinstance(uuid, str) else uuid.decode())
+        return tuple(out)
+
     def probe(self, utilization: Mapping[int, float]) -> tuple[GpuStatus, ...]:
         nvml = self._nvml
         out = []
@@ -99,6 +128,29 @@ class NvmlGpus:
                 )
             )
         return tuple(out)
+
+
+class MeasuredTflops:
+    """A probe whose GPUs report measured TFLOPS (``tflops_source="measured"``) where ``figures`` has one by index."""
+
+    def __init__(self, inner: GpuProbe, figures: Mapping[int, float] | None = None) -> None:
+        self.inner = inner
+        self.figures: dict[int, float] = dict(figures or {})
+
+    @property
+    def simulated(self) -> bool:
+        return self.inner.simulated
+
+    def uuids(self) -> tuple[str | None, ...]:
+        return self.inner.uuids()
+
+    def probe(self, utilization: Mapping[int, float]) -> tuple[GpuStatus, ...]:
+        return tuple(
+            gpu.model_copy(update={"tflops": self.figures[gpu.index], "tflops_source": "measured"})
+            if gpu.index in self.figures
+            else gpu
+            for gpu in self.inner.probe(utilization)
+        )
 
 
 def detect(declared: Sequence[str], catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> GpuProbe:

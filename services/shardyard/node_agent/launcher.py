@@ -2,7 +2,8 @@
 
 Each shard is one child process started from an argv list (never a shell) with a private progress pipe. Children
 are bound to the agent's life (Linux ``PR_SET_PDEATHSIG``): an agent that dies takes its shards with it, so a shard
-never outlives the lease of the agent that started it.
+never outlives the lease of the agent that started it. Children start with the stop signal blocked: a stop request
+sent before the runner installed its handler stays pending for it instead of killing the process.
 """
 
 import asyncio
@@ -15,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from shardyard.training.preemption import STOP_SIGNAL
+
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _prepare_child() -> None:  # runs in the child between fork and exec
+    signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})  # the mask survives exec; the runner unblocks it
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -44,6 +48,10 @@ class ShardProcess(Protocol):
 
     async def wait(self) -> int: ...
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig``; nothing happens once the process has exited."""
+        ...
+
     def terminate(self) -> None: ...
 
     def kill(self) -> None: ...
@@ -68,6 +76,10 @@ class _Subprocess:
 
     async def wait(self) -> int:
         return await self._process.wait()
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(sig)
 
     def terminate(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -95,7 +107,7 @@ class SubprocessLauncher:
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     pass_fds=(write_fd,),
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_prepare_child,
                 )
         except BaseException:
             os.close(read_fd)

@@ -1,7 +1,11 @@
-"""Mapping of the absolute paths jobs name (``/data/models/x``) onto this node's disk, through declared mounts."""
+"""Mapping of the absolute paths jobs name (``/data/models/x``) onto this node's disk, through declared mounts.
+
+``PathProbe`` is the seam to the filesystem: whether a local directory is there (``LocalDisk`` asks the OS).
+"""
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from shardyard.errors import ConfigError
 
@@ -17,6 +21,16 @@ def parse_mounts(items: Sequence[str]) -> dict[str, str]:
     return mounts
 
 
+def parse_shared_mounts(items: Sequence[str]) -> tuple[str, ...]:
+    """Job-path prefixes on shared (network) filesystems, e.g. ``["/data/shared/"]`` -> ``("/data/shared",)``."""
+    prefixes: list[str] = []
+    for item in items:
+        if not item.startswith("/"):
+            raise ConfigError(f"shared mount {item!r} is not an absolute job path prefix, e.g. /data/shared")
+        prefixes.append(str(PurePosixPath(item)))
+    return tuple(dict.fromkeys(prefixes))
+
+
 def resolve(job_path: str, mounts: Mapping[str, str]) -> Path:
     """The local path of ``job_path``: the longest mounted prefix is replaced; unmapped paths are used as they are."""
     path = PurePosixPath(job_path)
@@ -25,3 +39,14 @@ def resolve(job_path: str, mounts: Mapping[str, str]) -> Path:
         if path == root or root in path.parents:
             return Path(mounts[prefix]) / path.relative_to(root)
     return Path(job_path)
+
+
+class PathProbe(Protocol):
+    def is_dir(self, path: Path) -> bool:
+        """Whether ``path`` is a directory here (False when it cannot be checked)."""
+        ...
+
+
+class LocalDisk:
+    def is_dir(self, path: Path) -> bool:
+        return path.is_dir()

@@ -1,0 +1,88 @@
+"""Which job paths (pretrained models, datasets) the agent watches, and which of them it reports as present. Pure.
+
+A job's ``spec.model_path`` and ``spec.dataset_path`` are watched from its acceptance until it ends; a path named
+by several live jobs is watched until the last of them ends (reference counts). Lifecycle events move jobs through
+the lifecycle transition table, as every consumer of that topic does, so a late or duplicated event can neither
+revive a finished job nor (a resubmission refused as a duplicate) end a live one; success, failure and cancellation
+end a job's watch whatever the table says. The edge stats the paths this
+module asks about and feeds back what it found (``observe``); ``report`` is what a heartbeat carries.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from shardyard.events import ArtifactPlace, JobAccepted, JobReady
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+
+_OVER = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+"""Ends that hold whatever this agent saw of the job before (an event it could not read must not leak a watch)."""
+
+
+def is_shared(job_path: str, shared_prefixes: Iterable[str]) -> bool:
+    """True when ``job_path`` lies under one of the prefixes, by whole components (/data/shared, not /data/sharedx)."""
+    path = PurePosixPath(job_path)
+    return any(path == PurePosixPath(p) or PurePosixPath(p) in path.parents for p in shared_prefixes)
+
+
+@dataclass
+class ArtifactWatch:
+    shared_prefixes: tuple[str, ...] = ()
+    """Job-path prefixes on network filesystems every node mounts: what is there is reported as ``shared``."""
+    states: dict[str, JobState] = field(default_factory=dict)
+    jobs: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Live jobs and the paths each of them names."""
+    refs: Counter[str] = field(default_factory=Counter)
+    present: set[str] = field(default_factory=set)
+
+    def apply(self, event: LifecycleFact) -> frozenset[str]:
+        """Take one lifecycle fact; returns the paths it started watching (to be checked at once)."""
+        target = target_state(event)
+        if target is None:
+            return frozenset()
+        if target in _OVER or can_move(self.states.get(event.job_id), target):
+            self.states[event.job_id] = target
+        else:
+            return frozenset()
+        if target in TERMINAL:
+            self._track(event.job_id, frozenset())
+            return frozenset()
+        if isinstance(event, JobAccepted | JobReady):
+            return self._track(event.job_id, frozenset({event.spec.model_path, event.spec.dataset_path}))
+        return frozenset()
+
+    @property
+    def watched(self) -> frozenset[str]:
+        return frozenset(self.refs)
+
+    def absent(self) -> frozenset[str]:
+        """Watched paths not seen here yet: the ones to poll often."""
+        return frozenset(path for path in self.refs if path not in self.present)
+
+    def observe(self, found: Mapping[str, bool]) -> bool:
+        """Record which paths exist here (paths no longer watched are ignored); True when the report changed."""
+        before = set(self.present)
+        for path, exists in found.items():
+            if exists and path in self.refs:
+                self.present.add(path)
+            else:
+                self.present.discard(path)
+        return self.present != before
+
+    def report(self) -> dict[str, ArtifactPlace]:
+        return {path: "shared" if is_shared(path, self.shared_prefixes) else "local" for path in sorted(self.present)}
+
+    def _track(self, job_id: str, paths: frozenset[str]) -> frozenset[str]:
+        old = self.jobs.pop(job_id, frozenset())
+        if paths:
+            self.jobs[job_id] = paths
+        for path in old - paths:
+            self.refs[path] -= 1
+            if self.refs[path] <= 0:
+                del self.refs[path]
+                self.present.discard(path)
+        added = frozenset(path for path in paths - old if self.refs[path] == 0)
+        for path in paths - old:
+            self.refs[path] += 1
+        return added

@@ -1,0 +1,295 @@
+"""The agent's handlers with in-memory seams: a recording publisher, fake shard processes and a fake disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardyard.events import (
+    Event,
+    Heartbeat,
+    JobAccepted,
+    JobSucceeded,
+    ShardPreempted,
+    ShardStarted,
+    ShardStopRequest,
+)
+from shardyard.node_agent.artifacts import ArtifactWatch
+from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
+from shardyard.node_agent.inventory import SimulatedGpus
+from shardyard.node_agent.launcher import LaunchSpec
+from shardyard.node_agent.load import LoadSource
+from shardyard.training import exitcodes
+from shardyard.training.preemption import STOP_SIGNAL
+from tests.unit.builders import T0, assignment, job_spec, workload
+
+MODEL = "/data/models/gpt2"
+DATA = "/data/datasets/wikitext"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class FixedClock:
+    def now(self) -> datetime:
+        return T0
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+class FakeDisk:
+    def __init__(self) -> None:
+        self.dirs: set[Path] = set()
+
+    def is_dir(self, path: Path) -> bool:
+        return path in self.dirs
+
+
+class FakeProcess:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.signals: list[int] = []
+
+    async def progress(self) -> AsyncIterator[bytes]:
+        while (line := await self.lines.get()) is not None:
+            yield line
+
+    async def wait(self) -> int:
+        return await self.exit
+
+    def signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def terminate(self) -> None:
+        self.end(-15)
+
+    def kill(self) -> None:
+        self.end(-9)
+
+    def report(self, **line: object) -> None:
+        self.lines.put_nowait(json.dumps(line).encode() + b"\n")
+
+    def end(self, code: int) -> None:
+        if not self.exit.done():
+            self.lines.put_nowait(None)
+            self.exit.set_result(code)
+
+
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.specs: list[LaunchSpec] = []
+        self.processes: list[FakeProcess] = []
+
+    async def launch(self, spec: LaunchSpec, *, progress_env: str) -> FakeProcess:
+        self.specs.append(spec)
+        self.processes.append(FakeProcess(1000 + len(self.processes)))
+        return self.processes[-1]
+
+
+class Agent:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        load_source: LoadSource = "host",
+        cpu_cores: float = 16.0,
+        shared: tuple[str, ...] = (),
+        topology: Mapping[str, str] | None = None,
+        host_load: Callable[[], float] = lambda: 0.25,
+    ) -> None:
+        self.root = tmp_path / "data"
+        self.bus = Recorder()
+        self.disk = FakeDisk()
+        self.launcher = FakeLauncher()
+        identity = NodeIdentity(
+            node_id="node-a",
+            instance="node-a-1",
+            address="127.0.0.1",
+            rendezvous_ports=(29500, 8),
+            cpu_cores=cpu_cores,
+            memory_bytes=1 << 30,
+            mounts={"/data": str(self.root)},
+            log_dir=tmp_path / "logs",
+            python="python",
+            base_env={},
+            load_source=load_source,
+            topology=dict(topology or {}),
+        )
+        self.handlers = AgentHandlers(
+            identity,
+            AgentBook("node-a"),
+            self.bus,
+            FixedClock(),
+            SimulatedGpus(["A100:2"]),
+            self.launcher,
+            watch=ArtifactWatch(shared_prefixes=shared),
+            disk=self.disk,
+            host_load=host_load,
+        )
+
+    def inputs(self) -> None:
+        """Real model and dataset directories, for shards to launch (the launch check looks at the real disk)."""
+        for name in ("models/gpt2", "datasets/wikitext"):
+            (self.root / name).mkdir(parents=True, exist_ok=True)
+
+    def create(self, job_path: str) -> None:
+        self.disk.dirs.add(self.root / job_path.removeprefix("/data/"))
+
+    def remove(self, job_path: str) -> None:
+        self.disk.dirs.discard(self.root / job_path.removeprefix("/data/"))
+
+    def beats(self) -> list[Heartbeat]:
+        return self.bus.of(Heartbeat)
+
+    async def until(self, condition: Callable[[], Any], timeout_s: float = 5.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while not (result := condition()):
+            assert time.monotonic() < deadline, "condition not met in time"
+            await asyncio.sleep(0.01)
+        return result
+
+
+def accepted(job_id: str = "job-1", model: str = MODEL, dataset: str = DATA) -> JobAccepted:
+    spec = job_spec(job_id=job_id, model_path=model, dataset_path=dataset)
+    return JobAccepted(occurred_at=T0, job_id=job_id, spec=spec, source_offset=f"subs/0/{job_id}")
+
+
+async def test_a_new_job_whose_artifacts_are_here_is_reported_at_once(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.create(MODEL)
+
+    await agent.handlers.on_lifecycle(accepted())
+
+    (beat,) = agent.beats()
+    assert beat.artifacts == {MODEL: "local"}
+
+
+async def test_a_new_job_whose_artifacts_are_absent_sends_nothing(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+
+    await agent.handlers.on_lifecycle(accepted())
+    await agent.handlers.poll_artifacts()
+
+    assert agent.beats() == []
+
+
+async def test_an_artifact_that_appears_is_reported_by_the_next_poll(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, shared=("/data/models",))
+    agent.create(MODEL)
+    await agent.handlers.on_lifecycle(accepted())
+    await agent.handlers.poll_artifacts()  # nothing new
+    assert len(agent.beats()) == 1
+
+    agent.create(DATA)
+    await agent.handlers.poll_artifacts()
+
+    assert [b.artifacts for b in agent.beats()] == [{MODEL: "shared"}, {MODEL: "shared", DATA: "local"}]
+
+
+async def test_an_artifact_that_went_away_is_no_longer_reported(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.create(MODEL)
+    agent.create(DATA)
+    await agent.handlers.on_lifecycle(accepted())
+
+    agent.remove(DATA)
+    await agent.handlers.heartbeat()
+
+    assert [b.artifacts for b in agent.beats()] == [{MODEL: "local", DATA: "local"}, {MODEL: "local"}]
+
+
+async def test_an_ended_job_is_no_longer_watched(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.create(MODEL)
+    await agent.handlers.on_lifecycle(accepted())
+
+    await agent.handlers.on_lifecycle(
+        JobSucceeded(occurred_at=T0, job_id="job-1", attempt=1, final_loss=None, checkpoint_dir=None)
+    )
+    await agent.handlers.heartbeat()
+
+    assert agent.beats()[-1].artifacts == {}
+
+
+async def test_heartbeat_carries_topology_and_sequence(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, topology={"zone": "eu-1"})
+
+    await asyncio.gather(*(agent.handlers.heartbeat() for _ in range(3)))
+
+    assert [b.seq for b in agent.beats()] == [1, 2, 3]
+    assert all(b.topology == {"zone": "eu-1"} for b in agent.beats())
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [pytest.param("host", 0.9, id="host-load-average"), pytest.param("shards", 1.6 / 8, id="own-shards")],
+)
+async def test_cpu_load_source(tmp_path: Path, source: LoadSource, expected: float) -> None:
+    agent = Agent(tmp_path, load_source=source, cpu_cores=8.0, host_load=lambda: 0.9)
+    agent.inputs()
+    for index in (0, 1):
+        await agent.handlers.on_assignment(assignment(shard_index=index))
+        agent.launcher.processes[index].report(kind="progress", step=1, cpu_percent=80.0)
+    await agent.until(lambda: len(agent.handlers.book.utilization) == 2)
+
+    await agent.handlers.heartbeat()
+
+    assert agent.beats()[-1].cpu_load == pytest.approx(expected)
+    for process in agent.launcher.processes:
+        process.end(0)
+    await agent.until(lambda: not agent.handlers.tasks)
+
+
+async def test_a_stop_request_signals_the_shard_and_its_preemption_is_reported(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    shard = assignment(world_size=1, workload=workload(output_path="/data/checkpoints/job-1"))
+    await agent.handlers.on_assignment(shard)
+    (process,) = agent.launcher.processes
+    request = ShardStopRequest(
+        occurred_at=T0, job_id="job-1", shard_index=0, node_id="node-a", attempt=1, term=1, reason="job-2"
+    )
+
+    await agent.handlers.on_assignment(request)
+    await agent.handlers.on_assignment(request)  # redelivered: nothing more
+
+    assert process.signals == [STOP_SIGNAL]
+    process.report(kind="progress", step=100, cpu_percent=90.0)
+    process.report(kind="preempted", step=100, checkpoint_dir=str(tmp_path / "data/checkpoints/job-1/checkpoint"))
+    process.end(exitcodes.PREEMPTED)
+    (preempted,) = await agent.until(lambda: agent.bus.of(ShardPreempted))
+    assert (preempted.step, preempted.checkpoint_dir) == (100, "/data/checkpoints/job-1/checkpoint")
+    assert len(agent.bus.of(ShardStarted)) == 1
+
+
+async def test_a_resumed_shard_gets_its_checkpoint_through_the_mounts(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    (agent.root / "checkpoints/job-1/checkpoint").mkdir(parents=True)
+    shard = assignment(workload=workload(resume_from="/data/checkpoints/job-1/checkpoint"))
+
+    await agent.handlers.on_assignment(shard)
+
+    (spec,) = agent.launcher.specs
+    assert spec.env["SHARDYARD_RESUME_DIR"] == str(agent.root / "checkpoints/job-1/checkpoint")
+    agent.launcher.processes[0].end(0)
+    await agent.until(lambda: not agent.handlers.tasks)
