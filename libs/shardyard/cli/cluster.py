@@ -147,6 +147,9 @@ def up(
                 f"{node_id}-{int(time.time())}",
                 "--mounts",
                 f"/data={info.data_root}",
+                # Every local agent mounts the same folder: to placement it is a shared path, not local disk.
+                "--shared-mounts",
+                "/data",
                 "--cpu-cores",
                 "16",
                 "--memory-gib",
