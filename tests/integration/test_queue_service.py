@@ -1,14 +1,32 @@
 """The queue as a real process on a real broker: valid jobs are accepted, bad input is rejected with a reason,
-and the queue keeps consuming after bad input."""
+the queue keeps consuming after bad input, and jobs wait for, are released by and fail with their dependencies."""
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.replay import replay
 from shardyard.bus.topics import DEADLETTER, LIFECYCLE, SERVICES, SUBMISSIONS
-from shardyard.events import JobAccepted, JobReady, JobRejected, RejectReason, ServiceReady
+from shardyard.events import (
+    Event,
+    FailureCause,
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobReady,
+    JobRejected,
+    JobScheduled,
+    JobSucceeded,
+    JobWaiting,
+    PendingReason,
+    RejectReason,
+    ServiceReady,
+    ShardPlacement,
+)
 from tests.support.events import Producer, Watcher, dumps
 from tests.support.processes import service
 
@@ -105,3 +123,105 @@ async def test_a_restarted_queue_does_not_admit_a_submission_twice(bootstrap: st
             await watch.first(JobReady, job_id="q-after")
     assert len(watch.of(JobAccepted, job_id="q-restart")) == 1
     assert not watch.of(JobRejected, job_id="q-restart")
+
+
+def _ran(job_id: str, attempt: int = 1) -> list[Event]:
+    """What the scheduler and the agents would publish for a job that was placed and then succeeded."""
+    now = datetime.now(UTC)
+    placement = ShardPlacement(shard_index=0, node_id="n1", gpu_indices=(0,), gpu_model="A100", match_score=1.0)
+    return [
+        JobScheduled(
+            occurred_at=now,
+            job_id=job_id,
+            attempt=attempt,
+            term=1,
+            coordinator_node="n1",
+            rendezvous_port=29500,
+            placements=(placement,),
+        ),
+        JobSucceeded(occurred_at=now, job_id=job_id, attempt=attempt, final_loss=1.0, checkpoint_dir=None),
+    ]
+
+
+async def test_dependencies_hold_release_and_fail(bootstrap: str, log_dir: Path) -> None:
+    await ensure_topics(bootstrap)
+    with service("shardyard.queue", [], bootstrap=bootstrap, log_dir=log_dir):
+        async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="queue", timeout_s=60)
+            for task_id in ("d-parent", "d-doomed"):
+                await send.raw(SUBMISSIONS.name, dumps(variant(task_id)), key=task_id.encode())
+                await watch.first(JobReady, job_id=task_id)
+            await send.raw(SUBMISSIONS.name, dumps(variant("d-orphan", depends_on=["d-ghost"])), key=b"d-orphan")
+            await send.raw(SUBMISSIONS.name, dumps(variant("d-child", depends_on=["d-parent"])), key=b"d-child")
+            await send.raw(SUBMISSIONS.name, dumps(variant("d-fails", depends_on=["d-doomed"])), key=b"d-fails")
+            await send.raw(
+                SUBMISSIONS.name,
+                dumps(variant("d-held", depends_on=["d-doomed"], on_dependency_failure="hold")),
+                key=b"d-held",
+            )
+
+            orphan = await watch.first(JobRejected, job_id="d-orphan")
+            assert orphan.reason is RejectReason.UNKNOWN_DEPENDENCY and "d-ghost" in orphan.message
+            waiting = await watch.first(JobWaiting, job_id="d-child")
+            assert (waiting.reason, waiting.waiting_for) == (PendingReason.WAITING_FOR_DEPENDENCY, ("d-parent",))
+            await watch.first(JobWaiting, job_id="d-held")
+
+            for event in _ran("d-parent"):
+                await send.event(event)
+            await send.event(
+                JobFailed(
+                    occurred_at=datetime.now(UTC),
+                    job_id="d-doomed",
+                    attempt=0,
+                    cause=FailureCause.LAUNCH_ERROR,
+                    message="could not start",
+                )
+            )
+
+            ready = await watch.first(JobReady, job_id="d-child")
+            assert ready.spec.depends_on == ("d-parent",)
+            failed = await watch.first(JobFailed, job_id="d-fails")
+            assert failed.cause is FailureCause.DEPENDENCY_FAILED and "d-doomed" in failed.message
+            held = await watch.until(
+                lambda: watch.of(JobWaiting, job_id="d-held", reason=PendingReason.DEPENDENCY_FAILED)
+            )
+            assert held[0].waiting_for == ("d-doomed",)
+
+            await send.event(JobCancelRequested(occurred_at=datetime.now(UTC), job_id="d-held", requested_by="test"))
+            cancelled = await watch.first(JobCancelled, job_id="d-held")
+            assert "test" in cancelled.message
+            # A READY job is the scheduler's to cancel. The child's end, behind the request in the child's
+            # partition, releases a grandchild: once that shows, the queue has answered the request (or not).
+            await send.raw(
+                SUBMISSIONS.name, dumps(variant("d-grandchild", depends_on=["d-child"])), key=b"d-grandchild"
+            )
+            await watch.first(JobWaiting, job_id="d-grandchild")
+            await send.event(JobCancelRequested(occurred_at=datetime.now(UTC), job_id="d-child", requested_by="test"))
+            for event in _ran("d-child"):
+                await send.event(event)
+            await watch.first(JobReady, job_id="d-grandchild")
+            log: list[Event] = []
+            await replay(bootstrap, [LIFECYCLE], lambda _topic, event: log.append(event))
+            assert not [e for e in log if isinstance(e, JobCancelled) and e.job_id == "d-child"]
+            assert len([e for e in log if isinstance(e, JobReady) and e.job_id == "d-child"]) == 1
+
+
+async def test_a_restarted_queue_releases_what_it_missed(bootstrap: str, log_dir: Path) -> None:
+    await ensure_topics(bootstrap)
+    async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+        with service("shardyard.queue", ["--instance", "r-1"], bootstrap=bootstrap, log_dir=log_dir):
+            await watch.until(lambda: watch.of(ServiceReady, instance="r-1"), timeout_s=60)
+            await send.raw(SUBMISSIONS.name, dumps(variant("r-parent")), key=b"r-parent")
+            await watch.first(JobReady, job_id="r-parent")
+            await send.raw(SUBMISSIONS.name, dumps(variant("r-child", depends_on=["r-parent"])), key=b"r-child")
+            await watch.first(JobWaiting, job_id="r-child")
+        for event in _ran("r-parent"):  # the parent ends while no queue runs
+            await send.event(event)
+        with service("shardyard.queue", ["--instance", "r-2"], bootstrap=bootstrap, log_dir=log_dir):
+            await watch.until(lambda: watch.of(ServiceReady, instance="r-2"), timeout_s=60)
+            await watch.first(JobReady, job_id="r-child")
+            await send.raw(SUBMISSIONS.name, dumps(variant("r-last")), key=b"r-last")
+            await watch.first(JobReady, job_id="r-last")
+    log: list[Event] = []
+    await replay(bootstrap, [LIFECYCLE], lambda _topic, event: log.append(event))
+    assert len([e for e in log if isinstance(e, JobReady) and e.job_id == "r-child"]) == 1

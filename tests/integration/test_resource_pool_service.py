@@ -1,4 +1,5 @@
-"""Heartbeats become node state; silence makes a node SUSPECT, then LOST with a node-lost event."""
+"""Heartbeats become node state; silence makes a node SUSPECT, then LOST with a node-lost event; an operator's drain
+mark is published at once and kept across heartbeats and pool restarts."""
 
 from datetime import UTC, datetime
 from pathlib import Path
@@ -7,7 +8,16 @@ import pytest
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import FAILURES, NODE_STATE, SERVICES
-from shardyard.events import GpuStatus, Heartbeat, NodeLost, NodeState, NodeStatus, ServiceReady
+from shardyard.events import (
+    ArtifactPlace,
+    GpuStatus,
+    Heartbeat,
+    NodeDrain,
+    NodeLost,
+    NodeState,
+    NodeStatus,
+    ServiceReady,
+)
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
 
@@ -48,3 +58,41 @@ async def test_liveness(bootstrap: str, log_dir: Path) -> None:
                 lambda: watch.of(NodeState, node_id="pool-n1")[-1].status is NodeStatus.ALIVE, what="ALIVE again"
             )
             assert len(watch.of(NodeLost, node_id="pool-n1")) == 1
+
+
+async def test_drain_is_published_at_once_and_outlives_heartbeats_and_restarts(bootstrap: str, log_dir: Path) -> None:
+    await ensure_topics(bootstrap)
+    artifacts: dict[str, ArtifactPlace] = {"/data/models/gpt2": "local", "/data/datasets/wikitext": "shared"}
+    topology = {"zone": "z1", "rack": "r1"}
+
+    def beat(seq: int) -> Heartbeat:
+        return heartbeat("drain-n1", seq).model_copy(update={"artifacts": artifacts, "topology": topology})
+
+    def latest() -> NodeState:
+        states: list[NodeState] = watch.of(NodeState, node_id="drain-n1")
+        return states[-1]
+
+    async with Watcher(bootstrap, [NODE_STATE, SERVICES]) as watch, Producer(bootstrap) as send:
+        with service("shardyard.resource_pool", ["--instance", "p-1"], bootstrap=bootstrap, log_dir=log_dir):
+            await watch.until(lambda: watch.of(ServiceReady, instance="p-1"), timeout_s=60)
+            await send.event(beat(1))
+            first = await watch.first(NodeState, node_id="drain-n1")
+            assert (first.artifacts, first.topology, first.draining) == (artifacts, topology, False)
+
+            await send.event(NodeDrain(occurred_at=datetime.now(UTC), node_id="drain-n1", draining=True))
+            drained = await watch.first(NodeState, node_id="drain-n1", draining=True)
+            assert drained.status is NodeStatus.ALIVE
+            await send.event(beat(2))
+            await watch.until(lambda: len(watch.of(NodeState, node_id="drain-n1")) >= 3, what="the next heartbeat")
+            assert latest().draining is True
+
+        with service("shardyard.resource_pool", ["--instance", "p-2"], bootstrap=bootstrap, log_dir=log_dir):
+            await watch.until(lambda: watch.of(ServiceReady, instance="p-2"), timeout_s=60)
+            seen = len(watch.of(NodeState, node_id="drain-n1"))
+            await send.event(beat(3))
+            await watch.until(lambda: len(watch.of(NodeState, node_id="drain-n1")) > seen, what="state after restart")
+            after = latest()
+            assert (after.draining, after.artifacts, after.topology) == (True, artifacts, topology)
+
+            await send.event(NodeDrain(occurred_at=datetime.now(UTC), node_id="drain-n1", draining=False))
+            await watch.until(lambda: latest().draining is False, what="undrained")

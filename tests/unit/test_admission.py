@@ -62,6 +62,18 @@ def test_the_s15_example_is_admitted_verbatim() -> None:
         pytest.param(_with_resources(memory="32GB"), "memory_bytes", 32 * 1000**3, id="memory-decimal"),
         pytest.param(_without("priority"), "priority", 0, id="priority-default"),
         pytest.param(submission(training={"max_steps": 5}), "max_steps", 5, id="training-knob"),
+        pytest.param(submission(), "depends_on", (), id="depends-on-default"),
+        pytest.param(submission(depends_on=["prep", "tok"]), "depends_on", ("prep", "tok"), id="depends-on"),
+        pytest.param(submission(depends_on=["b", "a", "b"]), "depends_on", ("b", "a"), id="depends-on-repeat-dropped"),
+        pytest.param(submission(), "on_dependency_failure", "fail", id="on-dependency-failure-default"),
+        pytest.param(submission(on_dependency_failure="hold"), "on_dependency_failure", "hold", id="hold"),
+        pytest.param(submission(), "min_match", None, id="min-match-default-full-match-only"),
+        pytest.param(submission(), "max_wait_s", 0.0, id="max-wait-default"),
+        pytest.param(submission(placement={"min_match": 0.4, "max_wait_s": 60}), "min_match", 0.4, id="min-match"),
+        pytest.param(submission(placement={"min_match": 0.4, "max_wait_s": 60}), "max_wait_s", 60.0, id="max-wait"),
+        pytest.param(submission(placement={"min_match": 1}), "max_wait_s", 0.0, id="max-wait-placement-default"),
+        pytest.param(submission(), "preemptible", True, id="preemptible-default"),
+        pytest.param(submission(preemptible=False), "preemptible", False, id="not-preemptible"),
     ],
 )
 def test_admitted_fields(document: dict[str, Any], field: str, value: object) -> None:
@@ -113,6 +125,38 @@ def test_admitted_fields(document: dict[str, Any], field: str, value: object) ->
         pytest.param(raw(submission(task_id="no spaces!")), RejectReason.INVALID_VALUE, FALLBACK, id="bad-task-id"),
         pytest.param(raw(submission(task_id=7)), RejectReason.WRONG_TYPE, FALLBACK, id="task-id-int"),
         pytest.param(
+            raw(submission(depends_on=["fine_tune_gpt2"])), RejectReason.INVALID_VALUE, "fine_tune_gpt2", id="self-dep"
+        ),
+        pytest.param(raw(submission(depends_on="prep")), RejectReason.WRONG_TYPE, "fine_tune_gpt2", id="deps-string"),
+        pytest.param(
+            raw(submission(depends_on=["no spaces!"])), RejectReason.INVALID_VALUE, "fine_tune_gpt2", id="deps-bad-id"
+        ),
+        pytest.param(
+            raw(submission(on_dependency_failure="retry")),
+            RejectReason.INVALID_VALUE,
+            "fine_tune_gpt2",
+            id="on-dependency-failure-unknown",
+        ),
+        pytest.param(
+            raw(submission(placement={"min_match": 0})), RejectReason.INVALID_VALUE, "fine_tune_gpt2", id="min-match-0"
+        ),
+        pytest.param(
+            raw(submission(placement={"min_match": 1.5})),
+            RejectReason.INVALID_VALUE,
+            "fine_tune_gpt2",
+            id="min-match-above-1",
+        ),
+        pytest.param(raw(submission(placement={})), RejectReason.MISSING_FIELD, "fine_tune_gpt2", id="placement-empty"),
+        pytest.param(
+            raw(submission(placement={"min_match": 0.5, "max_wait_s": -1})),
+            RejectReason.INVALID_VALUE,
+            "fine_tune_gpt2",
+            id="max-wait-negative",
+        ),
+        pytest.param(
+            raw(submission(preemptible="yes")), RejectReason.WRONG_TYPE, "fine_tune_gpt2", id="preemptible-str"
+        ),
+        pytest.param(
             EXAMPLE.read_bytes().replace(b'"min_flops": 35', b'"min_flops": Infinity'),
             RejectReason.INVALID_VALUE,
             "fine_tune_gpt2",
@@ -137,6 +181,8 @@ def test_refused(data: bytes, reason: RejectReason, job_id: str) -> None:
         pytest.param(submission(gpus=2), "gpus", id="unknown-field"),
         pytest.param(_with_resources(memory="64 parsecs"), "resource_requirements.memory", id="bad-memory"),
         pytest.param(_with_gpu(model="Z900", min_flops=None), "resource_requirements.gpu.model", id="unknown-model"),
+        pytest.param(submission(depends_on=["ok", "bad id"]), "depends_on.1", id="bad-dependency-id"),
+        pytest.param(submission(placement={"min_match": 2}), "placement.min_match", id="min-match-too-high"),
     ],
 )
 def test_refusal_names_the_field(document: dict[str, Any], field: str) -> None:

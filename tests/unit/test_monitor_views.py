@@ -1,22 +1,32 @@
 from __future__ import annotations
 
+import pytest
+
 from shardyard.events import (
     FailureCause,
     FieldError,
+    GpuStatus,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
+    NodeDrain,
     NodeStatus,
     PendingReason,
     RejectReason,
+    ShardPlacement,
 )
 from shardyard.lifecycle import JobState
 from shardyard.monitor.views import ClusterView
-from tests.unit.builders import at, completed, job_spec, node_state, progress, scheduled, started
+from tests.unit.builders import GIB, at, completed, job_spec, node_state, progress, scheduled, started
 
 SPEC = job_spec(priority=5, max_steps=20)
 
@@ -179,3 +189,189 @@ def test_nodes_json() -> None:
         ("node-a", NodeStatus.ALIVE, []),
         ("node-b", NodeStatus.SUSPECT, [1]),
     ]
+
+
+# --- waiting, degraded placement, preemption, cancellation, drain -------------------------------------------------
+def waiting(reason: PendingReason, *parents: str, t: float = 1) -> JobWaiting:
+    return JobWaiting(
+        occurred_at=at(t), job_id="job-1", reason=reason, message=f"{reason} on {parents}", waiting_for=parents
+    )
+
+
+def test_waiting_sets_the_reason_and_what_the_job_waits_for() -> None:
+    job = view_of([accepted(0), waiting(PendingReason.WAITING_FOR_DEPENDENCY, "a", "b")]).jobs["job-1"]
+
+    detail = job.detail()
+    assert (job.state, detail["reason"], detail["waiting_for"]) == (
+        JobState.WAITING,
+        PendingReason.WAITING_FOR_DEPENDENCY,
+        ["a", "b"],
+    )
+    assert detail["message"] == "WAITING_FOR_DEPENDENCY on ('a', 'b')"
+    assert job.timeline[-1]["event"] == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("updates", "reason", "waiting_for", "notes"),
+    [
+        pytest.param(
+            [waiting(PendingReason.WAITING_FOR_DEPENDENCY, "b", t=2)],
+            PendingReason.WAITING_FOR_DEPENDENCY,
+            ["b"],
+            2,
+            id="one-parent-left",
+        ),
+        pytest.param(
+            [waiting(PendingReason.DEPENDENCY_FAILED, "a", t=2)],
+            PendingReason.DEPENDENCY_FAILED,
+            ["a"],
+            2,
+            id="held-after-failure",
+        ),
+        pytest.param(
+            [waiting(PendingReason.WAITING_FOR_DEPENDENCY, "a", "b", t=2)],
+            PendingReason.WAITING_FOR_DEPENDENCY,
+            ["a", "b"],
+            1,
+            id="same-reason-noted-once",
+        ),
+    ],
+)
+def test_a_waiting_job_takes_a_new_reason(
+    updates: list[JobWaiting], reason: PendingReason, waiting_for: list[str], notes: int
+) -> None:
+    job = view_of([accepted(0), waiting(PendingReason.WAITING_FOR_DEPENDENCY, "a", "b"), *updates]).jobs["job-1"]
+
+    assert (job.state, job.reason, job.waiting_for) == (JobState.WAITING, reason, waiting_for)
+    assert [e["event"] for e in job.timeline].count("waiting") == notes
+
+
+def test_release_clears_the_waiting_reason() -> None:
+    events = [accepted(0), waiting(PendingReason.WAITING_FOR_DEPENDENCY, "a"), FULL_RUN[1]]
+    job = view_of(events).jobs["job-1"]
+
+    assert (job.state, job.reason, job.message, job.waiting_for) == (JobState.READY, None, "", [])
+
+
+def test_unschedulable_node_counts_are_in_the_detail_until_placed() -> None:
+    counts = {"GPU model mismatch": 25, "no free GPU": 10, "load above 50%": 5}
+    pending = JobUnschedulable(
+        occurred_at=at(1), job_id="job-1", reason=PendingReason.NO_FIT, message="0/40 nodes", node_counts=counts
+    )
+    view = view_of([*FULL_RUN[:2], pending])
+    detail = view.jobs["job-1"].detail()
+    assert (detail["reason"], detail["message"], detail["node_counts"]) == (PendingReason.NO_FIT, "0/40 nodes", counts)
+
+    view.apply(scheduled("job-1", occurred_at=at(2)))
+
+    assert view.jobs["job-1"].detail()["node_counts"] == {}
+
+
+def test_degraded_placement_is_shown() -> None:
+    weak = ShardPlacement(
+        shard_index=1, node_id="node-v", gpu_indices=(0,), gpu_model="V100", match_score=0.4286, degraded=True
+    )
+    placed = scheduled("job-1", occurred_at=at(1), degraded=True)
+    placed = placed.model_copy(update={"placements": (placed.placements[0], weak)})
+
+    job = view_of([*FULL_RUN[:2], placed]).jobs["job-1"]
+
+    detail = job.detail()
+    assert detail["degraded"] is True
+    assert [(p["match_score"], p["degraded"]) for p in detail["placements"]] == [(1.0, False), (0.4286, True)]
+    assert "(degraded)" in job.timeline[-1]["detail"]
+    assert "shard 1 -> node-v GPU (0,) degraded (match 0.43)" in job.timeline[-1]["detail"]
+
+
+def _preempting(attempt: int = 1) -> JobPreempting:
+    return JobPreempting(occurred_at=at(3), job_id="job-1", attempt=attempt, by_job="urgent", deadline_s=30)
+
+
+def _preempted(checkpoint: str | None = "/data/checkpoints/job-1") -> JobPreempted:
+    return JobPreempted(
+        occurred_at=at(4),
+        job_id="job-1",
+        attempt=1,
+        by_job="urgent",
+        checkpoint_dir=checkpoint,
+        checkpoint_step=120 if checkpoint else None,
+    )
+
+
+def test_preemption_is_in_the_timeline_and_counted_once() -> None:
+    view = view_of([*FULL_RUN[:6], _preempting(), _preempting(), _preempted(), _preempted()])
+    job = view.jobs["job-1"]
+
+    assert job.state is JobState.READY
+    assert [e["event"] for e in job.timeline][-2:] == ["preempting", "preempted"]
+    assert "yields to urgent" in job.timeline[-2]["detail"]
+    assert "checkpoint /data/checkpoints/job-1 at step 120" in job.timeline[-1]["detail"]
+    assert job.message == "preempted by urgent; requeued"
+    assert view.preemptions == 1
+
+
+def test_resumed_attempt_shows_its_checkpoint() -> None:
+    resumed = scheduled("job-1", attempt=2, occurred_at=at(5), resume_from="/data/checkpoints/job-1/step-120")
+
+    job = view_of([*FULL_RUN[:6], _preempting(), _preempted(), resumed]).jobs["job-1"]
+
+    assert (job.attempt, job.detail()["resume_from"]) == (2, "/data/checkpoints/job-1/step-120")
+    assert "resuming from /data/checkpoints/job-1/step-120" in job.timeline[-1]["detail"]
+
+
+def test_preemption_without_a_checkpoint_says_it_starts_over() -> None:
+    job = view_of([*FULL_RUN[:6], _preempted(None)]).jobs["job-1"]
+
+    assert "starts over" in job.timeline[-1]["detail"]
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        pytest.param(FULL_RUN[:1], id="accepted"),
+        pytest.param([accepted(0), waiting(PendingReason.DEPENDENCY_FAILED, "a")], id="waiting"),
+        pytest.param(FULL_RUN[:6], id="running"),
+    ],
+)
+def test_cancellation_is_shown_and_counted_once(history: list[object]) -> None:
+    requested = JobCancelRequested(occurred_at=at(8), job_id="job-1", requested_by="cli:alice")
+    cancelled = JobCancelled(occurred_at=at(9), job_id="job-1", message="cancelled by cli:alice")
+
+    view = view_of([*history, requested, cancelled, cancelled])
+    job = view.jobs["job-1"]
+
+    assert (job.state, job.reason, job.message, job.ended_at) == (
+        JobState.CANCELLED,
+        "CANCELLED",
+        "cancelled by cli:alice",
+        at(9),
+    )
+    assert [(e["event"], e["detail"]) for e in job.timeline][-2:] == [
+        ("cancel requested", "by cli:alice"),
+        ("cancelled", "cancelled by cli:alice"),
+    ]
+    assert view.cancellations == 1
+    assert view.active_jobs() == 0
+
+
+def test_cancel_request_for_a_finished_job_is_not_noted() -> None:
+    view = view_of([*FULL_RUN, JobCancelRequested(occurred_at=at(9), job_id="job-1")])
+
+    assert view.jobs["job-1"].timeline[-1]["event"] == "succeeded"
+
+
+def test_nodes_show_drain_topology_artifacts_and_tflops() -> None:
+    gpu = GpuStatus(index=0, model="A100", tflops=31.5, memory_bytes=GIB, tflops_source="measured")
+    state = node_state(
+        "node-a",
+        draining=True,
+        topology={"zone": "z1", "rack": "r2"},
+        artifacts={"/data/models/gpt2": "local", "/data/datasets/wikitext": "shared"},
+        gpus=(gpu,),
+    )
+    view = view_of([state, NodeDrain(occurred_at=at(1), node_id="node-a", draining=True)])
+
+    (node,) = view.nodes_json()
+
+    assert (node["draining"], node["topology"], node["artifact_count"]) == (True, {"zone": "z1", "rack": "r2"}, 2)
+    assert (node["gpus"][0]["tflops"], node["gpus"][0]["tflops_source"]) == (31.5, "measured")

@@ -3,10 +3,13 @@ from __future__ import annotations
 import pytest
 
 from shardyard.events import (
+    ArtifactPlace,
     Event,
     FailureCause,
+    Heartbeat,
     JobFailed,
     JobSucceeded,
+    NodeDrain,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -198,3 +201,90 @@ def test_restore_from_node_state() -> None:
     assert statuses(book.tick(at(15))) == [("NodeState", NodeStatus.LOST), ("NodeLost", "node-a")]
     (alive,) = book.on_heartbeat(heartbeat("node-a", seq=1), at(16))
     assert isinstance(alive, NodeState) and alive.status is NodeStatus.ALIVE
+
+
+# --- artifacts, topology and drain -------------------------------------------------------------------------------
+ARTIFACTS: dict[str, ArtifactPlace] = {"/data/models/gpt2": "local", "/data/datasets/wikitext": "shared"}
+TOPOLOGY = {"zone": "eu-1", "rack": "r7"}
+
+
+def drain(node_id: str = "node-a", draining: bool = True) -> NodeDrain:
+    return NodeDrain(occurred_at=at(1), node_id=node_id, draining=draining)
+
+
+def test_heartbeat_artifacts_and_topology_reach_the_node_state() -> None:
+    (state,) = PoolBook().on_heartbeat(heartbeat(artifacts=ARTIFACTS, topology=TOPOLOGY), at(0))
+
+    assert isinstance(state, NodeState)
+    assert (state.artifacts, state.topology, state.draining) == (ARTIFACTS, TOPOLOGY, False)
+
+
+def test_the_latest_heartbeat_says_which_artifacts_are_there() -> None:
+    book = PoolBook()
+    book.on_heartbeat(heartbeat(seq=1, artifacts=ARTIFACTS), at(0))
+
+    (state,) = book.on_heartbeat(heartbeat(seq=2, artifacts={"/data/models/gpt2": "local"}), at(1))
+
+    assert isinstance(state, NodeState) and state.artifacts == {"/data/models/gpt2": "local"}
+
+
+@pytest.mark.parametrize(
+    ("requests", "published", "draining"),
+    [
+        pytest.param([True], [True], True, id="drain"),
+        pytest.param([True, True], [True], True, id="second-drain-changes-nothing"),
+        pytest.param([True, False], [True, False], False, id="drain-then-undo"),
+        pytest.param([False], [], False, id="undo-of-an-undrained-node"),
+    ],
+)
+def test_drain_publishes_the_node_state_at_once(requests: list[bool], published: list[bool], draining: bool) -> None:
+    book = alive_book()
+
+    out = [state for request in requests for state in book.on_drain(drain(draining=request), at(1))]
+
+    assert [(s.node_id, s.draining, s.occurred_at) for s in out] == [("node-a", d, at(1)) for d in published]  # type: ignore[attr-defined]
+    assert book.state_of("node-a", at(2)).draining is draining
+
+
+def test_drain_of_an_unknown_node_is_ignored() -> None:
+    book = alive_book()
+
+    assert book.on_drain(drain("node-z"), at(1)) == []
+    assert "node-z" not in book.nodes
+
+
+@pytest.mark.parametrize(
+    "beat",
+    [
+        pytest.param(heartbeat(seq=1), id="next-heartbeat"),
+        pytest.param(heartbeat(seq=0, agent_instance="node-a-agent-2"), id="restarted-agent"),
+    ],
+)
+def test_drain_outlives_heartbeats(beat: Heartbeat) -> None:
+    book = alive_book()
+    book.on_drain(drain(), at(1))
+
+    (state,) = book.on_heartbeat(beat, at(2))
+
+    assert isinstance(state, NodeState) and state.draining is True
+
+
+def test_a_silent_draining_node_stays_draining() -> None:
+    book = alive_book()
+    book.on_drain(drain(), at(1))
+
+    (suspect,) = book.tick(at(4))
+
+    assert isinstance(suspect, NodeState) and (suspect.status, suspect.draining) == (NodeStatus.SUSPECT, True)
+
+
+def test_restore_keeps_drain_artifacts_and_topology() -> None:
+    book = PoolBook()
+    book.restore(node_state("node-a", draining=True, artifacts=ARTIFACTS, topology=TOPOLOGY))
+
+    state = book.state_of("node-a", at(1))
+    assert (state.draining, state.artifacts, state.topology) == (True, ARTIFACTS, TOPOLOGY)
+    (after,) = book.on_heartbeat(heartbeat("node-a", seq=1), at(2))
+    assert isinstance(after, NodeState) and after.draining is True
+    (undrained,) = book.on_drain(drain(draining=False), at(3))
+    assert isinstance(undrained, NodeState) and undrained.draining is False

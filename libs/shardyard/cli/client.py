@@ -1,4 +1,5 @@
-"""Talking to a running cluster: producing submissions to Kafka, reading state from the monitor's status API."""
+"""Talking to a running cluster: producing submissions and commands to Kafka, reading state from the monitor's
+status API."""
 
 import asyncio
 import json
@@ -7,15 +8,19 @@ import urllib.error
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
+from shardyard.bus.codec import encode, key_of, topic_of
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli.cluster import get_json
-from shardyard.errors import ClusterError
+from shardyard.errors import BrokerError, ClusterError
+from shardyard.events import Event, JobCancelRequested, NodeDrain
 
-TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"})
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,35 @@ def submit(bootstrap: str, raw: bytes) -> Submitted:
     return asyncio.run(_produce(bootstrap, raw))
 
 
+async def _publish(bootstrap: str, event: Event) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    try:
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic_of(event).name, encode(event), key=key_of(event))
+        finally:
+            await producer.stop()
+    except KafkaError as exc:
+        raise BrokerError(f"cannot publish {type(event).__name__} to the broker at {bootstrap}: {exc}") from exc
+
+
+def publish(bootstrap: str, event: Event) -> None:
+    """Produce one event to its topic under its key, as any service would."""
+    asyncio.run(_publish(bootstrap, event))
+
+
+def request_cancel(bootstrap: str, job_id: str, *, requested_by: str) -> JobCancelRequested:
+    request = JobCancelRequested(occurred_at=datetime.now(UTC), job_id=job_id, requested_by=requested_by)
+    publish(bootstrap, request)
+    return request
+
+
+def request_drain(bootstrap: str, node_id: str, *, draining: bool) -> NodeDrain:
+    request = NodeDrain(occurred_at=datetime.now(UTC), node_id=node_id, draining=draining)
+    publish(bootstrap, request)
+    return request
+
+
 def job(monitor_url: str, job_id: str) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = get_json(f"{monitor_url}/api/jobs/{urllib.parse.quote(job_id)}")
@@ -75,6 +109,14 @@ def listing(monitor_url: str, what: str) -> dict[str, Any]:
         return result
     except (urllib.error.URLError, OSError) as exc:
         raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
+
+
+def node(monitor_url: str, node_id: str) -> dict[str, Any] | None:
+    """The monitor's view of one node, or None when it has never reported."""
+    found: dict[str, Any] | None = next(
+        (n for n in listing(monitor_url, "nodes")["nodes"] if n["node_id"] == node_id), None
+    )
+    return found
 
 
 def wait(
@@ -98,3 +140,17 @@ def wait(
                 return current
         time.sleep(poll_s)
     raise ClusterError(f"job {job_id} did not finish within {timeout_s:.0f}s (last state: {last and last['state']})")
+
+
+def wait_node(
+    monitor_url: str, node_id: str, *, draining: bool, timeout_s: float, poll_s: float = 0.25
+) -> dict[str, Any]:
+    """Wait until the monitor shows ``node_id`` with the drain mark ``draining``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        current = node(monitor_url, node_id)
+        if current is not None and current.get("draining") is draining:
+            return current
+        time.sleep(poll_s)
+    want = "draining" if draining else "undrained"
+    raise ClusterError(f"node {node_id} was not shown {want} within {timeout_s:.0f}s")

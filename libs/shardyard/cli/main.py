@@ -1,6 +1,7 @@
 """``shardyard``: run a local cluster, submit jobs, and see what they are doing."""
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -78,6 +79,52 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _requester() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in this environment (a bare container)
+        return "cli"
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    info = _info(args)
+    found = client.job(info.monitor_url, args.job)
+    if found is None:
+        return _fail(f"no job {args.job!r} (see `shardyard jobs`)")
+    if found["state"] in client.TERMINAL_STATES:
+        return _fail(f"job {args.job!r} already ended {found['state']}; there is nothing to cancel")
+    client.request_cancel(info.bootstrap, args.job, requested_by=_requester())
+    print(f"cancel requested for {args.job} (state {found['state']})")
+    if not args.wait:
+        return 0
+    final = client.wait(info.monitor_url, args.job, timeout_s=args.timeout, on_update=lambda _job: None)
+    if final["state"] != "CANCELLED":
+        return _fail(f"job {args.job!r} ended {final['state']} before the cancellation took effect")
+    print(f"job {args.job} cancelled: {final.get('message') or ''}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    info = _info(args)
+    if client.node(info.monitor_url, args.node) is None:
+        return _fail(f"no node {args.node!r} has reported (see `shardyard nodes`)")
+    draining = not args.undo
+    client.request_drain(info.bootstrap, args.node, draining=draining)
+    if draining:
+        print(f"draining {args.node}: it takes no new shards; shards running there finish")
+    else:
+        print(f"undraining {args.node}: it takes new shards again")
+    if args.wait:
+        client.wait_node(info.monitor_url, args.node, draining=draining, timeout_s=args.timeout)
+        print(f"node {args.node} is {'draining' if draining else 'no longer draining'}")
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     print(render.jobs_table(client.listing(_info(args).monitor_url, "jobs")["jobs"]))
     return 0
@@ -138,6 +185,19 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true", help="print the monitor's JSON view of the job")
     status.set_defaults(func=cmd_status)
+
+    cancel = sub.add_parser("cancel", help="ask the cluster to cancel a job that has not ended")
+    cancel.add_argument("job")
+    cancel.add_argument("--wait", action="store_true", help="wait until the monitor shows the job CANCELLED")
+    cancel.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits at most")
+    cancel.set_defaults(func=cmd_cancel)
+
+    drain = sub.add_parser("drain", help="stop placing new shards on a node (running ones finish), or --undo it")
+    drain.add_argument("node")
+    drain.add_argument("--undo", action="store_true", help="let the node take new shards again")
+    drain.add_argument("--wait", action="store_true", help="wait until the monitor shows the node's new mark")
+    drain.add_argument("--timeout", type=float, default=60.0, help="seconds --wait waits at most")
+    drain.set_defaults(func=cmd_drain)
 
     sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
     sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)

@@ -36,18 +36,26 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return table(rows, ["JOB", "STATE", "PRIO", "GPUS", "STEP", "LOSS", "REASON"])
 
 
+def _gpus(gpus: list[dict[str, Any]]) -> str:
+    """``2xA100 35TF, 1xV100 14.2TF*``: count, model and TFLOPS per kind; ``*`` marks a measured figure."""
+    kinds: dict[tuple[str, float, bool], int] = {}
+    for gpu in gpus:
+        kind = (gpu["model"], gpu.get("tflops", 0.0), gpu.get("tflops_source") == "measured")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return ", ".join(
+        f"{count}x{model} {tflops:g}TF{'*' if measured else ''}" for (model, tflops, measured), count in kinds.items()
+    )
+
+
 def nodes_table(nodes: list[dict[str, Any]]) -> str:
     rows = []
     for n in nodes:
-        models: dict[str, int] = {}
-        for gpu in n["gpus"]:
-            models[gpu["model"]] = models.get(gpu["model"], 0) + 1
-        gpus = ", ".join(f"{count}x{model}" for model, count in models.items()) or "-"
+        gpus = _gpus(n["gpus"]) or "-"
         simulated = " (simulated)" if any(g["simulated"] for g in n["gpus"]) else ""
         rows.append(
             [
                 n["node_id"],
-                n["status"],
+                str(n["status"]) + (" DRAIN" if n.get("draining") else ""),
                 gpus + simulated,
                 f"{len(n['allocated_gpus'])}/{len(n['gpus'])}",
                 f"{n['cpu_load']:.0%}",
@@ -57,10 +65,31 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
     return table(rows, ["NODE", "STATUS", "GPUS", "IN USE", "LOAD", "SHARDS"])
 
 
+def excluded_nodes(node_counts: dict[str, int]) -> str:
+    """``0/40 nodes: 25 GPU model mismatch, 10 insufficient free GPUs, 5 load above 50%``: the scheduler's filters
+    that excluded nodes, most first. Each node counts under the first filter it failed, so they add up to all."""
+    ranked = sorted(node_counts.items(), key=lambda item: (-item[1], item[0]))
+    return f"0/{sum(node_counts.values())} nodes: " + ", ".join(f"{count} {why}" for why, count in ranked)
+
+
+def _placement(placement: dict[str, Any]) -> str:
+    line = (
+        f"  shard {placement['shard_index']} placed on {placement['node_id']} GPU "
+        f"{','.join(str(g) for g in placement['gpu_indices'])} ({placement['gpu_model']})"
+    )
+    if placement.get("degraded"):
+        line += f" degraded (match {placement['match_score']:.2f})"
+    return line
+
+
 def job_detail(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']}: {job['state']}"]
     if job.get("reason") or job.get("message"):
         lines.append(f"  reason: {job.get('reason') or '-'}: {job.get('message') or ''}")
+    if job.get("node_counts"):
+        lines.append(f"    {excluded_nodes(job['node_counts'])}")
+    if job.get("waiting_for"):
+        lines.append(f"    waiting for: {', '.join(job['waiting_for'])}")
     for error in job.get("errors") or []:
         lines.append(
             f"    - {error['field']}: {error['problem']}" + (f" (got {error['input']})" if error["input"] else "")
@@ -71,6 +100,12 @@ def job_detail(job: dict[str, Any]) -> str:
             f"  needs {spec['gpu_count']} x {spec['gpu_model'] or 'any GPU'} >= {spec['min_tflops']:g} TFLOPS, "
             f"{spec['shard_count']} shards, sync every {spec['sync_interval']} steps, {spec['max_steps']} steps"
         )
+    if job.get("placements"):
+        if job.get("degraded"):
+            lines.append("  placed degraded: below a full GPU match, as the job allowed")
+        lines.extend(_placement(p) for p in job["placements"])
+    if job.get("resume_from"):
+        lines.append(f"  resumed from {job['resume_from']}")
     for index, shard in (job.get("shards") or {}).items():
         lines.append(
             f"  shard {index} on {shard['node_id']}: {shard['state']} step {shard.get('step', 0)} "

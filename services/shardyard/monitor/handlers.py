@@ -16,8 +16,8 @@ class MonitorHandlers:
 
     def for_topic(self, topic: Topic) -> Callable[[object], Awaitable[None]]:
         async def on_event(event: object) -> None:
-            self.events.labels(topic.name).inc()
             self.view.apply(event)
+            self.events.labels(topic.name).inc()  # counted once folded: a failing attempt is not a consumed event
 
         return on_event
 

@@ -1,13 +1,19 @@
 """Prometheus metrics of the monitor, computed at scrape time from the cluster view."""
 
+from collections import Counter as Tally
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shardyard.events import NodeStatus
+from shardyard.lifecycle import JobState
 from shardyard.monitor.views import ClusterView
+
+QUEUED = frozenset({JobState.ACCEPTED, JobState.WAITING, JobState.READY})
+"""Jobs not placed yet: held by the queue, or ready and waiting for the scheduler."""
+NO_REASON = "NONE"
 
 
 class ClusterCollector(Collector):
@@ -20,11 +26,20 @@ class ClusterCollector(Collector):
         for state, count in view.counts().items():
             jobs.add_metric([state], count)
         yield jobs
+        yield self._queue()
+        preemptions = CounterMetricFamily("shardyard_preemptions", "Running jobs preempted for a higher-priority job")
+        preemptions.add_metric([], view.preemptions)
+        cancellations = CounterMetricFamily("shardyard_cancellations", "Jobs cancelled on a user's request")
+        cancellations.add_metric([], view.cancellations)
+        yield from (preemptions, cancellations)
 
         nodes = GaugeMetricFamily("shardyard_nodes", "Nodes by liveness status", labels=["status"])
         for status in NodeStatus:
             nodes.add_metric([status.value], sum(1 for n in view.nodes.values() if n.status is status))
         yield nodes
+        draining = GaugeMetricFamily("shardyard_nodes_draining", "Nodes drained by an operator (no new shards)")
+        draining.add_metric([], sum(1 for n in view.nodes.values() if n.draining))
+        yield draining
 
         util = GaugeMetricFamily(
             "shardyard_gpu_utilization_ratio", "GPU utilisation, 0..1", labels=["node", "gpu", "model", "simulated"]
@@ -63,6 +78,22 @@ class ClusterCollector(Collector):
                     sync_bytes.add_metric(labels, shard.get("allreduce_bytes", 0))
                     cpu.add_metric(labels, shard.get("cpu_percent", 0.0) / 100.0)
         yield from (step, loss, rate, sync, sync_bytes, cpu)
+
+    def _queue(self) -> Metric:
+        view = self.view
+        depth: Tally[tuple[str, str]] = Tally(
+            (str((job.spec or {}).get("priority", 0)), job.reason or NO_REASON)
+            for job in view.jobs.values()
+            if job.state in QUEUED
+        )
+        queue = GaugeMetricFamily(
+            "shardyard_queue_jobs",
+            "Jobs not placed yet (ACCEPTED, WAITING, READY), by priority and current pending reason",
+            labels=["priority", "reason"],
+        )
+        for (priority, reason), count in sorted(depth.items()):
+            queue.add_metric([priority, reason], count)
+        return queue
 
 
 def make_registry(view: ClusterView) -> tuple[CollectorRegistry, Counter]:

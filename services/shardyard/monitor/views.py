@@ -7,13 +7,19 @@ from typing import Any
 from shardyard.events import (
     Heartbeat,
     JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
     JobReady,
     JobRejected,
     JobRunning,
     JobScheduled,
     JobSucceeded,
     JobUnschedulable,
+    JobWaiting,
+    NodeDrain,
     NodeLost,
     NodeState,
     RejectReason,
@@ -35,6 +41,10 @@ class JobView:
     state: JobState | None = None
     reason: str | None = None
     message: str = ""
+    node_counts: dict[str, int] = field(default_factory=dict)
+    """Nodes excluded, by the scheduler's filter, behind the current pending reason."""
+    waiting_for: list[str] = field(default_factory=list)
+    """Parent jobs the queue holds this one for."""
     spec: dict[str, Any] | None = None
     attempt: int = 0
     submitted_at: datetime | None = None
@@ -43,10 +53,19 @@ class JobView:
     final_loss: float | None = None
     checkpoint_dir: str | None = None
     placements: list[dict[str, Any]] = field(default_factory=list)
+    degraded: bool = False
+    resume_from: str | None = None
+    preempting: tuple[int, str] | None = None
+    """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def pending(self, reason: str | None, message: str, *, node_counts: dict[str, int], waiting_for: list[str]) -> None:
+        """Set the current reason (None: none) with its details; every other detail of the last one goes."""
+        self.reason, self.message = reason, message
+        self.node_counts, self.waiting_for = node_counts, waiting_for
 
     def note(self, at: datetime, what: str, detail: str = "") -> None:
         if len(self.timeline) < MAX_TIMELINE:
@@ -74,7 +93,11 @@ class JobView:
             **self.summary(),
             "spec": self.spec,
             "errors": self.errors,
+            "node_counts": self.node_counts,
+            "waiting_for": self.waiting_for,
             "placements": self.placements,
+            "degraded": self.degraded,
+            "resume_from": self.resume_from,
             "shards": {str(k): v for k, v in sorted(self.shards.items())},
             "first_loss": first,
             "final_loss": self.final_loss,
@@ -86,6 +109,31 @@ class JobView:
         }
 
 
+def _waiting(view: JobView, event: JobWaiting) -> None:
+    waiting_for = list(event.waiting_for)
+    if (view.reason, view.message, view.waiting_for) == (event.reason, event.message, waiting_for):
+        return  # the same reason again
+    view.pending(event.reason, event.message, node_counts={}, waiting_for=waiting_for)
+    view.note(event.occurred_at, "waiting", event.message)
+
+
+def _scheduled(view: JobView, event: JobScheduled) -> None:
+    view.attempt, view.degraded, view.resume_from = event.attempt, event.degraded, event.resume_from
+    view.preempting = None
+    view.pending(None, "", node_counts={}, waiting_for=[])
+    view.placements = [p.model_dump() for p in event.placements]
+    where = ", ".join(
+        f"shard {p.shard_index} -> {p.node_id} GPU {p.gpu_indices}"
+        + (f" degraded (match {p.match_score:.2f})" if p.degraded else "")
+        for p in event.placements
+    )
+    detail = f"attempt {event.attempt}{' (degraded)' if event.degraded else ''}: {where}; "
+    detail += f"coordinator {event.coordinator_node}"
+    if event.resume_from:
+        detail += f"; resuming from {event.resume_from}"
+    view.note(event.occurred_at, "scheduled", detail)
+
+
 @dataclass
 class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
@@ -93,6 +141,10 @@ class ClusterView:
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     services: dict[str, ServiceReady] = field(default_factory=dict)
     dead_letters: int = 0
+    preemptions: int = 0
+    """Completed preemptions (JobPreempted), each counted once."""
+    cancellations: int = 0
+    """Jobs cancelled (JobCancelled), each counted once."""
 
     def job(self, job_id: str) -> JobView:
         return self.jobs.setdefault(job_id, JobView(job_id))
@@ -103,6 +155,8 @@ class ClusterView:
                 self.nodes[event.node_id] = event
             case Heartbeat():
                 self.heartbeats[event.node_id] = event
+            case NodeDrain():
+                pass  # the resource pool answers with the node's state, which carries the mark
             case ServiceReady():
                 self.services[f"{event.service}/{event.instance}"] = event
             case NodeLost():
@@ -120,6 +174,9 @@ class ClusterView:
         ):
             view.note(event.occurred_at, "resubmission refused", f"{event.reason}: {event.message}")
             return
+        if isinstance(event, JobWaiting) and view.state is JobState.WAITING:
+            _waiting(view, event)  # a held job's new reason: no move
+            return
         if target is not None and not can_move(view.state, target):
             return  # late or duplicated: the transition table keeps the job where it is
         if target is not None:
@@ -128,30 +185,53 @@ class ClusterView:
             case JobAccepted():
                 view.spec = event.spec.model_dump(mode="json")
                 view.submitted_at = event.spec.submitted_at
-                view.reason, view.message, view.errors = None, "", []
+                view.pending(None, "", node_counts={}, waiting_for=[])
+                view.errors = []
                 view.note(event.occurred_at, "accepted", f"priority {event.spec.priority}")
             case JobRejected():
-                view.reason, view.message = event.reason, event.message
+                view.pending(event.reason, event.message, node_counts={}, waiting_for=[])
                 view.errors = [e.model_dump() for e in event.errors]
                 view.ended_at = event.occurred_at
                 view.note(event.occurred_at, "rejected", f"{event.reason}: {event.message}")
+            case JobWaiting():
+                _waiting(view, event)
             case JobReady():
+                view.pending(None, "", node_counts={}, waiting_for=[])
                 view.note(event.occurred_at, "ready", "dependencies met; waiting for placement")
             case JobUnschedulable():
-                view.reason, view.message = event.reason, event.message
+                view.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
                 view.note(event.occurred_at, "unschedulable", event.message)
             case JobScheduled():
-                view.attempt = event.attempt
-                view.reason, view.message = None, ""
-                view.placements = [p.model_dump() for p in event.placements]
-                where = ", ".join(f"shard {p.shard_index} -> {p.node_id} GPU {p.gpu_indices}" for p in event.placements)
-                view.note(
-                    event.occurred_at,
-                    "scheduled",
-                    f"attempt {event.attempt}: {where}; coordinator {event.coordinator_node}",
-                )
+                _scheduled(view, event)
             case JobRunning():
                 view.note(event.occurred_at, "running", "every shard started")
+            case JobPreempting():
+                if view.preempting != (event.attempt, event.by_job):
+                    view.preempting = (event.attempt, event.by_job)
+                    view.note(
+                        event.occurred_at,
+                        "preempting",
+                        f"attempt {event.attempt} yields to {event.by_job}: "
+                        f"checkpoint and stop within {event.deadline_s:g}s",
+                    )
+            case JobPreempted():
+                self.preemptions += 1
+                view.preempting = None
+                view.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
+                kept = (
+                    f"checkpoint {event.checkpoint_dir} at step {event.checkpoint_step}"
+                    if event.checkpoint_dir
+                    else "no checkpoint: the next attempt starts over"
+                )
+                view.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
+            case JobCancelRequested():
+                if view.state is not None and view.state not in TERMINAL:
+                    view.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
+            case JobCancelled():
+                self.cancellations += 1
+                view.pending("CANCELLED", event.message, node_counts={}, waiting_for=[])
+                view.ended_at = event.occurred_at
+                view.note(event.occurred_at, "cancelled", event.message)
             case JobSucceeded():
                 view.final_loss, view.checkpoint_dir = event.final_loss, event.checkpoint_dir
                 view.ended_at = event.occurred_at
@@ -159,7 +239,7 @@ class ClusterView:
                     event.occurred_at, "succeeded", f"final loss {event.final_loss}; checkpoint {event.checkpoint_dir}"
                 )
             case JobFailed():
-                view.reason, view.message = event.cause, event.message
+                view.pending(event.cause, event.message, node_counts={}, waiting_for=[])
                 view.ended_at = event.occurred_at
                 view.note(event.occurred_at, "failed", f"{event.cause}: {event.message}")
 
@@ -220,7 +300,10 @@ class ClusterView:
                 {
                     "node_id": node.node_id,
                     "status": node.status,
-                    "gpus": [g.model_dump() for g in node.gpus],
+                    "draining": node.draining,
+                    "topology": dict(node.topology),
+                    "artifact_count": len(node.artifacts),
+                    "gpus": [g.model_dump() for g in node.gpus],  # with tflops and tflops_source
                     "allocated_gpus": list(node.allocated_gpus),
                     "cpu_load": node.cpu_load,
                     "cpu_cores": node.cpu_cores,

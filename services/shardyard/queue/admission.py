@@ -122,5 +122,10 @@ def admit(
         lr=training.lr,
         seed=training.seed,
         submitted_at=submitted_at,
+        depends_on=tuple(dict.fromkeys(submission.depends_on)),  # order kept, repeats dropped
+        on_dependency_failure=submission.on_dependency_failure,
+        min_match=submission.placement.min_match if submission.placement else None,
+        max_wait_s=submission.placement.max_wait_s if submission.placement else 0.0,
+        preemptible=submission.preemptible,
     )
     return Admitted(spec)

@@ -40,6 +40,9 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
 
     @app.after_startup
     async def ready() -> None:
+        # Publishing needs the started broker, hence here and not right after the replay. ``reconcile`` decides
+        # synchronously, so a lifecycle message handled meanwhile cannot make it decide the same thing twice.
+        await handlers.reconcile()
         await announce(bus, clock, instance=settings.instance)
 
     return app

@@ -1,14 +1,55 @@
-"""The queue's state and decisions: which jobs exist, in what state, and what a new submission becomes.
+"""The queue's state and decisions: which jobs exist, in what state, what a submission becomes, and when a job held
+for its dependencies is released, failed or cancelled.
 
-State is rebuilt from the lifecycle topic (``apply``); decisions (``on_submission``) return events to publish.
+State is rebuilt from the lifecycle topic with ``apply``, which never decides anything (it also replays the log at
+start-up). Decisions return the events to publish, and the book applies them to itself at once, so a redelivered or
+replayed fact never decides twice:
+
+- ``on_submission``: admit or refuse a submission (accepted jobs are then settled, see below);
+- ``on_lifecycle``: a live lifecycle fact; a parent's end settles its children, a cancel request cancels a held job;
+- ``reconcile``: once after the start-up replay, settle every job the queue holds (a crash between a fact and its
+  consequence is repaired here).
+
+The queue owns a job only while it is ACCEPTED or WAITING ("held"); from READY on the scheduler does.
 """
 
-from collections.abc import Mapping
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
-from shardyard.events import Event, JobAccepted, JobReady, JobRejected, RejectReason
-from shardyard.lifecycle import JobState, LifecycleFact, can_move, target_state
+from shardyard.events import (
+    Event,
+    FailureCause,
+    FieldError,
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobReady,
+    JobRejected,
+    JobSpec,
+    JobSucceeded,
+    JobWaiting,
+    PendingReason,
+    RejectReason,
+)
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
 from shardyard.queue.admission import Admitted, admit
+from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
+
+HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
+"""The states in which the queue owns a job."""
+
+
+@dataclass(frozen=True)
+class WaitingFor:
+    """The pending reason of the last JobWaiting of a WAITING job."""
+
+    reason: PendingReason
+    waiting_for: tuple[str, ...]
 
 
 class QueueBook:
@@ -16,52 +57,175 @@ class QueueBook:
         self.catalogue = catalogue
         self.states: dict[str, JobState] = {}
         self.sources: set[str] = set()
+        self.specs: dict[str, JobSpec] = {}
+        """Specs of held jobs (a released job's spec travels on its JobReady)."""
+        self.parents: dict[str, tuple[str, ...]] = {}
+        self.children: dict[str, list[str]] = {}
+        self.waiting: dict[str, WaitingFor] = {}
+        self.cancel_requests: dict[str, str] = {}
+        """Held job -> who asked to cancel it."""
+        self._cancel_request_ids: set[str] = set()
+        self._waiting_ids: dict[str, set[str]] = {}
+        """WAITING job -> ids of the JobWaiting events applied: a re-read or echoed older one must not win."""
 
+    # --- state ----------------------------------------------------------------------------------------------------
     def apply(self, event: LifecycleFact) -> None:
-        """A fact from the lifecycle topic (including the queue's own earlier output)."""
+        """A fact from the lifecycle topic (including the queue's own earlier output). Never decides anything."""
         if isinstance(event, JobAccepted | JobRejected):
             self.sources.add(event.source_offset)
+        if isinstance(event, JobCancelRequested):
+            self._note_cancel_request(event)
+            return
+        job_id = event.job_id
         target = target_state(event)
-        if target is not None and can_move(self.states.get(event.job_id), target):
-            self.states[event.job_id] = target
+        if target is not None and can_move(self.states.get(job_id), target):
+            self.states[job_id] = target
+            if isinstance(event, JobAccepted):
+                self._add_job(event.spec)
+            if target not in HELD:
+                self.specs.pop(job_id, None)
+                self.waiting.pop(job_id, None)
+                self._waiting_ids.pop(job_id, None)
+                self.cancel_requests.pop(job_id, None)
+        if isinstance(event, JobWaiting) and self.states.get(job_id) is JobState.WAITING:
+            seen = self._waiting_ids.setdefault(job_id, set())
+            if event.event_id not in seen:
+                seen.add(event.event_id)
+                self.waiting[job_id] = WaitingFor(event.reason, event.waiting_for)
 
+    def _add_job(self, spec: JobSpec) -> None:
+        self.specs[spec.job_id] = spec
+        self.parents[spec.job_id] = spec.depends_on
+        for parent in spec.depends_on:
+            siblings = self.children.setdefault(parent, [])
+            if spec.job_id not in siblings:
+                siblings.append(spec.job_id)
+
+    def _note_cancel_request(self, event: JobCancelRequested) -> None:
+        # A request counts once (the live consumer re-reads the log after the replay), and only for a job that
+        # existed, unfinished, when it was made: a request made before a job was submitted cancels nothing.
+        if event.event_id in self._cancel_request_ids:
+            return
+        self._cancel_request_ids.add(event.event_id)
+        if self.states.get(event.job_id) in HELD:
+            self.cancel_requests[event.job_id] = event.requested_by
+
+    # --- decisions ------------------------------------------------------------------------------------------------
     def on_submission(self, raw: bytes, *, source: str, now: datetime) -> list[Event]:
         """Admit or refuse one submission. ``source`` (topic/partition/offset) makes redelivery a no-op."""
         if source in self.sources:
             return []
         fallback_id = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
         result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id)
-        events: list[Event]
-        if isinstance(result, Admitted):
-            current = self.states.get(result.spec.job_id)
-            if current is not None and current is not JobState.REJECTED:
-                events = [
-                    JobRejected(
-                        occurred_at=now,
-                        job_id=result.spec.job_id,
-                        reason=RejectReason.DUPLICATE_JOB,
-                        message=f"a job named {result.spec.job_id!r} already exists (state {current}); "
-                        "submit under a new task_id",
-                        source_offset=source,
-                    )
-                ]
-            else:
-                events = [
-                    JobAccepted(occurred_at=now, job_id=result.spec.job_id, spec=result.spec, source_offset=source),
-                    JobReady(occurred_at=now, job_id=result.spec.job_id, spec=result.spec),
-                ]
-        else:
-            events = [
-                JobRejected(
-                    occurred_at=now,
-                    job_id=result.job_id,
-                    reason=result.reason,
-                    message=result.message,
-                    errors=result.errors,
-                    source_offset=source,
+        if not isinstance(result, Admitted):
+            rejection = JobRejected(
+                occurred_at=now,
+                job_id=result.job_id,
+                reason=result.reason,
+                message=result.message,
+                errors=result.errors,
+                source_offset=source,
+            )
+            self.apply(rejection)
+            return [rejection]
+        spec = result.spec
+        refusal = self._refusal(spec, source=source, now=now)
+        if refusal is not None:
+            self.apply(refusal)
+            return [refusal]
+        accepted = JobAccepted(occurred_at=now, job_id=spec.job_id, spec=spec, source_offset=source)
+        self.apply(accepted)
+        return [accepted, *self._settle([spec.job_id], now)]
+
+    def _refusal(self, spec: JobSpec, *, source: str, now: datetime) -> JobRejected | None:
+        """Why an otherwise valid submission cannot be accepted: its id is taken, or its dependencies are unusable."""
+        current = self.states.get(spec.job_id)
+        if current is not None and current is not JobState.REJECTED:
+            return JobRejected(
+                occurred_at=now,
+                job_id=spec.job_id,
+                reason=RejectReason.DUPLICATE_JOB,
+                message=f"a job named {spec.job_id!r} already exists (state {current}); submit under a new task_id",
+                source_offset=source,
+            )
+        unknown = [p for p in spec.depends_on if self.states.get(p) in (None, JobState.REJECTED)]
+        if unknown:
+            named = ", ".join(repr(p) for p in unknown)
+            return JobRejected(
+                occurred_at=now,
+                job_id=spec.job_id,
+                reason=RejectReason.UNKNOWN_DEPENDENCY,
+                message=f"depends_on names jobs the queue does not know or that were rejected: {named}; "
+                "submit the parent jobs first",
+                errors=(FieldError(field="depends_on", problem=f"unknown jobs: {named}", input=json.dumps(unknown)),),
+                source_offset=source,
+            )
+        cycle = find_cycle(spec.job_id, lambda j: spec.depends_on if j == spec.job_id else self.parents.get(j, ()))
+        if cycle is not None:
+            path = " -> ".join(cycle)
+            return JobRejected(
+                occurred_at=now,
+                job_id=spec.job_id,
+                reason=RejectReason.DEPENDENCY_CYCLE,
+                message=f"depends_on makes a dependency cycle: {path}",
+                errors=(FieldError(field="depends_on", problem=f"cycle: {path}", input=json.dumps(spec.depends_on)),),
+                source_offset=source,
+            )
+        return None
+
+    def on_lifecycle(self, event: LifecycleFact, now: datetime) -> list[LifecycleFact]:
+        """Apply a live lifecycle fact, then decide what follows from it: a parent's end settles its held children,
+        a cancel request cancels a held job. Replayed and duplicated facts decide nothing new."""
+        self.apply(event)
+        if isinstance(event, JobCancelRequested):
+            return self._settle([event.job_id], now)
+        if isinstance(event, JobSucceeded | JobFailed | JobCancelled):
+            return self._settle(self.children.get(event.job_id, ()), now)
+        return []
+
+    def reconcile(self, now: datetime) -> list[LifecycleFact]:
+        """After the start-up replay: settle every held job (release, wait, fail or cancel as its facts say)."""
+        return self._settle(sorted(job for job, state in self.states.items() if state in HELD), now)
+
+    def _settle(self, jobs: Iterable[str], now: datetime) -> list[LifecycleFact]:
+        """Decide each held job in ``jobs``; a job that ends here settles its own children in turn."""
+        out: list[LifecycleFact] = []
+        work = deque(jobs)
+        while work:
+            job_id = work.popleft()
+            event = self._decide(job_id, now)
+            if event is None:
+                continue
+            self.apply(event)
+            out.append(event)
+            if self.states[job_id] in TERMINAL:
+                work.extend(self.children.get(job_id, ()))
+        return out
+
+    def _decide(self, job_id: str, now: datetime) -> LifecycleFact | None:
+        """The one event that moves a held job on, or None when it is where it should be."""
+        state = self.states.get(job_id)
+        if state is None or state not in HELD:
+            return None
+        if job_id in self.cancel_requests:
+            return JobCancelled(
+                occurred_at=now,
+                job_id=job_id,
+                message=f"cancelled by {self.cancel_requests[job_id]} while {state.lower()}, before it was ready",
+            )
+        spec = self.specs.get(job_id)
+        if spec is None:  # held without an acceptance: only a hand-written log gets here
+            return None
+        match verdict(spec, {parent: self.states.get(parent) for parent in spec.depends_on}):
+            case Release():
+                return JobReady(occurred_at=now, job_id=job_id, spec=spec)
+            case Fail(message=message):
+                return JobFailed(
+                    occurred_at=now, job_id=job_id, attempt=0, cause=FailureCause.DEPENDENCY_FAILED, message=message
                 )
-            ]
-        for event in events:
-            if isinstance(event, JobAccepted | JobRejected | JobReady):
-                self.apply(event)
-        return events
+            case Hold(reason=reason, waiting_for=waiting_for, message=message):
+                if state is JobState.WAITING and self.waiting.get(job_id) == WaitingFor(reason, waiting_for):
+                    return None
+                return JobWaiting(
+                    occurred_at=now, job_id=job_id, reason=reason, message=message, waiting_for=waiting_for
+                )

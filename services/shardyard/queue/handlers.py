@@ -1,11 +1,15 @@
 """Queue handlers: decode, call the book, publish. No decisions here."""
 
+import logging
+
 from faststream.kafka import KafkaMessage
 
 from shardyard.bus.kafka import Bus, source_of
 from shardyard.clock import Clock
 from shardyard.lifecycle import LifecycleFact
 from shardyard.queue.book import QueueBook
+
+log = logging.getLogger(__name__)
 
 
 class QueueHandlers:
@@ -19,4 +23,11 @@ class QueueHandlers:
         await self.bus.publish_all(self.book.on_submission(raw, source=source, now=self.clock.now()))
 
     async def on_lifecycle(self, event: LifecycleFact) -> None:
-        self.book.apply(event)
+        await self.bus.publish_all(self.book.on_lifecycle(event, self.clock.now()))
+
+    async def reconcile(self) -> None:
+        """Once, after the start-up replay: carry out what the log says is due but was never published."""
+        events = self.book.reconcile(self.clock.now())
+        if events:
+            log.info("reconciled after the replay: %s", ", ".join(f"{type(e).__name__} {e.job_id}" for e in events))
+        await self.bus.publish_all(events)

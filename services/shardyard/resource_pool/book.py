@@ -1,7 +1,11 @@
-"""Node inventory, liveness and the reservations ledger. Pure: receive times come in as arguments.
+"""Node inventory, liveness, drain marks and the reservations ledger. Pure: receive times come in as arguments.
 
 A node is ALIVE while it heartbeats, SUSPECT after ``suspect_after_s`` of silence and LOST after ``lost_after_s``;
 a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile).
+
+An operator drains a node (``NodeDrain``, on the heartbeats topic): it takes no new shards until undrained. The mark
+is the pool's, not the agent's: it outlives heartbeats and agent restarts, and comes back from the compacted
+node-state topic when the pool restarts.
 """
 
 from dataclasses import dataclass, field
@@ -12,6 +16,7 @@ from shardyard.events import (
     Heartbeat,
     JobFailed,
     JobSucceeded,
+    NodeDrain,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -27,6 +32,7 @@ class NodeRecord:
     heartbeat: Heartbeat
     received_at: datetime
     status: NodeStatus = NodeStatus.ALIVE
+    draining: bool = False
 
 
 @dataclass
@@ -56,6 +62,9 @@ class PoolBook:
             memory_bytes=hb.memory_bytes,
             cpu_load=hb.cpu_load,
             running=hb.running,
+            artifacts=hb.artifacts,
+            topology=hb.topology,
+            draining=record.draining,
         )
 
     def on_heartbeat(self, heartbeat: Heartbeat, now: datetime) -> list[Event]:
@@ -63,8 +72,18 @@ class PoolBook:
         same_agent = record is not None and record.heartbeat.agent_instance == heartbeat.agent_instance
         if same_agent and record is not None and heartbeat.seq < record.heartbeat.seq:
             return []  # a late, reordered heartbeat says nothing new
-        self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now, NodeStatus.ALIVE)
+        draining = record is not None and record.draining
+        self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now, NodeStatus.ALIVE, draining)
         return [self.state_of(heartbeat.node_id, now)]
+
+    def on_drain(self, drain: NodeDrain, now: datetime) -> list[Event]:
+        """Mark or unmark a node as draining; its fresh state goes out at once. Unknown nodes and requests that
+        change nothing (a redelivery, a second ``drain``) publish nothing."""
+        record = self.nodes.get(drain.node_id)
+        if record is None or record.draining == drain.draining:
+            return []
+        record.draining = drain.draining
+        return [self.state_of(drain.node_id, now)]
 
     def restore(self, state: NodeState) -> None:
         """Rebuild from the compacted node-state topic; the next heartbeat or tick brings it up to date."""
@@ -81,8 +100,10 @@ class PoolBook:
             memory_bytes=state.memory_bytes,
             cpu_load=state.cpu_load,
             running=state.running,
+            artifacts=state.artifacts,
+            topology=state.topology,
         )
-        self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status)
+        self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status, state.draining)
 
     def on_ledger_event(self, event: object, now: datetime | None = None) -> list[Event]:
         """Reserve or release GPUs; with ``now``, return the fresh state of each node whose reservations changed."""

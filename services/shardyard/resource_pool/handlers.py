@@ -1,8 +1,9 @@
-"""Resource-pool handlers: heartbeats in, node state out; the ledger follows assignments and shard ends."""
+"""Resource-pool handlers: heartbeats and drain requests in, node state out; the ledger follows assignments and
+shard ends."""
 
 from shardyard.bus.kafka import Bus
 from shardyard.clock import Clock
-from shardyard.events import Heartbeat
+from shardyard.events import Heartbeat, NodeDrain
 from shardyard.resource_pool.book import PoolBook
 
 
@@ -12,8 +13,14 @@ class PoolHandlers:
         self.bus = bus
         self.clock = clock
 
-    async def on_heartbeat(self, event: Heartbeat) -> None:
-        await self.bus.publish_all(self.book.on_heartbeat(event, self.clock.now()))
+    async def on_heartbeat(self, event: Heartbeat | NodeDrain) -> None:
+        """The heartbeats topic carries agents' heartbeats and operators' drain requests, both keyed by node."""
+        now = self.clock.now()
+        match event:
+            case NodeDrain():
+                await self.bus.publish_all(self.book.on_drain(event, now))
+            case Heartbeat():
+                await self.bus.publish_all(self.book.on_heartbeat(event, now))
 
     async def on_ledger_event(self, event: object) -> None:
         await self.bus.publish_all(self.book.on_ledger_event(event, self.clock.now()))
