@@ -7,12 +7,15 @@ from shardyard.events import (
     Event,
     FailureCause,
     Heartbeat,
+    JobCancelled,
     JobFailed,
+    JobPreempted,
     JobSucceeded,
     NodeDrain,
     NodeLost,
     NodeState,
     NodeStatus,
+    ShardPreempted,
     ShardRevocation,
 )
 from shardyard.resource_pool.book import PoolBook
@@ -149,6 +152,27 @@ def test_assignment_reserves_gpus() -> None:
             (),
             id="job-succeeded",
         ),
+        pytest.param(
+            ShardPreempted(
+                occurred_at=at(2),
+                job_id="job-1",
+                shard_index=1,
+                attempt=1,
+                node_id="node-a",
+                step=9,
+                checkpoint_dir="/c",
+            ),
+            (0,),
+            id="shard-preempted",
+        ),
+        pytest.param(
+            JobPreempted(
+                occurred_at=at(2), job_id="job-1", attempt=1, by_job="vip", checkpoint_dir=None, checkpoint_step=None
+            ),
+            (),
+            id="job-preempted",
+        ),
+        pytest.param(JobCancelled(occurred_at=at(2), job_id="job-1", message="m"), (), id="job-cancelled"),
     ],
 )
 def test_release(release: Event, left: tuple[int, ...]) -> None:
@@ -172,6 +196,16 @@ def test_job_failed_releases_the_job_on_every_node_and_only_that_job() -> None:
     )
 
     assert [(e.node_id, e.allocated_gpus) for e in events] == [("node-a", ()), ("node-b", (3,))]  # type: ignore[attr-defined]
+
+
+def test_a_late_end_of_an_old_attempt_keeps_the_new_attempt_reserved() -> None:
+    book = alive_book()
+    book.on_ledger_event(assignment(shard_index=0, gpu_indices=(0,)))
+    book.on_ledger_event(assignment(shard_index=0, gpu_indices=(1,), attempt=2))
+
+    (state,) = book.on_ledger_event(failed(shard_index=0), at(2))
+
+    assert isinstance(state, NodeState) and state.allocated_gpus == (1,)
 
 
 def test_release_of_nothing_changes_nothing() -> None:

@@ -158,3 +158,15 @@ def test_replay_of_a_preemption_restores_the_requeue() -> None:
 
     assert "low" in replayed.pending and replayed.resume == {"low": "/c"}
     assert replayed.gangs == {}
+
+
+def test_a_cancel_request_that_arrives_before_the_job_is_ready_is_carried_out_when_it_is() -> None:
+    book = SchedulerBook()
+    book.apply(node_state("node-a"))
+
+    assert book.on_cancel(JobCancelRequested(occurred_at=at(1), job_id="job-1", requested_by="bob"), at(1)) == []
+    book.apply(ready("job-1"))
+    events = book.cycle(at(2))
+
+    assert [type(e) for e in events] == [JobCancelled]
+    assert of(events, JobCancelled)[0].message == "cancelled by bob"

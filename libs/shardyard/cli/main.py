@@ -11,6 +11,7 @@ from pathlib import Path
 
 from shardyard.cli import client, cluster, render
 from shardyard.errors import ShardyardError
+from shardyard.sim import cli as sim_cli
 
 DEFAULT_RUN_DIR = ".shardyard"
 EXAMPLE = Path(__file__).with_name("example_job.json")
@@ -201,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
     sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)
+
+    sim_cli.add_parser(sub)
 
     demo = sub.add_parser("demo", help="create demo data, start a cluster, run the S15 example, stop the cluster")
     demo.add_argument("--timeout", type=float, default=600.0)

@@ -14,7 +14,9 @@ from datetime import datetime
 from shardyard.events import (
     Event,
     Heartbeat,
+    JobCancelled,
     JobFailed,
+    JobPreempted,
     JobSucceeded,
     NodeDrain,
     NodeLost,
@@ -23,6 +25,7 @@ from shardyard.events import (
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
+    ShardPreempted,
     ShardRevocation,
 )
 
@@ -40,8 +43,8 @@ class PoolBook:
     suspect_after_s: float = 3.0
     lost_after_s: float = 10.0
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
-    # node -> (job, shard) -> GPU indices reserved by an assignment
-    allocations: dict[str, dict[tuple[str, int], tuple[int, ...]]] = field(default_factory=dict)
+    # node -> (job, shard, attempt) -> GPU indices reserved by an assignment
+    allocations: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = field(default_factory=dict)
 
     def state_of(self, node_id: str, now: datetime) -> NodeState:
         record = self.nodes[node_id]
@@ -110,14 +113,18 @@ class PoolBook:
         changed: set[str] = set()
         match event:
             case ShardAssignment():
-                self.allocations.setdefault(event.node_id, {})[(event.job_id, event.shard_index)] = event.gpu_indices
+                key = (event.job_id, event.shard_index, event.attempt)
+                self.allocations.setdefault(event.node_id, {})[key] = event.gpu_indices
                 changed.add(event.node_id)
-            case ShardRevocation() | ShardCompleted() | ShardFailed():
-                if self.allocations.get(event.node_id, {}).pop((event.job_id, event.shard_index), None) is not None:
+            case ShardRevocation() | ShardCompleted() | ShardFailed() | ShardPreempted():
+                key = (event.job_id, event.shard_index, event.attempt)
+                if self.allocations.get(event.node_id, {}).pop(key, None) is not None:
                     changed.add(event.node_id)
-            case JobSucceeded() | JobFailed():
+            case JobSucceeded() | JobFailed() | JobCancelled() | JobPreempted():
+                # A preempted job's later attempts are not placed yet when this is read; earlier ones are over.
+                last = event.attempt if isinstance(event, JobPreempted) else None
                 for node_id, ledger in self.allocations.items():
-                    for key in [k for k in ledger if k[0] == event.job_id]:
+                    for key in [k for k in ledger if k[0] == event.job_id and (last is None or k[2] <= last)]:
                         del ledger[key]
                         changed.add(node_id)
             case _:

@@ -72,6 +72,8 @@ class SchedulerBook:
         self.attempts: dict[str, int] = {}
         self.finished: set[str] = set()
         self.reasons: dict[str, tuple[str, str]] = {}
+        self.cancel_requested: dict[str, str] = {}
+        """Cancel requests for jobs not yet ready here (held by the queue, or in flight): job -> requested by."""
 
     # --- facts -------------------------------------------------------------------------------------------------
     def apply(self, event: object) -> None:
@@ -96,7 +98,10 @@ class SchedulerBook:
                     self.resume[event.job_id] = event.checkpoint_dir
                 if spec is not None:
                     self.pending[event.job_id] = PendingJob(spec, event.occurred_at)
+            case JobCancelRequested() if event.job_id not in self.finished:
+                self.cancel_requested[event.job_id] = event.requested_by
             case JobSucceeded() | JobFailed() | JobCancelled():
+                self.cancel_requested.pop(event.job_id, None)
                 self.pending.pop(event.job_id, None)
                 self.gangs.pop(event.job_id, None)
                 self.reasons.pop(event.job_id, None)
@@ -187,6 +192,13 @@ class SchedulerBook:
     def cycle(self, now: datetime) -> list[Event]:
         """One scheduling cycle: overdue preemptions end, every pending job is decided, elasticity is reported."""
         out = self._overdue_preemptions(now)
+        for job_id in [j for j in self.pending if j in self.cancel_requested]:
+            # A cancel request that arrived before the job became ready here (e.g. as the queue released it).
+            out.extend(
+                self.on_cancel(
+                    JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id]), now
+                )
+            )
         if not self.pending:
             out.extend(self.elasticity.observe((), self.nodes, self._busy_nodes(), now))
             return out
@@ -355,7 +367,10 @@ class SchedulerBook:
     def on_cancel(self, request: JobCancelRequested, now: datetime) -> list[Event]:
         """Cancel a job the scheduler holds (pending or placed); the queue cancels jobs still waiting on parents."""
         job_id = request.job_id
-        if job_id in self.finished or (job_id not in self.pending and job_id not in self.gangs):
+        if job_id in self.finished:
+            return []
+        if job_id not in self.pending and job_id not in self.gangs:
+            self.apply(request)  # remembered: carried out if the job becomes ready here
             return []
         gang = self.gangs.get(job_id)
         out: list[Event] = self._revoke(gang, now, f"cancelled by {request.requested_by}") if gang else []
