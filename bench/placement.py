@@ -1,20 +1,21 @@
 """Placement engine throughput and per-decision latency at 100 / 1,000 / 5,000 / 10,000 nodes (prints JSON).
 
 Each size gets a cluster of mixed GPU models (A100, V100, H100, L4; 4 or 8 GPUs a node; loads 0-60 %; zones and
-racks) and the same kind of backlog: 10,000 pending jobs of 1-16 GPUs, mixed models and priorities. One scheduling
-cycle decides every job; each decision is timed on its own. Reported per size: decisions per second over the whole
-cycle (indexing the snapshot included), per-decision latency p50/p99/max, the same for placements alone, and how
-many jobs were placed.
+racks) and the same backlog: 10,000 pending jobs of 1-16 GPUs, mixed models and priorities. One scheduling cycle
+decides every job; each decision is timed on its own. Reported per size: decisions per second over the whole cycle
+(indexing the snapshot included), per-decision latency p50/p99/max, the same for placements alone, and how many
+jobs were placed.
 
-Growth with cluster size is measured like for like: the backlog is the same at every size, so the first
-``--head`` decisions of the cycle are the same jobs placed on an emptier or fuller cluster of each size (100 nodes
-hold about 130 of them). Each of those decisions is timed in every repeat and its fastest time kept (the others
-carry scheduler noise of this shared machine); growth compares their p50 and mean. Whole-backlog figures are not
-comparable across sizes: at 100 nodes most of the 10,000 decisions are quick "does not fit" answers, at 10,000
-nodes most are placements. Targets (issue 3): >= 2,000 decisions/s and p99 < 5 ms at 5,000 nodes; per-decision
-latency growing < 10 % from 100 to 10,000 nodes.
+Growth with cluster size is measured like for like. The backlog is the same at every size, so the first ``--head``
+decisions of the cycle are the same jobs, placed on clusters of each size (100 nodes hold about 130 of them).
+Repeats interleave the sizes; each head decision keeps its fastest time over the repeats (the others carry the noise
+of a shared machine), and growth compares the p50 and mean of those. Whole-backlog figures do not compare across
+sizes: at 100 nodes most of the 10,000 decisions are quick "does not fit" answers, at 10,000 most are placements.
 
-    python bench/placement.py [--sizes 100,1000,5000,10000] [--jobs 10000] [--repeat 3] [--seed 1]
+Targets (issue 3): >= 2,000 decisions/s and p99 < 5 ms at 5,000 nodes; per-decision latency growing < 10 % from
+100 to 10,000 nodes.
+
+    python bench/placement.py [--sizes 100,1000,5000,10000] [--jobs 10000] [--repeat 5] [--seed 1] [--head 100]
 """
 
 import argparse
@@ -162,11 +163,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--head", type=int, default=100, help="decisions compared like for like across sizes")
     args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    clusters = {size: cluster(size, random.Random(args.seed)) for size in sizes}
+    jobs = backlog(args.jobs, random.Random(args.seed + 1))  # the same backlog at every size
+    # Repeats interleave the sizes so that this machine's background noise falls on all of them alike.
+    all_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+    for _ in range(args.repeat):
+        for size in sizes:
+            all_runs[size].append(one_cycle(clusters[size], jobs))
     results: dict[str, Any] = {}
-    for size in (int(s) for s in args.sizes.split(",")):
-        nodes = cluster(size, random.Random(args.seed))
-        jobs = backlog(args.jobs, random.Random(args.seed + 1))  # the same backlog at every size
-        runs = [one_cycle(nodes, jobs) for _ in range(args.repeat)]
+    for size, runs in all_runs.items():
+        nodes = clusters[size]
         head = [min(run["_latencies"][i] for run in runs) for i in range(min(args.head, len(jobs)))]
         orders = {tuple(run.pop("_order")[: args.head]) for run in runs}
         assert len(orders) == 1, "the queue order must not vary between repeats"

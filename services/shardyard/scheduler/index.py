@@ -23,10 +23,11 @@ def norm_path(path: str) -> str:
 class Slot:
     """One node's free resources, updated as the cycle admits gangs and makes reservations."""
 
-    __slots__ = ("bucket", "cpu", "free", "group", "load_rank", "memory", "ports", "reserved_for", "view")
+    __slots__ = ("artifacts", "bucket", "cpu", "free", "group", "load_rank", "memory", "ports", "reserved_for", "view")
 
     def __init__(self, view: NodeView, group: "Group", load_rank: int) -> None:
         self.view = view
+        self.artifacts = view.artifacts
         self.group = group
         self.free = list(view.free_gpus)
         self.memory = view.free_memory_bytes
@@ -50,11 +51,11 @@ class Slot:
         return count
 
     def has_artifacts(self, model_path: str, dataset_path: str) -> bool:
-        artifacts = self.view.artifacts
+        artifacts = self.artifacts
         return model_path in artifacts and dataset_path in artifacts
 
     def locality(self, model_path: str, dataset_path: str) -> int:
-        artifacts = self.view.artifacts
+        artifacts = self.artifacts
         return (artifacts.get(model_path) == "local") + (artifacts.get(dataset_path) == "local")
 
 
@@ -70,8 +71,9 @@ class Group:
     overloaded_free: int = 0
     reserved: int = 0
     reserved_free: int = 0
-    buckets: dict[tuple[int, int], list[tuple[float, str]]] = field(default_factory=dict)
-    """(load step, free GPUs) -> sorted (load, node id) of nodes that can take work (free GPUs 0 included)."""
+    buckets: dict[tuple[int, int], list[tuple[float, str, "Slot"]]] = field(default_factory=dict)
+    """(load step, free GPUs) -> (load, node id, slot) sorted by load, of nodes that can take work (0 free
+    included). The slot rides along so a walk needs no lookup by id."""
     free_gpus: int = 0
 
     def nodes_total(self) -> int:
@@ -118,7 +120,7 @@ class ClusterIndex:
     def _file(self, slot: Slot) -> None:
         key = (slot.load_rank, len(slot.free))
         entries = slot.group.buckets.setdefault(key, [])
-        bisect.insort(entries, (slot.view.cpu_load, slot.node_id))
+        bisect.insort(entries, (slot.view.cpu_load, slot.node_id, slot))
         slot.bucket = key
         slot.group.free_gpus += len(slot.free)
 
@@ -126,9 +128,8 @@ class ClusterIndex:
         if slot.bucket is None:
             return
         entries = slot.group.buckets[slot.bucket]
-        entry = (slot.view.cpu_load, slot.node_id)
-        at = bisect.bisect_left(entries, entry)
-        if at < len(entries) and entries[at] == entry:
+        at = bisect.bisect_left(entries, (slot.view.cpu_load, slot.node_id))
+        if at < len(entries) and entries[at][2] is slot:
             del entries[at]
         slot.bucket = None
         slot.group.free_gpus -= len(slot.free)

@@ -142,12 +142,16 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
     for match in sorted(tiers, reverse=True):
         groups = tiers[match]
         for step in range(index.load_steps):
-            # Locality first within the tier: the few nodes holding the job's model or dataset on local disk.
+            # Locality first within the tier: nodes holding the job's model or dataset on local disk. At most
+            # k + latency_window of them are weighed, so the cost stays flat when an artifact is cached widely.
             seen: set[str] = set()
             local: list[tuple[int, int, float, str]] = []
+            room = job.k + index.policy.latency_window
             for group in groups:
                 for path in (job.model_path, job.dataset_path):
                     for node_id in index.local_nodes(path, group, step):
+                        if len(local) >= room:
+                            break
                         slot = index.slots[node_id]
                         if node_id in seen or slot.bucket is None or not slot.free:
                             continue
@@ -167,10 +171,9 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
                     entries = group.buckets.get((step, fc))
                     if not entries:
                         continue
-                    for _load, node_id in entries:
+                    for _load, node_id, slot in entries:
                         if node_id in seen or node_id in job.excluded:
                             continue
-                        slot = index.slots[node_id]
                         if not slot.has_artifacts(job.model_path, job.dataset_path):
                             continue
                         capacity = slot.capacity(job.spec)
@@ -193,6 +196,8 @@ def _place(index: ClusterIndex, job: _Job, rtt: dict[tuple[str, str], float], to
             total += capacity
             boundary = key
         candidates.append((key, slot, capacity))
+        if len(candidates) == 1 and capacity >= k:
+            break  # the best-ranked node takes the whole gang: no mutual latency to weigh
     if total < k:
         return None
     chosen: list[tuple[Slot, int]] = []
@@ -210,7 +215,7 @@ def _place(index: ClusterIndex, job: _Job, rtt: dict[tuple[str, str], float], to
             take = min(capacity, remaining)
             chosen.append((slot, take))
             remaining -= take
-            for i in left:
+            for i in left if remaining > 0 else ():
                 rtt_sum[i] += estimated_rtt_ms(candidates[i][1].view, slot.view, rtt)
     else:
         for _key, slot, capacity in candidates:
@@ -286,8 +291,7 @@ def _explain(index: ClusterIndex, job: _Job, now: datetime) -> tuple[Unschedulab
             if fc == 0:
                 counts[NO_GPU] += len(entries)
                 continue
-            for _load, node_id in entries:
-                slot = index.slots[node_id]
+            for _load, node_id, slot in entries:
                 if node_id in job.excluded:
                     counts[EXCLUDED] += 1
                     excluded_free += fc
@@ -426,7 +430,7 @@ def _reserve(index: ClusterIndex, job: _Job) -> None:
             (-len(index.slots[node_id].free), step, load, node_id)
             for key in job.eligible
             for (step, _fc), entries in index.groups[key].buckets.items()
-            for load, node_id in entries
+            for load, node_id, _slot in entries
             if node_id not in job.excluded
         ),
     )
