@@ -22,6 +22,7 @@ import argparse
 import gc
 import json
 import random
+import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -172,9 +173,11 @@ def main() -> None:
         for size in sizes:
             all_runs[size].append(one_cycle(clusters[size], jobs))
     results: dict[str, Any] = {}
+    head_means: dict[int, list[float]] = {}
     for size, runs in all_runs.items():
         nodes = clusters[size]
         head = [min(run["_latencies"][i] for run in runs) for i in range(min(args.head, len(jobs)))]
+        head_means[size] = [sum(run["_latencies"][: args.head]) / args.head for run in runs]
         orders = {tuple(run.pop("_order")[: args.head]) for run in runs}
         assert len(orders) == 1, "the queue order must not vary between repeats"
         for run in runs:
@@ -191,6 +194,7 @@ def main() -> None:
             "_head_order": orders.pop(),
         }
     sizes = list(results)
+    sizes_n = [int(size) for size in sizes]
     assert len({results[s].pop("_head_order") for s in sizes}) == 1, "the head jobs must be the same at every size"
     first, last = results[sizes[0]]["head_latency_ms"], results[sizes[-1]]["head_latency_ms"]
     summary = {
@@ -199,6 +203,12 @@ def main() -> None:
         "head_decisions": args.head,
         "head_p50_growth_pct": 100 * (last["p50"] / first["p50"] - 1),
         "head_mean_growth_pct": 100 * (last["mean"] / first["mean"] - 1),
+        # Each repeat times every size back to back: the median of those paired ratios shrugs off slow drifts.
+        "paired_head_mean_growth_pct": {
+            size: 100
+            * (statistics.median(b / a for a, b in zip(head_means[sizes_n[0]], head_means[size], strict=True)) - 1)
+            for size in sizes_n[1:]
+        },
     }
     print(json.dumps({"bench": "placement", "jobs": args.jobs, "sizes": results, "growth": summary}, indent=2))
 

@@ -242,3 +242,15 @@ def test_replayed_gang_keeps_its_port() -> None:
 
     assert (second.coordinator_node, second.rendezvous_port) == ("node-a", 29501)
     assert {p.gpu_indices for p in second.placements} == {(2,), (3,)}
+
+
+def test_the_tick_turns_the_last_cycles_blocked_jobs_into_a_capacity_request() -> None:
+    book = SchedulerBook()
+    book.apply(node_state("node-v", gpus=V100S))
+    book.apply(ready())
+
+    assert [type(e) for e in book.cycle(at(1))] == [JobUnschedulable]
+    (request,) = book.elasticity_signals(at(31))
+
+    assert isinstance(request, CapacityRequested)
+    assert (request.gpu_model, request.gpus, request.jobs, request.waiting_s) == ("A100", 2, ("job-1",), 31.0)

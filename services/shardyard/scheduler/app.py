@@ -53,7 +53,7 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     group = "shardyard-scheduler"
     bus.subscribe({NODE_STATE: handlers.on_node_state}, group=None)
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle, SHARD_EVENTS: handlers.on_shard_event}, group=group)
-    ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, handlers.cycle)
+    ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, handlers.tick)
     app = FastStream(broker)
 
     @app.on_startup
@@ -69,5 +69,6 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     @app.on_shutdown
     async def stop() -> None:
         await ticker.stop()
+        await handlers.drain()
 
     return app

@@ -21,6 +21,7 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     NodeState,
+    PendingReason,
     ShardAssignment,
     ShardCompleted,
     ShardPreempted,
@@ -72,6 +73,8 @@ class SchedulerBook:
         self.attempts: dict[str, int] = {}
         self.finished: set[str] = set()
         self.reasons: dict[str, tuple[str, str]] = {}
+        self.blocked: list[tuple[JobSpec, PendingReason, datetime]] = []
+        """(spec, reason, ready since) of each job the last cycle could not place."""
         self.cancel_requested: dict[str, str] = {}
         """Cancel requests for jobs not yet ready here (held by the queue, or in flight): job -> requested by."""
 
@@ -190,21 +193,17 @@ class SchedulerBook:
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:
-        """One scheduling cycle: overdue preemptions end, every pending job is decided, elasticity is reported."""
+        """One scheduling cycle: overdue preemptions end, cancelled jobs leave, every pending job is decided."""
         out = self._overdue_preemptions(now)
         for job_id in [j for j in self.pending if j in self.cancel_requested]:
             # A cancel request that arrived before the job became ready here (e.g. as the queue released it).
-            out.extend(
-                self.on_cancel(
-                    JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id]), now
-                )
-            )
+            request = JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id])
+            out.extend(self.on_cancel(request, now))
+        self.blocked = []
         if not self.pending:
-            out.extend(self.elasticity.observe((), self.nodes, self._busy_nodes(), now))
             return out
         snapshot = self.snapshot()
         by_id = {view.node_id: view for view in snapshot.nodes}
-        blocked = []
         for decision in schedule(snapshot, list(self.pending.values()), self.policy, now=now):
             if isinstance(decision, Place):
                 out.extend(self._admit(decision, by_id, now))
@@ -212,10 +211,13 @@ class SchedulerBook:
                 out.extend(self._preempt(decision, now))
             else:
                 pending = self.pending[decision.job_id]
-                blocked.append((pending.spec, decision.reason, pending.ready_at))
+                self.blocked.append((pending.spec, decision.reason, pending.ready_at))
                 out.extend(self._explain(decision, now))
-        out.extend(self.elasticity.observe(blocked, self.nodes, self._busy_nodes(), now))
         return out
+
+    def elasticity_signals(self, now: datetime) -> list[Event]:
+        """Capacity requests and reclaim candidates from the last cycle's verdicts (called once a tick: O(nodes))."""
+        return self.elasticity.observe(self.blocked, self.nodes, self._busy_nodes(), now)
 
     def _busy_nodes(self) -> set[str]:
         return {shard.node_id for gang in self.gangs.values() for shard in gang.scheduled.placements}

@@ -139,6 +139,7 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
         tiers.setdefault(match, []).append(index.groups[key])
     fcs = _frag_order(job.k, index.max_free)
     frag_rank = {fc: rank for rank, fc in enumerate(fcs)}
+    excluded = job.excluded
     for match in sorted(tiers, reverse=True):
         groups = tiers[match]
         for step in range(index.load_steps):
@@ -172,7 +173,8 @@ def _walk(index: ClusterIndex, job: _Job) -> Iterator[tuple[tuple[float, int, in
                     if not entries:
                         continue
                     for _load, node_id, slot in entries:
-                        if node_id in seen or node_id in job.excluded:
+                        # (tested only when non-empty: hashing a node id touches one more object per node)
+                        if (seen and node_id in seen) or (excluded and node_id in excluded):
                             continue
                         if not slot.has_artifacts(job.model_path, job.dataset_path):
                             continue
