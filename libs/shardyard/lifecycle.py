@@ -13,6 +13,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobScheduled,
@@ -69,6 +70,7 @@ LifecycleFact = (
     | JobRunning
     | JobSucceeded
     | JobFailed
+    | JobRecovering
     | JobPreempting
     | JobPreempted
     | JobCancelRequested
@@ -83,7 +85,7 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return JobState.ACCEPTED
         case JobRejected():
             return JobState.REJECTED
-        case JobReady() | JobPreempted():
+        case JobReady() | JobPreempted() | JobRecovering():
             return JobState.READY
         case JobWaiting():
             return JobState.WAITING

@@ -13,6 +13,7 @@ from shardyard.bus.topics import (
     HEARTBEATS,
     LIFECYCLE,
     NODE_STATE,
+    REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
     SUBMISSIONS,
@@ -31,6 +32,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobSucceeded,
@@ -40,10 +42,12 @@ from shardyard.events import (
     NodeLost,
     PendingReason,
     ReclaimCandidate,
+    RedundancyChanged,
     RejectReason,
     RunningShard,
     ServiceReady,
     ShardCause,
+    ShardCheckpointed,
     ShardPreempted,
     ShardRevocation,
     ShardStopRequest,
@@ -173,6 +177,42 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
         ELASTICITY,
         "node-b",
     ),
+    (
+        JobRecovering(
+            occurred_at=at(1),
+            job_id="job-7",
+            attempt=1,
+            cause=FailureCause.NODE_LOST,
+            message="m",
+            causes=(ShardCause(shard_index=1, node_id="node-b", cause=FailureCause.NODE_LOST, message="m"),),
+            exclude_nodes=("node-b",),
+            retry_at=at(2),
+            retries_used=1,
+            retries_left=2,
+        ),
+        LIFECYCLE,
+        "job-7",
+    ),
+    (
+        ShardCheckpointed(
+            occurred_at=at(1), job_id="job-7", shard_index=0, attempt=1, node_id="node-b", step=100, checkpoint_dir="/c"
+        ),
+        SHARD_EVENTS,
+        "job-7",
+    ),
+    (
+        RedundancyChanged(
+            occurred_at=at(1),
+            ratio=0.1,
+            previous_ratio=0.0,
+            failure_rate=0.05,
+            window_s=600,
+            shard_attempts=40,
+            shard_failures=2,
+        ),
+        REDUNDANCY,
+        "policy",
+    ),
 ]
 IDS = [type(event).__name__ for event, _, _ in SAMPLES]
 
@@ -212,8 +252,8 @@ def test_topic_names_are_unique() -> None:
     assert len(names) == len(set(names)) == len(BY_NAME)
 
 
-def test_only_the_node_state_topic_is_compacted() -> None:
-    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name]
+def test_only_the_state_topics_are_compacted() -> None:
+    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name]
     assert NODE_STATE.configs == {"cleanup.policy": "compact"}
 
 

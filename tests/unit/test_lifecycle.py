@@ -11,6 +11,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobScheduled,
@@ -135,6 +136,20 @@ _FAILED = JobFailed(occurred_at=T0, job_id="job-1", attempt=1, cause=FailureCaus
         ),
         pytest.param(JobCancelRequested(occurred_at=T0, job_id="job-1"), None, id="cancel-request-keeps-state"),
         pytest.param(JobCancelled(occurred_at=T0, job_id="job-1", message="m"), S.CANCELLED, id="cancelled"),
+        pytest.param(
+            JobRecovering(
+                occurred_at=T0,
+                job_id="job-1",
+                attempt=1,
+                cause=FailureCause.NODE_LOST,
+                message="m",
+                retry_at=T0,
+                retries_used=1,
+                retries_left=2,
+            ),
+            S.READY,
+            id="recovering-requeues",
+        ),
     ],
 )
 def test_target_state(event: LifecycleFact, state: JobState | None) -> None:
@@ -152,6 +167,7 @@ def test_target_state_table_covers_every_lifecycle_event_class() -> None:
         JobRunning,
         JobSucceeded,
         JobFailed,
+        JobRecovering,
         JobPreempting,
         JobPreempted,
         JobCancelRequested,

@@ -12,6 +12,7 @@ from shardyard.bus.topics import (
     HEARTBEATS,
     LIFECYCLE,
     NODE_STATE,
+    REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
     Topic,
@@ -28,6 +29,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobScheduled,
@@ -38,8 +40,10 @@ from shardyard.events import (
     NodeLost,
     NodeState,
     ReclaimCandidate,
+    RedundancyChanged,
     ServiceReady,
     ShardAssignment,
+    ShardCheckpointed,
     ShardCompleted,
     ShardFailed,
     ShardPreempted,
@@ -61,6 +65,7 @@ _TOPIC_OF: dict[type[Event], Topic] = {
             JobRunning,
             JobSucceeded,
             JobFailed,
+            JobRecovering,
             JobPreempting,
             JobPreempted,
             JobCancelRequested,
@@ -75,10 +80,13 @@ _TOPIC_OF: dict[type[Event], Topic] = {
     ShardAssignment: ASSIGNMENTS,
     ShardRevocation: ASSIGNMENTS,
     ShardStopRequest: ASSIGNMENTS,
-    **dict.fromkeys((ShardStarted, ShardProgress, ShardCompleted, ShardFailed, ShardPreempted), SHARD_EVENTS),
+    **dict.fromkeys(
+        (ShardStarted, ShardProgress, ShardCheckpointed, ShardCompleted, ShardFailed, ShardPreempted), SHARD_EVENTS
+    ),
     ServiceReady: SERVICES,
     CapacityRequested: ELASTICITY,
     ReclaimCandidate: ELASTICITY,
+    RedundancyChanged: REDUNDANCY,
 }
 
 
@@ -93,6 +101,8 @@ def key_of(event: Event) -> bytes:
         return str(getattr(event, "node_id")).encode()  # noqa: B009 - every event of these topics has one
     if topic is SERVICES:
         return str(getattr(event, "service")).encode()  # noqa: B009
+    if topic is REDUNDANCY:
+        return b"policy"
     if topic is ELASTICITY:
         return str(getattr(event, "node_id", None) or getattr(event, "gpu_model")).encode()  # noqa: B009
     return str(getattr(event, "job_id")).encode()  # noqa: B009

@@ -10,6 +10,7 @@ from shardyard.events import (
     JobLifecycleEvent,
     NodeLost,
     NodeState,
+    RedundancyChanged,
     ServiceReady,
     ShardEvent,
 )
@@ -38,6 +39,7 @@ SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)
 FAILURES: Final = Topic("shardyard.failures", 4, "node id", NodeLost)
 SERVICES: Final = Topic("shardyard.services", 1, "service name", ServiceReady)
 ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", ElasticityEvent)
+REDUNDANCY: Final = Topic("shardyard.redundancy", 1, "policy", RedundancyChanged, compacted=True)
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
 
 CATALOGUE: Final = (
@@ -50,6 +52,7 @@ CATALOGUE: Final = (
     FAILURES,
     SERVICES,
     ELASTICITY,
+    REDUNDANCY,
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

@@ -1,7 +1,7 @@
 """Every event on Shardyard's bus, as strict pydantic models."""
 
 from shardyard.events.base import Event, Model, new_event_id
-from shardyard.events.elastic import CapacityRequested, ElasticityEvent, ReclaimCandidate
+from shardyard.events.elastic import CapacityRequested, ElasticityEvent, ReclaimCandidate, RedundancyChanged
 from shardyard.events.job import (
     FailureCause,
     FieldError,
@@ -13,6 +13,7 @@ from shardyard.events.job import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobScheduled,
@@ -41,6 +42,7 @@ from shardyard.events.service import ServiceReady
 from shardyard.events.shard import (
     AssignmentEvent,
     ShardAssignment,
+    ShardCheckpointed,
     ShardCompleted,
     ShardEvent,
     ShardFailed,
@@ -72,6 +74,7 @@ __all__ = [
     "JobPreempted",
     "JobPreempting",
     "JobReady",
+    "JobRecovering",
     "JobRejected",
     "JobRunning",
     "JobScheduled",
@@ -88,11 +91,13 @@ __all__ = [
     "NodeStatus",
     "PendingReason",
     "ReclaimCandidate",
+    "RedundancyChanged",
     "RejectReason",
     "RunningShard",
     "ServiceReady",
     "ShardAssignment",
     "ShardCause",
+    "ShardCheckpointed",
     "ShardCompleted",
     "ShardEvent",
     "ShardFailed",

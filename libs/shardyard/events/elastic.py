@@ -28,4 +28,17 @@ class ReclaimCandidate(Event):
     idle_s: float
 
 
+class RedundancyChanged(Event):
+    """The spare ratio the fault manager sets from the recent shard failure rate (S11); the scheduler places
+    ``ceil(shards x ratio)`` spares with each new gang."""
+
+    type: Literal["redundancy.changed"] = "redundancy.changed"
+    ratio: float = Field(ge=0, le=1)
+    previous_ratio: float = Field(ge=0, le=1)
+    failure_rate: float = Field(ge=0, le=1, description="failed shard attempts / shard attempts in the window")
+    window_s: float = Field(gt=0)
+    shard_attempts: int = Field(ge=0)
+    shard_failures: int = Field(ge=0)
+
+
 ElasticityEvent = Annotated[CapacityRequested | ReclaimCandidate, Field(discriminator="type")]

@@ -80,6 +80,7 @@ class PendingReason(StrEnum):
     DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
     RESERVED_FOR_HIGHER_PRIORITY = "RESERVED_FOR_HIGHER_PRIORITY"
     PREEMPTING = "PREEMPTING"
+    RETRY_BACKOFF = "RETRY_BACKOFF"
 
 
 class FailureCause(StrEnum):
@@ -91,6 +92,10 @@ class FailureCause(StrEnum):
     MISSING_ARTIFACT = "MISSING_ARTIFACT"
     LAUNCH_ERROR = "LAUNCH_ERROR"
     DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
+    OOM = "OOM"
+    GPU_FAULT = "GPU_FAULT"
+    SYNC_TIMEOUT = "SYNC_TIMEOUT"
+    REVOKED = "REVOKED"
 
 
 class ShardPlacement(Model):
@@ -100,6 +105,7 @@ class ShardPlacement(Model):
     gpu_model: str
     match_score: float
     degraded: bool = False
+    spare: bool = Field(default=False, description="a warm spare held for the gang; it trains only once promoted")
 
 
 class JobAccepted(Event):
@@ -154,6 +160,29 @@ class JobScheduled(Event):
     resume_from: str | None = Field(default=None, description="checkpoint the gang resumes from (after preemption)")
 
 
+class ShardCause(Model):
+    shard_index: int
+    node_id: str
+    cause: FailureCause
+    message: str
+
+
+class JobRecovering(Event):
+    """The fault manager's recovery plan for a failed gang: re-form it (new attempt, new rendezvous) from the last
+    checkpoint, on other nodes than ``exclude_nodes``, not before ``retry_at``."""
+
+    type: Literal["job.recovering"] = "job.recovering"
+    job_id: str
+    attempt: int = Field(description="the attempt that failed")
+    cause: FailureCause
+    message: str
+    causes: tuple[ShardCause, ...] = ()
+    exclude_nodes: tuple[str, ...] = ()
+    retry_at: AwareDatetime
+    retries_used: int = Field(ge=1)
+    retries_left: int = Field(ge=0)
+
+
 class JobPreempting(Event):
     """A higher-priority job needs this job's GPUs: its shards were asked to checkpoint and stop."""
 
@@ -189,13 +218,6 @@ class JobSucceeded(Event):
     checkpoint_dir: str | None
 
 
-class ShardCause(Model):
-    shard_index: int
-    node_id: str
-    cause: FailureCause
-    message: str
-
-
 class JobFailed(Event):
     type: Literal["job.failed"] = "job.failed"
     job_id: str
@@ -229,6 +251,7 @@ JobLifecycleEvent = Annotated[
     | JobRunning
     | JobSucceeded
     | JobFailed
+    | JobRecovering
     | JobPreempting
     | JobPreempted
     | JobCancelRequested

@@ -35,6 +35,7 @@ class ShardAssignment(Event):
     master_addr: str
     master_port: int = Field(gt=0, lt=65536)
     workload: Workload
+    spare: bool = Field(default=False, description="hold the GPU for the gang; start nothing until promoted")
 
 
 class ShardRevocation(Event):
@@ -108,6 +109,18 @@ class ShardFailed(Event):
     message: str
 
 
+class ShardCheckpointed(Event):
+    """Rank 0 wrote the gang's state at ``step`` to ``checkpoint_dir`` (a job path): recovery resumes from here."""
+
+    type: Literal["shard.checkpointed"] = "shard.checkpointed"
+    job_id: str
+    shard_index: int
+    attempt: int
+    node_id: str
+    step: int = Field(ge=0)
+    checkpoint_dir: str
+
+
 class ShardPreempted(Event):
     """The shard stopped on a stop request; ``checkpoint_dir`` (job path) holds the gang's state at ``step``."""
 
@@ -121,6 +134,6 @@ class ShardPreempted(Event):
 
 
 ShardEvent = Annotated[
-    ShardStarted | ShardProgress | ShardCompleted | ShardFailed | ShardPreempted,
+    ShardStarted | ShardProgress | ShardCheckpointed | ShardCompleted | ShardFailed | ShardPreempted,
     Field(discriminator="type"),
 ]
