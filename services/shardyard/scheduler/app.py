@@ -6,7 +6,7 @@ from pydantic import Field
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.replay import replay
-from shardyard.bus.topics import LIFECYCLE, NODE_STATE, SHARD_EVENTS
+from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.elasticity import ElasticityTracker
@@ -51,7 +51,7 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     )
     handlers = SchedulerHandlers(book, bus, clock)
     group = "shardyard-scheduler"
-    bus.subscribe({NODE_STATE: handlers.on_node_state}, group=None)
+    bus.subscribe({NODE_STATE: handlers.on_node_state, REDUNDANCY: handlers.on_redundancy}, group=None)
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle, SHARD_EVENTS: handlers.on_shard_event}, group=group)
     ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, handlers.tick)
     app = FastStream(broker)
@@ -59,7 +59,9 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        await replay(settings.bootstrap, [LIFECYCLE, SHARD_EVENTS, NODE_STATE], lambda _t, event: book.apply(event))
+        await replay(
+            settings.bootstrap, [LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY], lambda _t, event: book.apply(event)
+        )
 
     @app.after_startup
     async def ready() -> None:

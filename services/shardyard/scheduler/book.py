@@ -4,6 +4,7 @@
 ``on_cancel`` return the events that carry out decisions.
 """
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -15,6 +16,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRunning,
     JobScheduled,
     JobSpec,
@@ -22,8 +24,11 @@ from shardyard.events import (
     JobUnschedulable,
     NodeState,
     PendingReason,
+    RedundancyChanged,
     ShardAssignment,
+    ShardCheckpointed,
     ShardCompleted,
+    ShardPlacement,
     ShardPreempted,
     ShardRevocation,
     ShardStarted,
@@ -31,7 +36,17 @@ from shardyard.events import (
     Workload,
 )
 from shardyard.scheduler.elasticity import ElasticityTracker
-from shardyard.scheduler.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot, Unschedulable
+from shardyard.scheduler.model import (
+    NodeView,
+    PendingJob,
+    Place,
+    Policy,
+    Preempt,
+    RunningJob,
+    Snapshot,
+    Unschedulable,
+    estimated_rtt_ms,
+)
 from shardyard.scheduler.placement import schedule
 
 RENDEZVOUS_PORT_CHOICES = 8
@@ -70,6 +85,12 @@ class SchedulerBook:
         self.gangs: dict[str, Gang] = {}
         self.resume: dict[str, str] = {}
         """Job -> checkpoint (job path) its next attempt resumes from."""
+        self.resume_step: dict[str, int] = {}
+        self.spare_ratio = 0.0
+        """The fault manager's redundancy ratio: new gangs get ceil(shards x ratio) spares."""
+        self.excluded: dict[str, frozenset[str]] = {}
+        self.last_port: dict[str, tuple[str, int]] = {}
+        """Job -> (node, port) of its latest rendezvous: a new attempt takes another port."""
         self.attempts: dict[str, int] = {}
         self.finished: set[str] = set()
         self.reasons: dict[str, tuple[str, str]] = {}
@@ -85,7 +106,21 @@ class SchedulerBook:
                 self.nodes[event.node_id] = event
             case JobReady() if event.job_id not in self.finished and event.job_id not in self.gangs:
                 self.specs[event.job_id] = event.spec
-                self.pending[event.job_id] = PendingJob(event.spec, event.occurred_at)
+                self.pending[event.job_id] = self._pending(event.spec, event.occurred_at)
+            case RedundancyChanged():
+                self.spare_ratio = event.ratio
+            case ShardCheckpointed() if event.step >= self.resume_step.get(event.job_id, -1):
+                self.resume[event.job_id] = event.checkpoint_dir
+                self.resume_step[event.job_id] = event.step
+            case JobRecovering() if event.job_id not in self.finished:
+                gang = self.gangs.get(event.job_id)
+                if gang is not None and gang.scheduled.attempt > event.attempt:
+                    return  # a plan for an attempt already replaced
+                self.gangs.pop(event.job_id, None)
+                self.excluded[event.job_id] = self.excluded.get(event.job_id, frozenset()) | set(event.exclude_nodes)
+                spec = self.specs.get(event.job_id)
+                if spec is not None:
+                    self.pending[event.job_id] = self._pending(spec, event.occurred_at, not_before=event.retry_at)
             case JobScheduled():
                 self._on_scheduled(event)
             case JobRunning() if event.job_id in self.gangs:
@@ -109,6 +144,8 @@ class SchedulerBook:
                 self.gangs.pop(event.job_id, None)
                 self.reasons.pop(event.job_id, None)
                 self.resume.pop(event.job_id, None)
+                self.resume_step.pop(event.job_id, None)
+                self.excluded.pop(event.job_id, None)
                 self.specs.pop(event.job_id, None)
                 self.finished.add(event.job_id)
             case ShardStarted() if self._current(event.job_id, event.attempt):
@@ -120,8 +157,14 @@ class SchedulerBook:
             case _:
                 pass
 
+    def _pending(self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None) -> PendingJob:
+        spares = math.ceil(spec.shard_count * self.spare_ratio - 1e-9) if self.spare_ratio > 0 else 0
+        excluded = self.excluded.get(spec.job_id, frozenset())
+        return PendingJob(spec, ready_at, excluded_nodes=excluded, not_before=not_before, spares=spares)
+
     def _on_scheduled(self, event: JobScheduled) -> None:
         self.attempts[event.job_id] = max(self.attempts.get(event.job_id, 0), event.attempt)
+        self.last_port[event.job_id] = (event.coordinator_node, event.rendezvous_port)
         self.term = max(self.term, event.term)
         if event.job_id in self.finished:
             return
@@ -240,12 +283,8 @@ class SchedulerBook:
         spec = self.pending[place.job_id].spec
         attempt = self.attempts.get(place.job_id, 0) + 1
         coordinator = nodes[place.coordinator_node]
-        used = {
-            g.scheduled.rendezvous_port
-            for g in self.gangs.values()
-            if g.scheduled.coordinator_node == coordinator.node_id
-        }
-        port = next(p for p in coordinator.rendezvous_ports if p not in used)
+        # The view's ports were free at the snapshot; gangs admitted earlier in this cycle took some of them.
+        port = self._free_port(coordinator, place.job_id) or coordinator.rendezvous_ports[-1]
         resume_from = self.resume.get(place.job_id)
         scheduled = JobScheduled(
             occurred_at=now,
@@ -283,6 +322,7 @@ class SchedulerBook:
                 master_addr=coordinator.address,
                 master_port=port,
                 workload=workload,
+                spare=shard.spare,
             )
             for shard in place.placements
         ]
@@ -315,7 +355,7 @@ class SchedulerBook:
                 reason=f"preempted by {decision.by_job}",
             )
             for shard in gang.scheduled.placements
-            if shard.shard_index not in gang.completed
+            if shard.shard_index not in gang.completed and not shard.spare
         ]
         return [marker, *requests]
 
@@ -352,6 +392,7 @@ class SchedulerBook:
                 gang.running = True
                 out.append(JobRunning(occurred_at=now, job_id=job_id, attempt=attempt))
             if len(gang.completed) == count:
+                out.extend(self._revoke(gang, now, "job succeeded: spare released"))  # only spares are left
                 lead = gang.completed.get(0) or next(iter(gang.completed.values()))
                 event = JobSucceeded(
                     occurred_at=now,
@@ -365,6 +406,62 @@ class SchedulerBook:
             elif gang.preempted and len(gang.preempted) + len(gang.completed) == count:
                 out.extend(self._end_preemption(job_id, gang, now))
         return out
+
+    def on_recovering(self, plan: JobRecovering, now: datetime) -> list[Event]:
+        """Carry out the fault manager's plan: stop what is left of the failed attempt and requeue the job. When the
+        gang holds enough spares off the excluded nodes and no backoff applies, promote them at once: the new
+        attempt keeps the surviving shards' GPUs, takes the spares' for the lost ones, and resumes from the last
+        checkpoint, without waiting for a placement cycle."""
+        gang = self.gangs.get(plan.job_id)
+        if gang is None or gang.scheduled.attempt != plan.attempt or plan.job_id in self.finished:
+            self.apply(plan)
+            return []
+        out: list[Event] = self._revoke(gang, now, f"recovering: {plan.cause}")
+        self.apply(plan)
+        if plan.retry_at > now:
+            return out
+        promoted = self._promote(gang, set(self.excluded.get(plan.job_id, ())))
+        if promoted is not None:
+            snapshot = self.snapshot()
+            out.extend(self._admit(promoted, {view.node_id: view for view in snapshot.nodes}, now))
+        return out
+
+    def _promote(self, gang: Gang, excluded: set[str]) -> Place | None:
+        def usable(shard: ShardPlacement) -> bool:
+            node = self.nodes.get(shard.node_id)
+            return shard.node_id not in excluded and node is not None and node.status.value == "ALIVE"
+
+        training = [p for p in gang.scheduled.placements if not p.spare]
+        spares = [p for p in gang.scheduled.placements if p.spare and usable(p)]
+        survivors = [p for p in training if usable(p)]
+        lost = len(training) - len(survivors)
+        if lost == 0 or len(spares) < lost:
+            return None
+        members = [*survivors, *spares[:lost]]
+        placements = [
+            *(p.model_copy(update={"shard_index": i, "spare": False}) for i, p in enumerate(members)),
+            *(p.model_copy(update={"shard_index": len(members) + i}) for i, p in enumerate(spares[lost:])),
+        ]
+        views = {view.node_id: view for view in self.snapshot().nodes}
+        hosts = [views[p.node_id] for p in members if p.node_id in views]
+        if len(hosts) < len(members):
+            return None
+        # The coordinator: the member with the lowest total RTT to the others that has a free rendezvous port.
+        distinct = list({view.node_id: view for view in hosts}.values())
+        ranked = sorted(distinct, key=lambda v: sum(estimated_rtt_ms(v, other, {}) for other in hosts))
+        for view in ranked:
+            if self._free_port(view, gang.spec.job_id) is not None:
+                return Place(gang.spec.job_id, tuple(placements), view.node_id, gang.scheduled.degraded)
+        return None
+
+    def _free_port(self, view: NodeView, job_id: str) -> int | None:
+        """A rendezvous port of ``view`` no gang uses, and not the job's previous one (its old store may linger)."""
+        used = {
+            g.scheduled.rendezvous_port for g in self.gangs.values() if g.scheduled.coordinator_node == view.node_id
+        }
+        if self.last_port.get(job_id, ("", 0))[0] == view.node_id:
+            used.add(self.last_port[job_id][1])
+        return next((p for p in view.rendezvous_ports if p not in used), None)
 
     def on_cancel(self, request: JobCancelRequested, now: datetime) -> list[Event]:
         """Cancel a job the scheduler holds (pending or placed); the queue cancels jobs still waiting on parents."""

@@ -9,7 +9,15 @@ import logging
 
 from shardyard.bus.kafka import Bus
 from shardyard.clock import Clock
-from shardyard.events import JobCancelRequested, JobFailed, JobPreempted, JobReady, NodeState
+from shardyard.events import (
+    JobCancelRequested,
+    JobFailed,
+    JobPreempted,
+    JobReady,
+    JobRecovering,
+    NodeState,
+    RedundancyChanged,
+)
 from shardyard.lifecycle import LifecycleFact
 from shardyard.scheduler.book import SchedulerBook
 
@@ -31,9 +39,16 @@ class SchedulerHandlers:
         if isinstance(event, JobCancelRequested):
             await self.bus.publish_all(self.book.on_cancel(event, now))
             return
+        if isinstance(event, JobRecovering):
+            await self.bus.publish_all(self.book.on_recovering(event, now))
+            self.request_cycle()
+            return
         self.book.apply(event)
         if isinstance(event, JobReady | JobPreempted):
             self.request_cycle()
+
+    async def on_redundancy(self, event: RedundancyChanged) -> None:
+        self.book.apply(event)
 
     async def on_node_state(self, event: NodeState) -> None:
         self.book.apply(event)

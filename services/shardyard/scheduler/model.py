@@ -99,12 +99,17 @@ class PendingJob:
     """When the job last became ready (submission, release by its parents, or requeue): aging and max_wait count
     from here."""
     excluded_nodes: frozenset[str] = frozenset()
+    not_before: datetime | None = None
+    """A recovering job waits out its retry backoff until then."""
+    spares: int = 0
+    """Warm spares wanted with the gang; placed when capacity allows, never a reason to wait."""
 
 
 @dataclass(frozen=True)
 class Place:
     job_id: str
     placements: tuple[ShardPlacement, ...]
+    """The gang's shards (indices 0..k-1), then its spares (``spare=True``, indices k..)."""
     coordinator_node: str
     degraded: bool = False
 

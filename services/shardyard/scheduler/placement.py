@@ -248,7 +248,43 @@ def _place(index: ClusterIndex, job: _Job, rtt: dict[tuple[str, str], float], to
                 )
             )
         index.take(slot, gpus, job.spec, coordinator=slot is coordinator)
+    if job.pending.spares:
+        placements.extend(_spares(index, job, {slot.node_id for slot, _ in chosen}, len(placements)))
     return Place(job.spec.job_id, tuple(placements), coordinator.node_id, degraded)
+
+
+def _spares(index: ClusterIndex, job: _Job, gang_nodes: set[str], first_index: int) -> list[ShardPlacement]:
+    """Up to ``job.pending.spares`` spare GPUs, one per node and off the gang's nodes first (a spare must survive
+    the loss of a gang node); on the gang's nodes only when nothing else is free."""
+    wanted = job.pending.spares
+    picked: list[tuple[Slot, int]] = []
+    used: set[str] = set()
+    for _key, slot, _capacity in _walk(index, job):
+        if len(picked) == wanted:
+            break
+        if slot.node_id not in gang_nodes and slot.node_id not in used:
+            picked.append((slot, slot.free[0]))
+            used.add(slot.node_id)
+    for node_id in sorted(gang_nodes) if len(picked) < wanted else ():
+        slot = index.slots[node_id]
+        for gpu in slot.free[: slot.capacity(job.spec)]:
+            if len(picked) < wanted:
+                picked.append((slot, gpu))
+    out: list[ShardPlacement] = []
+    for slot, gpu in picked:
+        index.take(slot, [gpu], job.spec, coordinator=False)
+        out.append(
+            ShardPlacement(
+                shard_index=first_index + len(out),
+                node_id=slot.node_id,
+                gpu_indices=(gpu,),
+                gpu_model=slot.view.gpu_model,
+                match_score=round(match_score(slot.group.tflops, job.spec.min_tflops), 4),
+                degraded=not job.is_full_match(slot.group),
+                spare=True,
+            )
+        )
+    return out
 
 
 def _coordinator(chosen: list[tuple[Slot, int]], rtt: dict[tuple[str, str], float]) -> Slot | None:
@@ -480,6 +516,10 @@ class PlacementCycle:
     def decide(self, pending_job: PendingJob) -> list[Decision]:
         """The decisions for one job: [Place], [Preempt..., Unschedulable(PREEMPTING)] or [Unschedulable]."""
         index, policy = self.index, self.policy
+        if pending_job.not_before is not None and self.now < pending_job.not_before:
+            wait = (pending_job.not_before - self.now).total_seconds()
+            message = f"recovering: retry backoff, next attempt in {wait:.1f}s"
+            return [Unschedulable(pending_job.spec.job_id, PendingReason.RETRY_BACKOFF, message)]
         job = _Job(pending_job, index, self.now)
         shape = job.shape()
         known = self.unplaceable.get(shape)

@@ -1,0 +1,172 @@
+"""The scheduler book carries out recovery plans: requeue with exclusions and backoff, resume from the last
+checkpoint, spares placed with gangs and promoted at once when a gang node is lost."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from shardyard.events import (
+    Event,
+    FailureCause,
+    JobReady,
+    JobRecovering,
+    JobScheduled,
+    JobUnschedulable,
+    NodeStatus,
+    PendingReason,
+    RedundancyChanged,
+    ShardAssignment,
+    ShardCheckpointed,
+    ShardRevocation,
+)
+from shardyard.scheduler.book import SchedulerBook
+from tests.unit.builders import at, completed, gpus, job_spec, node_state, started
+
+
+def of(events: list[Event], kind: type) -> list:  # type: ignore[type-arg]
+    return [e for e in events if isinstance(e, kind)]
+
+
+def cluster(*nodes: str, ratio: float = 0.0) -> SchedulerBook:
+    book = SchedulerBook()
+    if ratio:
+        book.apply(
+            RedundancyChanged(
+                occurred_at=at(0),
+                ratio=ratio,
+                previous_ratio=0,
+                failure_rate=ratio / 2,
+                window_s=600,
+                shard_attempts=20,
+                shard_failures=1,
+            )
+        )
+    for node_id in nodes:
+        book.apply(node_state(node_id, gpus=gpus(count=1)))
+    return book
+
+
+def running(book: SchedulerBook) -> JobScheduled:
+    book.apply(JobReady(occurred_at=at(0), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
+    (scheduled,) = of(book.cycle(at(1)), JobScheduled)
+    for shard in range(2):
+        book.apply(started("job-1", shard))
+    book.on_shard_event(at(2))
+    return scheduled
+
+
+def plan(attempt: int = 1, exclude: tuple[str, ...] = (), retry_in: float = 0.0, when: float = 10.0) -> JobRecovering:
+    return JobRecovering(
+        occurred_at=at(when),
+        job_id="job-1",
+        attempt=attempt,
+        cause=FailureCause.NODE_LOST,
+        message="lost",
+        exclude_nodes=exclude,
+        retry_at=at(when) + timedelta(seconds=retry_in),
+        retries_used=1,
+        retries_left=2,
+    )
+
+
+def test_recovery_stops_the_rest_of_the_gang_and_replaces_it_elsewhere_from_the_last_checkpoint() -> None:
+    book = cluster("n1", "n2", "n3")
+    first = running(book)
+    lost = first.placements[1].node_id
+    book.apply(
+        ShardCheckpointed(
+            occurred_at=at(5), job_id="job-1", shard_index=0, attempt=1, node_id="n1", step=200, checkpoint_dir="/c"
+        )
+    )
+
+    stopping = book.on_recovering(plan(exclude=(lost,)), at(10))
+    again = book.cycle(at(10))
+
+    assert sorted(r.shard_index for r in of(stopping, ShardRevocation)) == [0, 1]
+    (second,) = of(again, JobScheduled)
+    assert second.attempt == 2 and second.resume_from == "/c"
+    assert lost not in {p.node_id for p in second.placements}
+    assert {a.workload.resume_from for a in of(again, ShardAssignment)} == {"/c"}
+    assert (second.coordinator_node, second.rendezvous_port) != (first.coordinator_node, first.rendezvous_port)
+
+
+def test_backoff_holds_the_retry_with_its_reason() -> None:
+    book = cluster("n1", "n2", "n3")
+    running(book)
+    book.on_recovering(plan(retry_in=4.0), at(10))
+
+    (waiting,) = book.cycle(at(12))
+    later = book.cycle(at(14))
+
+    assert isinstance(waiting, JobUnschedulable) and waiting.reason is PendingReason.RETRY_BACKOFF
+    assert "2.0s" in waiting.message
+    assert [e.attempt for e in of(later, JobScheduled)] == [2]
+
+
+def test_a_plan_for_an_older_attempt_changes_nothing() -> None:
+    book = cluster("n1", "n2")
+    running(book)
+    book.on_recovering(plan(), at(10))
+    book.cycle(at(10))
+
+    assert book.on_recovering(plan(attempt=1, when=11), at(11)) == []
+    assert book.gangs["job-1"].scheduled.attempt == 2
+
+
+def test_excluded_nodes_accumulate_over_recoveries() -> None:
+    book = cluster("n1", "n2", "n3", "n4")
+    running(book)
+    book.on_recovering(plan(exclude=("n1",)), at(10))
+    (second,) = of(book.cycle(at(10)), JobScheduled)
+    book.on_recovering(plan(attempt=2, exclude=("n2",), when=20), at(20))
+    (third,) = of(book.cycle(at(20)), JobScheduled)
+
+    assert "n1" not in {p.node_id for p in second.placements}
+    assert {p.node_id for p in third.placements} == {"n3", "n4"}
+
+
+def test_spares_are_placed_with_the_gang_off_its_nodes() -> None:
+    book = cluster("n1", "n2", "n3", ratio=0.1)
+
+    scheduled = running(book)
+
+    spares = [p for p in scheduled.placements if p.spare]
+    assert len(spares) == 1 and spares[0].shard_index == 2
+    assert spares[0].node_id not in {p.node_id for p in scheduled.placements if not p.spare}
+
+
+def test_no_room_for_a_spare_does_not_hold_the_gang_back() -> None:
+    book = cluster("n1", "n2", ratio=0.5)
+
+    scheduled = running(book)
+
+    assert [p.spare for p in scheduled.placements] == [False, False]
+
+
+def test_a_lost_node_promotes_the_spare_at_once() -> None:
+    book = cluster("n1", "n2", "n3", ratio=0.1)
+    first = running(book)
+    (spare,) = [p for p in first.placements if p.spare]
+    lost = first.placements[1].node_id
+    book.apply(node_state(lost, gpus=gpus(count=1), status=NodeStatus.SUSPECT))
+
+    events = book.on_recovering(plan(exclude=(lost,)), at(10))
+
+    (second,) = of(events, JobScheduled)
+    assert second.attempt == 2
+    assert sorted(p.node_id for p in second.placements) == sorted({first.placements[0].node_id, spare.node_id})
+    assert not any(p.spare for p in second.placements)
+    trained = [a for a in of(events, ShardAssignment) if not a.spare]
+    assert len(trained) == 2 and {a.world_size for a in trained} == {2}
+
+
+def test_spares_are_released_when_the_job_succeeds() -> None:
+    book = cluster("n1", "n2", "n3", ratio=0.1)
+    scheduled = running(book)
+    for shard in range(2):
+        book.apply(completed("job-1", shard))
+
+    events = book.on_shard_event(at(30))
+
+    (released,) = of(events, ShardRevocation)
+    assert released.shard_index == 2 and released.node_id == next(p for p in scheduled.placements if p.spare).node_id
