@@ -13,6 +13,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobSucceeded,
@@ -21,7 +22,9 @@ from shardyard.events import (
     NodeDrain,
     NodeStatus,
     PendingReason,
+    RedundancyChanged,
     RejectReason,
+    ShardCheckpointed,
     ShardPlacement,
 )
 from shardyard.lifecycle import JobState
@@ -375,3 +378,39 @@ def test_nodes_show_drain_topology_artifacts_and_tflops() -> None:
 
     assert (node["draining"], node["topology"], node["artifact_count"]) == (True, {"zone": "z1", "rack": "r2"}, 2)
     assert (node["gpus"][0]["tflops"], node["gpus"][0]["tflops_source"]) == (31.5, "measured")
+
+
+def test_a_recovery_requeues_the_job_and_shows_in_its_timeline() -> None:
+    plan = JobRecovering(
+        occurred_at=at(5),
+        job_id="job-1",
+        attempt=1,
+        cause=FailureCause.NODE_LOST,
+        message="node-b silent",
+        exclude_nodes=("node-b",),
+        retry_at=at(5),
+        retries_used=1,
+        retries_left=2,
+    )
+    checkpoint = ShardCheckpointed(
+        occurred_at=at(4), job_id="job-1", shard_index=0, attempt=1, node_id="node-a", step=200, checkpoint_dir="/c"
+    )
+    ratio = RedundancyChanged(
+        occurred_at=at(6),
+        ratio=0.1,
+        previous_ratio=0.0,
+        failure_rate=0.05,
+        window_s=600,
+        shard_attempts=20,
+        shard_failures=1,
+    )
+
+    ready = JobReady(occurred_at=at(1), job_id="job-1", spec=job_spec())
+    view = view_of([accepted(), ready, scheduled(), checkpoint, plan, ratio])
+    job = view.jobs["job-1"].detail()
+
+    assert job["state"] == JobState.READY and job["recoveries"] == 1
+    assert job["last_checkpoint"] == {"step": 200, "dir": "/c", "attempt": 1}
+    assert "recovering" in [e["event"] for e in job["timeline"]]
+    assert job["message"] == "recovering from NODE_LOST; avoiding node-b"
+    assert (view.recoveries, view.spare_ratio, view.failure_rate) == (1, 0.1, 0.05)

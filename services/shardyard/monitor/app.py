@@ -9,10 +9,12 @@ from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.topics import (
     ASSIGNMENTS,
     DEADLETTER,
+    ELASTICITY,
     FAILURES,
     HEARTBEATS,
     LIFECYCLE,
     NODE_STATE,
+    REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
 )
@@ -41,7 +43,7 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     registry, events = make_registry(view)
     handlers = MonitorHandlers(view, events)
     # No consumer group: every monitor replica reads every topic from the beginning and so rebuilds its view.
-    watched = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, FAILURES, SERVICES, ASSIGNMENTS, HEARTBEATS)
+    watched = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, FAILURES, SERVICES, ASSIGNMENTS, HEARTBEATS, REDUNDANCY, ELASTICITY)
     bus.subscribe(
         {topic: handlers.for_topic(topic) for topic in watched},
         raw_routes={DEADLETTER: handlers.on_dead_letter},

@@ -31,7 +31,13 @@ class ClusterCollector(Collector):
         preemptions.add_metric([], view.preemptions)
         cancellations = CounterMetricFamily("shardyard_cancellations", "Jobs cancelled on a user's request")
         cancellations.add_metric([], view.cancellations)
-        yield from (preemptions, cancellations)
+        recoveries = CounterMetricFamily("shardyard_recoveries", "Recovery plans carried out for failed gangs")
+        recoveries.add_metric([], view.recoveries)
+        spare_ratio = GaugeMetricFamily("shardyard_spare_ratio", "Spare shards per training shard for new gangs")
+        spare_ratio.add_metric([], view.spare_ratio)
+        failure_rate = GaugeMetricFamily("shardyard_shard_failure_rate", "Recent failed shard attempts / attempts")
+        failure_rate.add_metric([], view.failure_rate)
+        yield from (preemptions, cancellations, recoveries, spare_ratio, failure_rate)
 
         nodes = GaugeMetricFamily("shardyard_nodes", "Nodes by liveness status", labels=["status"])
         for status in NodeStatus:

@@ -5,6 +5,7 @@ from datetime import datetime
 from typing import Any
 
 from shardyard.events import (
+    CapacityRequested,
     Heartbeat,
     JobAccepted,
     JobCancelled,
@@ -13,6 +14,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobReady,
+    JobRecovering,
     JobRejected,
     JobRunning,
     JobScheduled,
@@ -22,10 +24,14 @@ from shardyard.events import (
     NodeDrain,
     NodeLost,
     NodeState,
+    ReclaimCandidate,
+    RedundancyChanged,
     RejectReason,
     ServiceReady,
+    ShardCheckpointed,
     ShardCompleted,
     ShardFailed,
+    ShardPreempted,
     ShardProgress,
     ShardStarted,
 )
@@ -56,6 +62,8 @@ class JobView:
     degraded: bool = False
     resume_from: str | None = None
     preempting: tuple[int, str] | None = None
+    recoveries: int = 0
+    last_checkpoint: dict[str, Any] | None = None
     """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
@@ -91,6 +99,8 @@ class JobView:
         first = self.loss[0][1] if self.loss else None
         return {
             **self.summary(),
+            "recoveries": self.recoveries,
+            "last_checkpoint": self.last_checkpoint,
             "spec": self.spec,
             "errors": self.errors,
             "node_counts": self.node_counts,
@@ -145,6 +155,10 @@ class ClusterView:
     """Completed preemptions (JobPreempted), each counted once."""
     cancellations: int = 0
     """Jobs cancelled (JobCancelled), each counted once."""
+    recoveries: int = 0
+    """Recovery plans (JobRecovering), each counted once."""
+    spare_ratio: float = 0.0
+    failure_rate: float = 0.0
 
     def job(self, job_id: str) -> JobView:
         return self.jobs.setdefault(job_id, JobView(job_id))
@@ -161,6 +175,13 @@ class ClusterView:
                 self.services[f"{event.service}/{event.instance}"] = event
             case NodeLost():
                 pass  # the node's state event says the same; fault handling shows on its jobs
+            case RedundancyChanged():
+                self.spare_ratio, self.failure_rate = event.ratio, event.failure_rate
+            case ShardCheckpointed():
+                view = self.job(event.job_id)
+                view.last_checkpoint = {"step": event.step, "dir": event.checkpoint_dir, "attempt": event.attempt}
+            case ShardPreempted() | CapacityRequested() | ReclaimCandidate():
+                pass  # shown through the job's preemption events; elasticity signals are for autoscalers
             case ShardStarted() | ShardProgress() | ShardCompleted() | ShardFailed():
                 self._shard(event)
             case _:
@@ -224,6 +245,18 @@ class ClusterView:
                     else "no checkpoint: the next attempt starts over"
                 )
                 view.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
+            case JobRecovering():
+                self.recoveries += 1
+                view.recoveries += 1
+                view.preempting = None
+                excluded = f"; avoiding {', '.join(event.exclude_nodes)}" if event.exclude_nodes else ""
+                view.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
+                view.note(
+                    event.occurred_at,
+                    "recovering",
+                    f"attempt {event.attempt} failed ({event.cause}: {event.message}); retry {event.retries_used}, "
+                    f"{event.retries_left} left{excluded}",
+                )
             case JobCancelRequested():
                 if view.state is not None and view.state not in TERMINAL:
                     view.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
