@@ -1,48 +1,104 @@
 """Wiring of the fault-manager service."""
 
+from typing import Self
+
 from faststream import FastStream
+from pydantic import Field, model_validator
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.replay import replay
-from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, SHARD_EVENTS
+from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
 from shardyard.fault_manager.book import FaultBook
 from shardyard.fault_manager.handlers import FaultHandlers
-from shardyard.service import announce
+from shardyard.fault_manager.recovery import RetryPolicy
+from shardyard.fault_manager.redundancy import RedundancyPolicy, RedundancyTracker
+from shardyard.service import Periodic, announce
 from shardyard.settings import ServiceSettings
 
 SERVICE = "fault-manager"
 
 
 class FaultSettings(ServiceSettings):
-    """The fault manager: shard failures and node losses become job decisions."""
+    """The fault manager: shard failures and node losses become recovery plans (or the job's end); the recent
+    failure rate sets the spare ratio."""
+
+    max_retries: int = Field(default=3, ge=0, description="recoveries per job before it ends FAILED")
+    retry_backoff_s: float = Field(
+        default=2.0, ge=0, description="wait before the 2nd retry (the 1st is immediate), doubling after"
+    )
+    retry_backoff_max_s: float = Field(default=30.0, ge=0, description="longest wait before a retry")
+    comm_grace_s: float = Field(
+        default=3.5, ge=0, description="how long COMM_ERRORs alone wait for their culprit (a node turning SUSPECT)"
+    )
+    tick_interval_s: float = Field(default=0.25, gt=0, description="how often due decisions and the ratio are checked")
+    redundancy_window_s: float = Field(default=600.0, gt=0, description="window of the shard failure rate")
+    redundancy_min_ratio: float = Field(default=0.0, ge=0, le=1, description="lowest spare ratio")
+    redundancy_max_ratio: float = Field(default=0.5, ge=0, le=1, description="highest spare ratio")
+    redundancy_step: float = Field(default=0.05, gt=0, le=1, description="the spare ratio moves in these steps")
+
+    @model_validator(mode="after")
+    def _ratio_bounds(self) -> Self:
+        if self.redundancy_min_ratio > self.redundancy_max_ratio:
+            raise ValueError("redundancy_min_ratio must not exceed redundancy_max_ratio")
+        return self
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_retries=self.max_retries,
+            backoff_s=self.retry_backoff_s,
+            backoff_max_s=self.retry_backoff_max_s,
+            comm_grace_s=self.comm_grace_s,
+        )
+
+    def redundancy_policy(self) -> RedundancyPolicy:
+        return RedundancyPolicy(
+            window_s=self.redundancy_window_s,
+            min_ratio=self.redundancy_min_ratio,
+            max_ratio=self.redundancy_max_ratio,
+            step=self.redundancy_step,
+        )
 
 
 def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = FaultBook()
-    handlers = FaultHandlers(book, bus, clock)
-    group = "shardyard-fault-manager"
+    book = FaultBook(policy=settings.retry_policy())
+    redundancy = RedundancyTracker(policy=settings.redundancy_policy())
+    handlers = FaultHandlers(book, redundancy, bus, clock)
+    bus.subscribe({NODE_STATE: handlers.on_node_event}, group=None)
     bus.subscribe(
         {
             LIFECYCLE: handlers.on_fact,
             ASSIGNMENTS: handlers.on_fact,
             SHARD_EVENTS: handlers.on_shard_event,
-            FAILURES: handlers.on_failure,
+            FAILURES: handlers.on_node_event,
         },
-        group=group,
+        group="shardyard-fault-manager",
     )
+    ticker = Periodic("fault-decisions", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)
+
+    def restore(topic: Topic, event: object) -> None:
+        if topic is not REDUNDANCY:
+            book.apply(event)
+        if topic in (REDUNDANCY, SHARD_EVENTS):
+            redundancy.apply(event)
 
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        await replay(settings.bootstrap, [LIFECYCLE, ASSIGNMENTS], lambda _t, event: book.apply(event))
+        topics = [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY]
+        await replay(settings.bootstrap, topics, restore)
 
     @app.after_startup
     async def ready() -> None:
+        ticker.start()  # its first tick decides what the replay left undecided
         await announce(bus, clock, instance=settings.instance)
+
+    @app.on_shutdown
+    async def stop() -> None:
+        await ticker.stop()
 
     return app

@@ -1,6 +1,12 @@
-"""Failure handling: a failed shard or a lost node ends its job FAILED with the cause (retries come later).
+"""The fault manager's view of running gangs and their failures, and its decisions. Pure: time comes in.
 
-Pure: facts in (assignments, shard events, node losses, lifecycle), decisions out as events.
+``apply`` takes facts (live, and during the start-up replay, in any order across topics) and never decides;
+``decide(now)`` returns what came due: a recovery plan (``JobRecovering``) for each failed attempt, or the job's end
+(``JobFailed``) when a cause is fatal or the retry budget is spent.
+
+Deciding is gated on attempt numbers: once an attempt is decided (a ``JobRecovering`` or ``JobFailed`` of ours, seen
+live or replayed), stopped on purpose (preemption) or superseded by a newer placement, nothing about it is decided
+again, so redelivered and replayed facts are harmless.
 """
 
 from dataclasses import dataclass, field
@@ -9,75 +15,260 @@ from datetime import datetime
 from shardyard.events import (
     Event,
     FailureCause,
+    JobCancelled,
+    JobCancelRequested,
     JobFailed,
+    JobPreempted,
+    JobPreempting,
+    JobRecovering,
     JobScheduled,
     JobSucceeded,
     NodeLost,
+    NodeState,
+    NodeStatus,
     ShardAssignment,
     ShardCause,
+    ShardCompleted,
     ShardFailed,
+    ShardPreempted,
+)
+from shardyard.fault_manager.recovery import (
+    BAD_NODE,
+    Disposition,
+    FailedAttempt,
+    RetryPolicy,
+    disposition,
+    is_due,
+    outcome,
 )
 
 
 @dataclass
+class Gang:
+    """The current attempt's placement."""
+
+    attempt: int
+    since: datetime
+    """When the attempt was placed (its earliest placement fact)."""
+    shards: dict[int, str] = field(default_factory=dict)
+    """training shard -> node"""
+    spares: dict[int, str] = field(default_factory=dict)
+    """spare slot -> node: held for the gang, training nothing"""
+    stopped: set[int] = field(default_factory=set)
+    """training shards that completed or stopped on request"""
+
+    def nodes(self) -> set[str]:
+        return set(self.shards.values()) | set(self.spares.values())
+
+
+@dataclass
+class OpenFailure:
+    """Failures of one attempt, not decided yet."""
+
+    attempt: int
+    first_at: datetime
+    causes: dict[int, ShardCause] = field(default_factory=dict)
+    """shard -> its first reported cause, in arrival order"""
+
+
+@dataclass
+class JobRecord:
+    gang: Gang | None = None
+    closed_through: int = 0
+    """Attempts up to this one are decided (or stopped on purpose): nothing about them is decided again."""
+    retries_used: int = 0
+    history: dict[int, tuple[ShardCause, ...]] = field(default_factory=dict)
+    """attempt -> the causes its recovery listed"""
+    open: OpenFailure | None = None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    status: NodeStatus
+    as_of: datetime
+    silent_s: float
+
+
+@dataclass
 class FaultBook:
-    # job -> (attempt, {shard_index: node_id}) of its current gang
-    gangs: dict[str, tuple[int, dict[int, str]]] = field(default_factory=dict)
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    _undecided: set[str] = field(default_factory=set)
+    """jobs with an open failure"""
+    _turned_bad: set[str] = field(default_factory=set)
+    """nodes seen SUSPECT or LOST since the last decision"""
+
+    # -- facts ---------------------------------------------------------------------------------------------------
 
     def apply(self, event: object) -> None:
         match event:
-            case JobScheduled() if event.job_id not in self.ended:
-                self.gangs[event.job_id] = (event.attempt, {p.shard_index: p.node_id for p in event.placements})
-            case ShardAssignment() if event.job_id not in self.ended:
-                attempt, shards = self.gangs.get(event.job_id, (event.attempt, {}))
-                if event.attempt >= attempt:
-                    shards = shards if event.attempt == attempt else {}
-                    shards[event.shard_index] = event.node_id
-                    self.gangs[event.job_id] = (event.attempt, shards)
-            case JobSucceeded() | JobFailed():
+            case JobScheduled():
+                for p in event.placements:
+                    self._place(event.job_id, event.attempt, event.occurred_at, p.shard_index, p.node_id, p.spare)
+            case ShardAssignment():
+                self._place(
+                    event.job_id, event.attempt, event.occurred_at, event.shard_index, event.node_id, event.spare
+                )
+            case ShardFailed():
+                self._shard_failed(event)
+            case ShardCompleted() | ShardPreempted():
+                gang = self._gang(event.job_id, event.attempt)
+                if gang is not None:
+                    gang.stopped.add(event.shard_index)
+            case JobRecovering():
+                record = self._record(event.job_id)
+                if record is not None:
+                    record.retries_used = max(record.retries_used, event.retries_used)
+                    record.history[event.attempt] = event.causes
+                    self._close(event.job_id, record, event.attempt)
+            case JobPreempting() | JobPreempted():
+                # The gang is being stopped on purpose: its shards' failures (REVOKED, the peers' COMM_ERRORs) are
+                # not faults, and its next attempt is placed by the scheduler.
+                record = self._record(event.job_id)
+                if record is not None:
+                    self._close(event.job_id, record, event.attempt)
+            case JobSucceeded() | JobFailed() | JobCancelled() | JobCancelRequested():
+                # A cancel request ends the job for us too: the failures of its revoked gang are not faults.
                 self.ended.add(event.job_id)
-                self.gangs.pop(event.job_id, None)
+                self.jobs.pop(event.job_id, None)
+                self._undecided.discard(event.job_id)
+            case NodeState():
+                silent = (event.occurred_at - event.last_heartbeat_at).total_seconds()
+                self._observe(event.node_id, event.status, event.occurred_at, silent)
+            case NodeLost():
+                self._observe(event.node_id, NodeStatus.LOST, event.occurred_at, event.silent_for_s)
             case _:
                 pass
 
-    def on_shard_failed(self, event: ShardFailed, now: datetime) -> list[Event]:
-        current = self.gangs.get(event.job_id)
-        if event.job_id in self.ended or (current is not None and current[0] > event.attempt):
-            return []  # a job already ended (or a redelivery), or a failure of an attempt already replaced
-        failed = JobFailed(
-            occurred_at=now,
-            job_id=event.job_id,
-            attempt=event.attempt,
-            cause=event.cause,
-            message=f"shard {event.shard_index} on {event.node_id} failed: {event.message}",
-            causes=(
-                ShardCause(
-                    shard_index=event.shard_index, node_id=event.node_id, cause=event.cause, message=event.message
-                ),
-            ),
-        )
-        self.apply(failed)
-        return [failed]
+    def _record(self, job_id: str) -> JobRecord | None:
+        if job_id in self.ended:
+            return None
+        return self.jobs.setdefault(job_id, JobRecord())
 
-    def on_node_lost(self, event: NodeLost, now: datetime) -> list[Event]:
+    def _gang(self, job_id: str, attempt: int) -> Gang | None:
+        record = self.jobs.get(job_id)
+        gang = record.gang if record else None
+        return gang if gang is not None and gang.attempt == attempt else None
+
+    def _close(self, job_id: str, record: JobRecord, attempt: int) -> None:
+        record.closed_through = max(record.closed_through, attempt)
+        if record.open is not None and record.open.attempt <= attempt:
+            record.open = None
+            self._undecided.discard(job_id)
+
+    def _place(self, job_id: str, attempt: int, at: datetime, index: int, node_id: str, spare: bool) -> None:
+        record = self._record(job_id)
+        if record is None or attempt <= record.closed_through:
+            return
+        gang = record.gang
+        if gang is None or gang.attempt < attempt:
+            gang = record.gang = Gang(attempt, at)
+            if record.open is not None and record.open.attempt < attempt:
+                # Failures of an attempt that was re-placed without us: its outcome is no longer ours to decide.
+                record.open = None
+                self._undecided.discard(job_id)
+        elif gang.attempt > attempt:
+            return
+        gang.since = min(gang.since, at)
+        if spare:
+            gang.spares[index] = node_id
+            return
+        gang.shards[index] = node_id
+        view = self.nodes.get(node_id)
+        if view is not None and view.status in BAD_NODE and view.as_of >= gang.since:
+            self._turned_bad.add(node_id)  # the node's news overtook the placement: check it at the next decision
+
+    def _shard_failed(self, event: ShardFailed) -> None:
+        if disposition(event.cause) is Disposition.IGNORE:
+            return
+        record = self._record(event.job_id)
+        if record is None or event.attempt <= record.closed_through:
+            return  # the job ended, or the attempt is decided: a redelivery, or a peer's failure after the plan
+        if record.gang is not None and record.gang.attempt > event.attempt:
+            return  # an attempt already replaced
+        cause = ShardCause(
+            shard_index=event.shard_index, node_id=event.node_id, cause=event.cause, message=event.message
+        )
+        self._fail(event.job_id, record, event.attempt, event.occurred_at, [cause])
+
+    def _fail(self, job_id: str, record: JobRecord, attempt: int, at: datetime, causes: list[ShardCause]) -> None:
+        if record.open is None or record.open.attempt < attempt:
+            record.open = OpenFailure(attempt, at)
+        elif record.open.attempt > attempt:
+            return
+        record.open.first_at = min(record.open.first_at, at)
+        for cause in causes:
+            record.open.causes.setdefault(cause.shard_index, cause)
+        self._undecided.add(job_id)
+
+    def _observe(self, node_id: str, status: NodeStatus, as_of: datetime, silent_s: float) -> None:
+        known = self.nodes.get(node_id)
+        if known is not None and as_of <= known.as_of:
+            return  # older news (a replayed or redelivered state) than what we have
+        self.nodes[node_id] = NodeView(status, as_of, silent_s)
+        if status in BAD_NODE:
+            self._turned_bad.add(node_id)
+        else:
+            self._turned_bad.discard(node_id)
+
+    # -- decisions -----------------------------------------------------------------------------------------------
+
+    def decide(self, now: datetime) -> list[Event]:
+        """Every decision due at ``now``: first the gangs hit by a node that went bad, then each failed attempt
+        that is due (see ``recovery.is_due``). Each decision is applied before it is returned."""
+        self._hit_by_bad_nodes()
         out: list[Event] = []
-        for job_id, (attempt, shards) in list(self.gangs.items()):
-            lost = sorted(index for index, node in shards.items() if node == event.node_id)
-            if not lost:
+        for job_id in sorted(self._undecided):
+            record = self.jobs[job_id]
+            failure = record.open
+            assert failure is not None
+            causes = tuple(failure.causes.values())
+            gang = record.gang if record.gang is not None and record.gang.attempt == failure.attempt else None
+            bad = self._bad_nodes(gang, causes)
+            suspects = bad - set(gang.spares.values()) if gang is not None else bad  # a spare trains nothing
+            if not is_due(causes, suspects, failure.first_at, self.policy, now):
                 continue
-            message = f"node {event.node_id} silent for {event.silent_for_s:.1f}s"
-            failed = JobFailed(
-                occurred_at=now,
-                job_id=job_id,
-                attempt=attempt,
-                cause=FailureCause.NODE_LOST,
-                message=f"shards {lost} lost: {message}",
-                causes=tuple(
-                    ShardCause(shard_index=i, node_id=event.node_id, cause=FailureCause.NODE_LOST, message=message)
-                    for i in lost
+            decision = outcome(
+                FailedAttempt(
+                    job_id=job_id,
+                    attempt=failure.attempt,
+                    causes=causes,
+                    bad_nodes=bad,
+                    retries_used=record.retries_used,
+                    earlier_causes=tuple(c for _, cs in sorted(record.history.items()) for c in cs),
                 ),
+                self.policy,
+                now,
             )
-            self.apply(failed)
-            out.append(failed)
+            self.apply(decision)
+            out.append(decision)
         return out
+
+    def _hit_by_bad_nodes(self) -> None:
+        """A node that went SUSPECT or LOST fails the training shards of the running gangs on it, even if no shard
+        reported a failure (a frozen node reports nothing). Only news newer than the gang's placement counts: an
+        older bad state is one the placement already outlived."""
+        if not self._turned_bad:
+            return
+        turned, self._turned_bad = self._turned_bad, set()
+        for job_id, record in self.jobs.items():
+            gang = record.gang
+            if gang is None or gang.attempt <= record.closed_through:
+                continue
+            causes: list[ShardCause] = []
+            for index, node_id in sorted(gang.shards.items()):
+                view = self.nodes[node_id] if node_id in turned else None
+                if view is None or index in gang.stopped or view.as_of < gang.since or view.status not in BAD_NODE:
+                    continue
+                message = f"node {view.status.value.lower()}: no heartbeat for {view.silent_s:.1f}s"
+                causes.append(
+                    ShardCause(shard_index=index, node_id=node_id, cause=FailureCause.NODE_LOST, message=message)
+                )
+            if causes:
+                self._fail(job_id, record, gang.attempt, min(self.nodes[c.node_id].as_of for c in causes), causes)
+
+    def _bad_nodes(self, gang: Gang | None, causes: tuple[ShardCause, ...]) -> frozenset[str]:
+        candidates = (gang.nodes() if gang is not None else set()) | {c.node_id for c in causes}
+        return frozenset(n for n in candidates if n in self.nodes and self.nodes[n].status in BAD_NODE)

@@ -1,0 +1,184 @@
+"""Recovery rules: what each failure cause means for the job, which nodes a recovery avoids, how long a retry waits,
+and the outcome of one failed attempt: a recovery plan, or the job's end. Pure: time comes in, events go out.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from shardyard.events import FailureCause, JobFailed, JobRecovering, NodeStatus, ShardCause
+
+
+class Disposition(StrEnum):
+    RETRY = "RETRY"
+    """Infrastructure or transient: re-form the gang (a spare, or re-placement) and resume from the checkpoint."""
+    FAIL = "FAIL"
+    """The job's own fault: every retry would fail the same way, so the job ends at once."""
+    IGNORE = "IGNORE"
+    """Not a fault: the shard was stopped on purpose; whoever stopped it carries the job on."""
+
+
+DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
+    {
+        # The process exited non-zero for a reason the agent could not classify further.
+        FailureCause.PROCESS_EXIT: Disposition.RETRY,
+        # Killed by a signal (the OOM killer aside): an operator, a runaway neighbour, a dying host.
+        FailureCause.KILLED: Disposition.RETRY,
+        # The training script itself failed (bad config, exception in user code): it would fail anywhere.
+        FailureCause.USER_ERROR: Disposition.FAIL,
+        # A peer went away under the collective; usually a symptom of another shard's failure.
+        FailureCause.COMM_ERROR: Disposition.RETRY,
+        # The node stopped heartbeating with the shard on it.
+        FailureCause.NODE_LOST: Disposition.RETRY,
+        # The model or dataset the job names does not exist: no node can fix that.
+        FailureCause.MISSING_ARTIFACT: Disposition.FAIL,
+        # The agent could not start the process (ports, environment, devices) on that node.
+        FailureCause.LAUNCH_ERROR: Disposition.RETRY,
+        # A parent job failed: the job cannot run at all (normally decided by the queue, never by a shard).
+        FailureCause.DEPENDENCY_FAILED: Disposition.FAIL,
+        # Out of memory (host or GPU) on that node.
+        FailureCause.OOM: Disposition.RETRY,
+        # NVML reported the GPU unhealthy (Xid, ECC).
+        FailureCause.GPU_FAULT: Disposition.RETRY,
+        # A parameter sync did not complete in time: a slow or stuck peer.
+        FailureCause.SYNC_TIMEOUT: Disposition.RETRY,
+        # The scheduler revoked the shard (preemption past its deadline, cancellation, the job's end).
+        FailureCause.REVOKED: Disposition.IGNORE,
+    }
+)
+
+EXCLUDES_NODE: Final = frozenset(
+    {
+        FailureCause.GPU_FAULT,  # broken hardware stays broken
+        FailureCause.LAUNCH_ERROR,  # the node cannot start shards: its environment is broken
+        FailureCause.OOM,  # the node's memory (other tenants, a smaller GPU) would likely run out again
+        FailureCause.NODE_LOST,  # the node is gone
+    }
+)
+"""Causes that keep the recovered gang off the node the shard failed on. PROCESS_EXIT and KILLED say nothing about
+the node; COMM_ERROR and SYNC_TIMEOUT are reported by the victims, not the culprit."""
+
+BAD_NODE: Final = frozenset({NodeStatus.SUSPECT, NodeStatus.LOST})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 3
+    """Recoveries a job gets; the failure after the last one ends it FAILED."""
+    backoff_s: float = 2.0
+    """Wait before the second retry (the first one is immediate); it doubles for each retry after."""
+    backoff_max_s: float = 30.0
+    comm_grace_s: float = 3.5
+    """How long an attempt whose failures are all COMM_ERRORs waits for its culprit to show (a node turning
+    SUSPECT, a non-COMM failure) before it is recovered without exclusions."""
+
+    def backoff(self, retry: int) -> timedelta:
+        """The wait before the ``retry``-th retry (1-based): 0, then backoff_s, doubling, capped."""
+        if retry <= 1:
+            return timedelta(0)
+        return timedelta(seconds=min(self.backoff_max_s, self.backoff_s * 2 ** (retry - 2)))
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """Everything known about one failed attempt of a job, at the moment its outcome is decided."""
+
+    job_id: str
+    attempt: int
+    causes: tuple[ShardCause, ...]
+    """This attempt's failures, in the order they arrived (at most one per shard)."""
+    bad_nodes: frozenset[str]
+    """Nodes of the gang (or of the failures) that are SUSPECT or LOST now."""
+    retries_used: int
+    """Recoveries the job already had."""
+    earlier_causes: tuple[ShardCause, ...] = ()
+    """Every cause of the job's earlier failed attempts, oldest first."""
+
+
+def disposition(cause: FailureCause) -> Disposition:
+    return DISPOSITION[cause]
+
+
+def only_comm_errors(causes: Iterable[ShardCause]) -> bool:
+    return all(c.cause is FailureCause.COMM_ERROR for c in causes)
+
+
+def fatal_cause(causes: Iterable[ShardCause]) -> ShardCause | None:
+    """The first cause that ends the job without a retry, if any."""
+    return next((c for c in causes if disposition(c.cause) is Disposition.FAIL), None)
+
+
+def root_cause(causes: Sequence[ShardCause]) -> ShardCause:
+    """The failure that most likely brought the gang down: the first that is not a peer's COMM_ERROR."""
+    return next((c for c in causes if c.cause is not FailureCause.COMM_ERROR), causes[0])
+
+
+def exclusions(causes: Iterable[ShardCause], bad_nodes: Iterable[str]) -> tuple[str, ...]:
+    """Nodes the recovered gang must avoid: where a node-bound cause struck, and every SUSPECT or LOST node."""
+    return tuple(sorted({c.node_id for c in causes if c.cause in EXCLUDES_NODE} | set(bad_nodes)))
+
+
+def is_due(
+    causes: Sequence[ShardCause], bad_nodes: frozenset[str], first_at: datetime, policy: RetryPolicy, now: datetime
+) -> bool:
+    """Whether a failed attempt can be decided now. Peers of a dead shard report COMM_ERROR first, so an attempt
+    with nothing else waits (up to ``comm_grace_s``) for its culprit: a failure of another kind, or a gang node
+    turning SUSPECT or LOST (``bad_nodes``: those hosting its training shards), which the plan then excludes."""
+    if not only_comm_errors(causes) or bad_nodes:
+        return True
+    return now >= first_at + timedelta(seconds=policy.comm_grace_s)
+
+
+def describe(cause: ShardCause) -> str:
+    return f"shard {cause.shard_index} on {cause.node_id}: {cause.cause.value}: {cause.message}"
+
+
+def _summary(causes: Sequence[ShardCause], root: ShardCause) -> str:
+    others = len(causes) - 1
+    return describe(root) + (f" (+{others} more)" if others else "")
+
+
+def outcome(failed: FailedAttempt, policy: RetryPolicy, now: datetime) -> JobRecovering | JobFailed:
+    """The decision for a failed attempt: the job's end when a cause is fatal or the retry budget is spent,
+    else the next recovery plan."""
+    causes = failed.causes
+    fatal = fatal_cause(causes)
+    if fatal is not None:
+        return JobFailed(
+            occurred_at=now,
+            job_id=failed.job_id,
+            attempt=failed.attempt,
+            cause=fatal.cause,
+            message=f"not retried: {describe(fatal)}",
+            causes=failed.earlier_causes + causes,
+        )
+    root = root_cause(causes)
+    if failed.retries_used >= policy.max_retries:
+        attempts = failed.retries_used + 1
+        return JobFailed(
+            occurred_at=now,
+            job_id=failed.job_id,
+            attempt=failed.attempt,
+            cause=root.cause,
+            message=f"failed after {attempts} attempt{'s' if attempts > 1 else ''} "
+            f"(retry budget {policy.max_retries} spent); last: {_summary(causes, root)}",
+            causes=failed.earlier_causes + causes,
+        )
+    retry = failed.retries_used + 1
+    wait = policy.backoff(retry)
+    return JobRecovering(
+        occurred_at=now,
+        job_id=failed.job_id,
+        attempt=failed.attempt,
+        cause=root.cause,
+        message=f"attempt {failed.attempt} failed: {_summary(causes, root)}; "
+        f"retry {retry} of {policy.max_retries} in {wait.total_seconds():g}s",
+        causes=causes,
+        exclude_nodes=exclusions(causes, failed.bad_nodes),
+        retry_at=now + wait,
+        retries_used=retry,
+        retries_left=policy.max_retries - retry,
+    )
