@@ -1,8 +1,12 @@
 """A node agent as a real process: heartbeats with its simulated GPUs, runs assigned shards as real training
-processes, refuses stale terms, reports missing artifacts, stops revoked shards, reports the artifacts of live jobs
-as they appear, and checkpoints and stops a shard on a stop request (then resumes it)."""
+processes (which checkpoint at every sync), refuses stale terms, holds spares without starting anything, reports
+missing artifacts, stops revoked shards, reports the artifacts of live jobs as they appear, checkpoints and stops a
+shard on a stop request (then resumes it), and stops its shards when it loses the broker (self-fencing)."""
 
+import asyncio
 import json
+import os
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,7 +15,7 @@ import pytest
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import HEARTBEATS, SERVICES, SHARD_EVENTS
-from shardyard.embedded import free_port
+from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import (
     FailureCause,
     Heartbeat,
@@ -20,6 +24,7 @@ from shardyard.events import (
     JobSpec,
     ServiceReady,
     ShardAssignment,
+    ShardCheckpointed,
     ShardCompleted,
     ShardFailed,
     ShardPreempted,
@@ -45,11 +50,13 @@ def assignment(
     node_id: str = "agent-n1",
     attempt: int = 1,
     resume_from: str | None = None,
+    shard_index: int = 0,
+    spare: bool = False,
 ) -> ShardAssignment:
     return ShardAssignment(
         occurred_at=datetime.now(UTC),
         job_id=job_id,
-        shard_index=0,
+        shard_index=shard_index,
         world_size=1,
         node_id=node_id,
         gpu_indices=(0,),
@@ -69,6 +76,7 @@ def assignment(
             seed=0,
             resume_from=resume_from,
         ),
+        spare=spare,
     )
 
 
@@ -123,6 +131,10 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
             assert done.final_loss is not None and done.steps == 40
             assert watch.of(ShardProgress, job_id="agent-ok")
             assert (data / "checkpoints" / "agent-ok" / "config.json").is_file()
+            # A checkpoint at every sync but the last (steps 10, 20, 30 of 40), named by its job path.
+            checkpoints = watch.of(ShardCheckpointed, job_id="agent-ok")
+            assert [c.step for c in checkpoints] == [10, 20, 30]
+            assert {c.checkpoint_dir for c in checkpoints} == {"/data/checkpoints/agent-ok/checkpoint"}
 
             await send.event(assignment("agent-missing", term=2, model="/data/models/absent"))
             missing = await watch.first(ShardFailed, job_id="agent-missing")
@@ -156,6 +168,31 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
             await send.event(assignment("agent-after", term=2, steps=5))
             await watch.first(ShardCompleted, job_id="agent-after", timeout_s=60)
             assert not watch.of(ShardStarted, job_id="agent-stale")
+
+            # A spare is held: no process, not running; its revocation just drops it.
+            await send.event(assignment("agent-spare", term=2, steps=1_000_000, shard_index=1, spare=True))
+            await send.event(assignment("agent-marker", term=2, steps=5))  # after the spare, in the same partition
+            await watch.first(ShardCompleted, job_id="agent-marker", timeout_s=60)
+            seq = watch.of(Heartbeat, node_id="agent-n1")[-1].seq
+            await watch.until(lambda: watch.of(Heartbeat, node_id="agent-n1")[-1].seq >= seq + 2, what="2 heartbeats")
+            assert not [
+                r for b in watch.of(Heartbeat, node_id="agent-n1") for r in b.running if r.job_id == "agent-spare"
+            ]
+            assert not (tmp_path / "shards" / "agent-spare").exists()  # no shard log: nothing was started
+            await send.event(
+                ShardRevocation(
+                    occurred_at=datetime.now(UTC),
+                    job_id="agent-spare",
+                    shard_index=1,
+                    node_id="agent-n1",
+                    attempt=1,
+                    term=2,
+                    reason="test",
+                )
+            )
+            await send.event(assignment("agent-marker-2", term=2, steps=5))
+            await watch.first(ShardCompleted, job_id="agent-marker-2", timeout_s=60)
+            assert not [e for e in watch.events if getattr(e, "job_id", None) == "agent-spare"]
 
 
 async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
@@ -256,3 +293,73 @@ async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
             assert done.steps == steps and done.final_loss is not None
             first = watch.of(ShardProgress, job_id="agent-preempt", attempt=2)[0]
             assert first.step == preempted.step + 1
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _shard_gone(pid: int, *, within_s: float) -> float:
+    """Seconds until ``pid`` is dead; fails past ``within_s``."""
+    t0 = time.monotonic()
+    while _alive(pid):
+        assert time.monotonic() - t0 < within_s, f"shard {pid} still alive {time.monotonic() - t0:.1f} s on"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def _start_long_shard(bootstrap: str, job_id: str, node: str) -> ShardStarted:
+    async with Watcher(bootstrap, [SHARD_EVENTS, SERVICES]) as watch, Producer(bootstrap) as send:
+        await watch.first(ServiceReady, service="node-agent", instance=node, timeout_s=60)
+        await send.event(assignment(job_id, term=1, steps=1_000_000, node_id=node))
+        started: ShardStarted = await watch.first(ShardStarted, job_id=job_id, timeout_s=60)
+        await watch.first(ShardProgress, job_id=job_id, timeout_s=60)
+    assert _alive(started.pid)
+    return started
+
+
+async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, log_dir: Path) -> None:
+    """Self-fencing against a broker this test owns: first it hangs (SIGSTOP: publishes get no answer), then it is
+    back (SIGCONT, its log intact) and hears of the fenced shard; then it dies for good (its process stopped)."""
+    lease_s, grace_s = 2.0, 5.0
+    bound_s = lease_s + grace_s + 3.0  # + up to a heartbeat interval and a lease check, slack
+    data = tmp_path / "data"
+    create_demo_artifacts(data)
+    node = "agent-fence"
+    args = [
+        *("--node-id", node, "--gpus", "A100:1", "--mounts", f"/data={data}", "--log-dir", str(tmp_path / "shards")),
+        *("--lease-s", str(lease_s)),
+    ]
+    broker = EmbeddedBroker().start()
+    assert broker.pid is not None
+    try:
+        await ensure_topics(broker.bootstrap)
+        with service("shardyard.node_agent", args, bootstrap=broker.bootstrap, log_dir=log_dir) as agent:
+            hung = await _start_long_shard(broker.bootstrap, "agent-hung-bus", node)
+            os.kill(broker.pid, signal.SIGSTOP)
+            try:
+                hung_s = await _shard_gone(hung.pid, within_s=bound_s)
+            finally:
+                os.kill(broker.pid, signal.SIGCONT)
+            async with Watcher(broker.bootstrap, [SHARD_EVENTS]) as watch:
+                failed = await watch.first(ShardFailed, job_id="agent-hung-bus", timeout_s=60)
+            assert failed.cause is FailureCause.REVOKED
+            assert failed.message.startswith("self-fenced: bus unreachable for")
+
+            dead = await _start_long_shard(broker.bootstrap, "agent-dead-bus", node)
+            broker.stop()
+            dead_s = await _shard_gone(dead.pid, within_s=bound_s)
+            assert agent.poll() is None  # the agent itself lives on, waiting for the bus
+            print(
+                f"\nshard gone {hung_s:.2f} s after the broker hung, {dead_s:.2f} s after it died"
+                f" (lease {lease_s:.0f} s); reported when it was back: {failed.message}"
+            )
+    finally:
+        if broker.pid is not None:
+            os.kill(broker.pid, signal.SIGCONT)
+        broker.stop()

@@ -4,61 +4,26 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shardyard.training import exitcodes
 from shardyard.training.artifacts import DemoArtifacts, create_demo_artifacts
+from shardyard.training.checkpoint import OPTIMIZER_FILE
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.model import TinyGPTConfig, load_pretrained
+from tests.support.runners import Launcher, runners, until
+from tests.support.runners import train_env as _train_env
+from tests.support.runners import wait_exit as _wait
 
 # Smaller than the default TinyGPT so that 300 steps take a few seconds on 2 CPU cores.
 TEST_MODEL = TinyGPTConfig(n_positions=64, n_embd=32, n_layer=1, n_head=2)
 RUN_DEADLINE_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Shard:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    stderr_path: Path
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    arrived: list[float] = field(default_factory=list)  # time.monotonic() of each line
-    got_line: threading.Event = field(default_factory=threading.Event)
-    reader: threading.Thread | None = None
-
-    def read_progress_pipe(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as f:
-            for raw in f:  # whole JSON lines; EOF once the child has exited
-                self.lines.append(json.loads(raw))
-                self.arrived.append(time.monotonic())
-                self.got_line.set()
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def progress(self) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["kind"] == "progress"]
-
-
-Launcher = Callable[..., list[Shard]]
 
 
 @pytest.fixture(scope="module")
@@ -68,74 +33,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> DemoArtifacts:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Launcher]:
-    """Start runner processes torchrun-style, each with its own progress pipe; kills leftovers at teardown."""
-    shards: list[Shard] = []
-
-    def _launch(world_size: int, overrides: dict[str, str], ranks: list[int] | None = None) -> list[Shard]:
-        port = str(_free_port())
-        started: list[Shard] = []
-        for rank in range(world_size) if ranks is None else ranks:
-            r, w = os.pipe()
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "SHARDYARD_PROGRESS_FD": str(w),
-                "SHARDYARD_DIST_TIMEOUT_S": "30",
-                "OMP_NUM_THREADS": "1",
-                **overrides,
-            }
-            stderr_path = tmp_path / f"rank{rank}.log"
-            with open(stderr_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "shardyard.training.runner"],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(w,),
-                )
-            os.close(w)  # the child holds the only write end now
-            shard = Shard(rank=rank, proc=proc, stderr_path=stderr_path)
-            shard.reader = threading.Thread(target=shard.read_progress_pipe, args=(r,), daemon=True)
-            shard.reader.start()
-            started.append(shard)
-        shards.extend(started)
-        return started
-
-    yield _launch
-    for shard in shards:
-        if shard.proc.poll() is None:
-            shard.proc.kill()
-            shard.proc.wait()
-
-
-def _wait(shard: Shard, timeout_s: float) -> int:
-    try:
-        rc = shard.proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"rank {shard.rank} still running after {timeout_s:.0f} s; log:\n{shard.stderr()}")
-    assert shard.reader is not None
-    shard.reader.join(timeout=10)
-    return rc
-
-
-def _train_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[str, str]:
-    return {
-        "SHARDYARD_MODEL_DIR": str(artifacts.model_dir),
-        "SHARDYARD_DATASET_DIR": str(artifacts.dataset_dir),
-        "SHARDYARD_OUTPUT_DIR": str(output_dir),
-        "SHARDYARD_SYNC_INTERVAL": "100",
-        "SHARDYARD_MAX_STEPS": "300",
-        "SHARDYARD_BATCH_SIZE": "8",
-        "SHARDYARD_SEQ_LEN": "64",
-        "SHARDYARD_LR": "3e-3",
-        "SHARDYARD_SEED": "1",
-        **extra,
-    }
+    with runners(tmp_path) as start:
+        yield start
 
 
 def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:
@@ -149,7 +48,8 @@ def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launch
 
     for shard in shards:
         kinds = [line["kind"] for line in shard.lines]
-        assert kinds[0] == "started" and kinds[-1] == "finished" and set(kinds[1:-1]) == {"progress"}
+        middle = {"progress", "checkpointed"} if shard.rank == 0 else {"progress"}
+        assert kinds[0] == "started" and kinds[-1] == "finished" and set(kinds[1:-1]) == middle
         assert shard.lines[0] == {"kind": "started", "world_size": 2, "rank": shard.rank}
         progress = shard.progress()
         assert progress[-1]["syncs"] >= 3
@@ -161,6 +61,9 @@ def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launch
         finished = shard.lines[-1]
         assert finished["steps"] == 300
         assert finished["checkpoint_dir"] == (str(output_dir) if shard.rank == 0 else None)
+    # Rank 0 checkpointed at every sync but the last (the final save replaces the checkpoint with the output).
+    assert [line["step"] for line in shards[0].of("checkpointed")] == [100, 200]
+    assert not (output_dir / "checkpoint").exists()
 
     assert load_pretrained(output_dir).config == TEST_MODEL
     rank0 = shards[0]
@@ -171,14 +74,6 @@ def test_two_shards_train_sync_and_save(artifacts: DemoArtifacts, launch: Launch
     )
 
 
-def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_a_stop_signal_to_one_shard_stops_both_at_one_sync_and_the_gang_resumes(
     artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
 ) -> None:
@@ -186,7 +81,7 @@ def test_a_stop_signal_to_one_shard_stops_both_at_one_sync_and_the_gang_resumes(
     checkpoint = output_dir / "checkpoint"
     env = _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_SYNC_INTERVAL="10")
     rank0, rank1 = launch(2, env)
-    _until(lambda: any(p["step"] >= 30 for p in rank1.progress()), 60, "rank 1 at step 30")
+    until(lambda: any(p["step"] >= 30 for p in rank1.progress()), 60, "rank 1 at step 30")
     seen = max(p["step"] for p in rank1.progress())
     rank1.proc.send_signal(signal.SIGUSR1)  # only rank 1 is asked; rank 0 learns it at the next sync
 
@@ -205,7 +100,7 @@ def test_a_stop_signal_to_one_shard_stops_both_at_one_sync_and_the_gang_resumes(
     state = json.loads((checkpoint / "state.json").read_text())
     assert (state["step"], state["world_size"], state["sync_interval"]) == (stop_step, 2, 10)
     assert load_pretrained(checkpoint).config == TEST_MODEL
-    assert (checkpoint / "optimizer.pt").is_file()
+    assert (checkpoint / OPTIMIZER_FILE).is_file()
     first_loss = rank0.progress()[0]["loss"]
 
     max_steps = stop_step + 100
@@ -270,3 +165,112 @@ def test_rendezvous_timeout_exits_comm_error(artifacts: DemoArtifacts, launch: L
     assert _wait(shard, 60) == exitcodes.COMM_ERROR, shard.stderr()
     assert "init_process_group" in shard.stderr()
     assert shard.lines == []
+
+
+def _sync_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[str, str]:
+    return _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_SYNC_INTERVAL="10", **extra)
+
+
+def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_from_it(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "out"
+    checkpoint = output_dir / "checkpoint"
+    rank0, rank1 = launch(2, _sync_env(artifacts, output_dir, SHARDYARD_CHECKPOINT_EVERY="1"))
+    until(lambda: len(rank0.of("checkpointed")) >= 5, 60, "five checkpoints")
+    rank1.proc.kill()  # SIGKILL: no goodbye; rank 0 finds out at its next sync
+
+    assert _wait(rank1, 10) == -signal.SIGKILL
+    assert _wait(rank0, 60) == exitcodes.COMM_ERROR, rank0.stderr()
+
+    syncs = rank0.sync_lines()
+    checkpoints = rank0.of("checkpointed")
+    assert [c["step"] for c in checkpoints] == [s["step"] for s in syncs]  # one per sync, in order, none lost
+    assert all(c["checkpoint_dir"] == str(checkpoint) for c in checkpoints)
+    last = syncs[-1]["step"]
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert state["step"] == last and last % 10 == 0
+    assert load_pretrained(checkpoint).config == TEST_MODEL
+    assert sorted(p.name for p in output_dir.iterdir()) == ["checkpoint"]  # no temp or old copies left behind
+    snapshot = sorted(c["snapshot_ms"] for c in checkpoints)
+    write = sorted(c["write_ms"] for c in checkpoints)
+
+    resumed = launch(
+        2,
+        _train_env(
+            artifacts,
+            output_dir,
+            SHARDYARD_MAX_STEPS=str(last + 30),
+            SHARDYARD_SYNC_INTERVAL="10",
+            SHARDYARD_RESUME_DIR=str(checkpoint),
+        ),
+    )
+    rcs = [_wait(shard, RUN_DEADLINE_S) for shard in resumed]
+
+    assert rcs == [exitcodes.OK, exitcodes.OK], "\n".join(s.stderr() for s in resumed)
+    for shard in resumed:
+        assert shard.progress()[0]["step"] == last + 1 and shard.lines[-1]["steps"] == last + 30
+    print(
+        f"\nrank 1 killed after {len(checkpoints)} checkpoints; resumed from step {last}; checkpoint cost (median,"
+        f" test model): {snapshot[len(snapshot) // 2]:.2f} ms snapshot on the training thread,"
+        f" {write[len(write) // 2]:.2f} ms write in the background"
+    )
+
+
+def test_a_hung_peer_times_the_sync_out(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:
+    rank0, rank1 = launch(2, _sync_env(artifacts, tmp_path / "out", SHARDYARD_SYNC_TIMEOUT_S="2"))
+    until(lambda: len(rank1.sync_lines()) >= 2, 60, "two syncs")
+    rank1.proc.send_signal(signal.SIGSTOP)  # alive but silent: only the timeout can tell
+    stopped_at = time.monotonic()
+    try:
+        assert _wait(rank0, 30) == exitcodes.SYNC_TIMEOUT, rank0.stderr()
+    finally:
+        rank1.proc.kill()
+    waited = time.monotonic() - stopped_at
+    assert classify_exit(exitcodes.SYNC_TIMEOUT) is ExitCause.SYNC_TIMEOUT
+    assert "sync timeout" in rank0.stderr()
+    assert 2.0 <= waited < 15.0
+    print(f"\nrank 0 exited SYNC_TIMEOUT {waited:.2f} s after its peer hung (timeout 2 s)")
+
+
+def test_slow_syncs_widen_the_interval_alike_on_every_rank(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
+) -> None:
+    env = _train_env(
+        artifacts,
+        tmp_path / "out",
+        SHARDYARD_MAX_STEPS="400",
+        SHARDYARD_SYNC_INTERVAL="10",
+        SHARDYARD_SLOW_SYNC_FACTOR="3",
+        SHARDYARD_CHECKPOINT_EVERY="0",
+    )
+    rank0, rank1 = launch(2, env)
+    until(lambda: len(rank1.sync_lines()) >= 6, 60, "six syncs at full speed")
+    done = threading.Event()
+
+    def throttle() -> None:  # rank 1 runs at half speed from now on: rank 0 waits for it at every sync
+        while not done.is_set() and rank1.proc.poll() is None:
+            rank1.proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.05)
+            rank1.proc.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=throttle, daemon=True)
+    thread.start()
+    try:
+        rcs = [_wait(shard, RUN_DEADLINE_S) for shard in (rank0, rank1)]
+    finally:
+        done.set()
+        thread.join()
+        if rank1.proc.poll() is None:
+            rank1.proc.send_signal(signal.SIGCONT)
+
+    assert rcs == [exitcodes.OK, exitcodes.OK], "\n".join(s.stderr() for s in (rank0, rank1))
+    paces = [[(s["step"], s["sync_interval"], s["slow_syncs"]) for s in shard.sync_lines()] for shard in (rank0, rank1)]
+    assert paces[0] == paces[1]  # the same syncs, at the same steps, widened at the same sync
+    intervals = [interval for _, interval, _ in paces[0]]
+    assert intervals == sorted(intervals) and intervals[0] == 10 and 20 <= intervals[-1] <= 80
+    assert all(interval in (10, 20, 40, 80) for interval in intervals)
+    assert "sync interval 10 -> 20" in rank0.stderr() and "sync interval 10 -> 20" in rank1.stderr()
+    widened = next(step for step, interval, _ in paces[0] if interval == 20)
+    print(f"\nslow syncs widened the interval 10 -> 20 at step {widened}; paces {sorted(set(intervals))}")

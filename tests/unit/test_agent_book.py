@@ -14,7 +14,7 @@ from shardyard.events import (
     ShardRevocation,
     ShardStopRequest,
 )
-from shardyard.node_agent.book import AgentBook, ShardPaths, Verdict, key_of, shard_env
+from shardyard.node_agent.book import AgentBook, RunnerOptions, ShardPaths, Verdict, key_of, shard_env
 from tests.unit.builders import assignment, at, workload
 
 
@@ -105,6 +105,9 @@ def test_on_revocation(event: ShardRevocation, stops: bool) -> None:
         pytest.param(3, FailureCause.USER_ERROR, ShardFailed, id="exit-3"),
         pytest.param(4, FailureCause.COMM_ERROR, ShardFailed, id="exit-4"),
         pytest.param(1, FailureCause.PROCESS_EXIT, ShardFailed, id="exit-1"),
+        pytest.param(6, FailureCause.OOM, ShardFailed, id="oom"),
+        pytest.param(7, FailureCause.GPU_FAULT, ShardFailed, id="gpu-fault"),
+        pytest.param(8, FailureCause.SYNC_TIMEOUT, ShardFailed, id="sync-timeout"),
         pytest.param(-9, FailureCause.KILLED, ShardFailed, id="sigkill"),
         pytest.param(137, FailureCause.KILLED, ShardFailed, id="shell-sigkill"),
         pytest.param(0, None, ShardCompleted, id="exit-0"),
@@ -228,7 +231,23 @@ def test_shard_env() -> None:
         "SHARDYARD_SEQ_LEN": "32",
         "SHARDYARD_LR": "0.01",
         "SHARDYARD_SEED": "7",
+        "SHARDYARD_CHECKPOINT_EVERY": "1",
+        "SHARDYARD_SYNC_TIMEOUT_S": "30.0",
+        "SHARDYARD_SLOW_SYNC_FACTOR": "3.0",
     }
+
+
+def test_shard_env_carries_the_node_runner_options() -> None:
+    paths = ShardPaths(model=Path("/m"), dataset=Path("/d"), output=Path("/o"))
+    options = RunnerOptions(checkpoint_every=0, sync_timeout_s=12.5, slow_sync_factor=4.0)
+
+    env = shard_env(assignment(), paths, base_env={"SHARDYARD_CHECKPOINT_EVERY": "9"}, options=options)
+
+    assert (env["SHARDYARD_CHECKPOINT_EVERY"], env["SHARDYARD_SYNC_TIMEOUT_S"], env["SHARDYARD_SLOW_SYNC_FACTOR"]) == (
+        "0",
+        "12.5",
+        "4.0",
+    )
 
 
 def test_shard_missing_paths(tmp_path: Path) -> None:

@@ -2,19 +2,32 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
+from shardyard.training import checkpoint as checkpoint_mod
 from shardyard.training.checkpoint import (
+    LEGACY_OPTIMIZER_FILE,
     OPTIMIZER_FILE,
     STATE_FILE,
+    CheckpointWriter,
     TrainingState,
+    checkpoint_files,
     load_checkpoint,
     save_checkpoint,
 )
-from shardyard.training.model import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, TinyGPT, TinyGPTConfig, save_pretrained
+from shardyard.training.model import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    TinyGPT,
+    TinyGPTConfig,
+    recover_leftovers,
+    save_pretrained,
+)
 
 SMALL = TinyGPTConfig(n_positions=16, n_embd=16, n_layer=1, n_head=2)
 STATE = TrainingState(step=40, loss=3.25, world_size=2, seed=7, sync_interval=10)
@@ -117,3 +130,82 @@ def test_extra_files_must_be_plain_free_names(tmp_path: Path, name: str) -> None
     with pytest.raises(ValueError, match="extra checkpoint file name"):
         save_pretrained(model, tmp_path / "ckpt", extra_files={name: b"x"})
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_legacy_optimizer_file_is_still_read(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    target = save_checkpoint(tmp_path / "ckpt", model, optimizer, STATE)
+    (target / OPTIMIZER_FILE).unlink()
+    torch.save(optimizer.state_dict(), target / LEGACY_OPTIMIZER_FILE)
+
+    loaded = load_checkpoint(target)
+
+    assert loaded.optimizer is not None
+    torch.testing.assert_close(loaded.optimizer["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_the_writer_writes_in_order_in_the_background(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    written: list[tuple[int, Path, str]] = []
+    writer = CheckpointWriter(
+        tmp_path / "ckpt", lambda step, d, ms: written.append((step, d, threading.current_thread().name))
+    )
+
+    for step in (10, 20, 30):
+        writer.submit(step, checkpoint_files(model, optimizer, TrainingState(step, 1.0, 2, 7, 10)))
+    writer.close()
+
+    assert [(step, d) for step, d, _ in written] == [
+        (10, tmp_path / "ckpt"),
+        (20, tmp_path / "ckpt"),
+        (30, tmp_path / "ckpt"),
+    ]
+    assert all(name.startswith("checkpoint-writer") for _, _, name in written)
+    assert load_checkpoint(tmp_path / "ckpt").state.step == 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, optimizer = _trained()
+    written: list[int] = []
+    writer = CheckpointWriter(tmp_path / "ckpt", lambda step, d, ms: written.append(step))
+    writer.submit(10, checkpoint_files(model, optimizer, TrainingState(10, 1.0, 2, 7, 10)))
+    writer.wait()
+
+    def disk_full(directory: object, files: object) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_mod, "write_dir_atomic", disk_full)
+    writer.submit(20, checkpoint_files(model, optimizer, TrainingState(20, 1.0, 2, 7, 10)))
+    writer.close()
+
+    assert written == [10]
+    assert "checkpoint of step 20 not written" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "ckpt").state.step == 10
+
+
+def test_leftovers_of_a_writer_that_died_mid_write_are_tidied(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, STATE)
+    partial = tmp_path / ".ckpt.tmp-0123"  # killed while writing: a temp directory with part of the files
+    partial.mkdir()
+    (partial / CONFIG_FILE).write_text("{")
+
+    CheckpointWriter(tmp_path / "ckpt", lambda step, d, ms: None).close()
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_checkpoint(tmp_path / "ckpt").state == STATE
+
+
+def test_a_death_between_the_fallback_renames_is_recovered(tmp_path: Path) -> None:
+    """Without renameat2 the swap takes two renames; dying between them leaves only the old copy, put back."""
+    model, optimizer = _trained()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, STATE)
+    (tmp_path / "ckpt").rename(tmp_path / ".ckpt.old-4567")
+
+    recover_leftovers(tmp_path / "ckpt")
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_checkpoint(tmp_path / "ckpt").state == STATE

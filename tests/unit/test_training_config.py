@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.training import exitcodes
+from shardyard.training import exitcodes, runner
 from shardyard.training.config import DEFAULT_DIST_TIMEOUT_S, ConfigError, RunConfig
-from shardyard.training.runner import main
+from shardyard.training.preemption import StopFlag
+from shardyard.training.progress import ProgressReporter
+from shardyard.training.runner import CommError, SyncTimeoutError, main
 
 GOOD_ENV: dict[str, str] = {
     "RANK": "1",
@@ -25,7 +27,14 @@ GOOD_ENV: dict[str, str] = {
     "SHARDYARD_LR": "3e-4",
     "SHARDYARD_SEED": "7",
 }
-OPTIONAL = {"SHARDYARD_PROGRESS_FD", "SHARDYARD_DIST_TIMEOUT_S", "SHARDYARD_RESUME_DIR"}
+OPTIONAL = {
+    "SHARDYARD_PROGRESS_FD",
+    "SHARDYARD_DIST_TIMEOUT_S",
+    "SHARDYARD_RESUME_DIR",
+    "SHARDYARD_CHECKPOINT_EVERY",
+    "SHARDYARD_SYNC_TIMEOUT_S",
+    "SHARDYARD_SLOW_SYNC_FACTOR",
+}
 
 
 def test_parses_a_complete_environment() -> None:
@@ -55,6 +64,19 @@ def test_optional_values_take_defaults() -> None:
     assert cfg.progress_fd is None
     assert cfg.dist_timeout_s == DEFAULT_DIST_TIMEOUT_S == 60.0
     assert cfg.resume_dir is None
+    assert (cfg.checkpoint_every, cfg.sync_timeout_s, cfg.slow_sync_factor) == (1, 30.0, 3.0)
+
+
+def test_recovery_and_pace_settings() -> None:
+    cfg = RunConfig.from_env(
+        {
+            **GOOD_ENV,
+            "SHARDYARD_CHECKPOINT_EVERY": "0",
+            "SHARDYARD_SYNC_TIMEOUT_S": "2.5",
+            "SHARDYARD_SLOW_SYNC_FACTOR": "1.5",
+        }
+    )
+    assert (cfg.checkpoint_every, cfg.sync_timeout_s, cfg.slow_sync_factor) == (0, 2.5, 1.5)
 
 
 @pytest.mark.parametrize(
@@ -105,6 +127,12 @@ def test_missing_required_variable(name: str) -> None:
         ("SHARDYARD_PROGRESS_FD", "stdout"),
         ("SHARDYARD_DIST_TIMEOUT_S", "0"),
         ("SHARDYARD_DIST_TIMEOUT_S", "inf"),
+        ("SHARDYARD_CHECKPOINT_EVERY", "-1"),
+        ("SHARDYARD_CHECKPOINT_EVERY", "every"),
+        ("SHARDYARD_SYNC_TIMEOUT_S", "0"),
+        ("SHARDYARD_SYNC_TIMEOUT_S", "nan"),
+        ("SHARDYARD_SLOW_SYNC_FACTOR", "1"),
+        ("SHARDYARD_SLOW_SYNC_FACTOR", "inf"),
     ],
 )
 def test_bad_value_is_rejected_with_its_name(name: str, value: str) -> None:
@@ -138,3 +166,35 @@ def test_runner_exits_user_error_on_closed_progress_fd(capsys: pytest.CaptureFix
     os.close(w)
     assert main({**GOOD_ENV, "SHARDYARD_PROGRESS_FD": str(w)}) == exitcodes.USER_ERROR
     assert "SHARDYARD_PROGRESS_FD" in capsys.readouterr().err
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like ``torch.cuda.OutOfMemoryError``."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "says"),
+    [
+        pytest.param(OutOfMemoryError("CUDA out of memory"), exitcodes.OOM, "out of memory", id="cuda-oom"),
+        pytest.param(MemoryError(), exitcodes.OOM, "out of memory", id="memory-error"),
+        pytest.param(
+            RuntimeError("CUDA error: an illegal memory access was encountered"),
+            exitcodes.GPU_FAULT,
+            "GPU fault",
+            id="gpu-fault",
+        ),
+        pytest.param(SyncTimeoutError("AllReduce timed out"), exitcodes.SYNC_TIMEOUT, "sync timeout", id="timeout"),
+        pytest.param(CommError("Connection closed by peer"), exitcodes.COMM_ERROR, "communication", id="comm"),
+        pytest.param(KeyError("bug"), exitcodes.INTERNAL_ERROR, "internal error", id="bug"),
+    ],
+)
+def test_runner_exit_code_by_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: Exception, code: int, says: str
+) -> None:
+    def failing(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> runner.Outcome:
+        raise exc
+
+    monkeypatch.setattr(runner, "train", failing)
+
+    assert main(GOOD_ENV, stop=StopFlag()) == code
+    assert says in capsys.readouterr().err

@@ -90,7 +90,7 @@ def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path: Path, monkeypatc
     def boom(*args: object, **kwargs: object) -> bytes:
         raise OSError("disk full")
 
-    monkeypatch.setattr(model_mod, "safetensors_bytes", boom)
+    monkeypatch.setattr(model_mod, "tensor_bytes", boom)
     with pytest.raises(OSError, match="disk full"):
         save_pretrained(_model(2), target)
     assert torch.equal(load_pretrained(target).wte.weight, first.wte.weight)
@@ -136,3 +136,26 @@ def test_invalid_checkpoint_raises_checkpoint_error(tmp_path: Path, how: str) ->
 def test_missing_directory_raises_checkpoint_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         load_pretrained(tmp_path / "nope")
+
+
+def test_replacing_swaps_in_one_exchange_where_the_system_has_it(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "which").write_text("a")
+    (b / "which").write_text("b")
+    if not model_mod._exchange(a, b):
+        pytest.skip("no renameat2(RENAME_EXCHANGE) here")
+    assert ((a / "which").read_text(), (b / "which").read_text()) == ("b", "a")
+
+
+def test_without_the_exchange_replacing_takes_two_renames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_mod, "_exchange", lambda a, b: False)
+    target = tmp_path / "ckpt"
+    save_pretrained(_model(1), target)
+    second = _model(2)
+
+    save_pretrained(second, target)
+
+    assert torch.equal(load_pretrained(target).wte.weight, second.wte.weight)
+    assert _leftovers(tmp_path) == []

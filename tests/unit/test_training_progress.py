@@ -4,6 +4,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,7 @@ def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
         "allreduce_bytes",
         "syncs",
         "cpu_percent",
+        "slow_syncs",
     }
     assert (first["step"], first["loss"]) == (1, 5.0)
     assert first["samples_per_s"] == pytest.approx(8 / 1.0)  # since construction at t=100
@@ -123,3 +125,42 @@ def test_preempted_line(pipe: tuple[int, int]) -> None:
     reporter.close()
 
     assert _lines(r) == [{"kind": "preempted", "step": 120, "checkpoint_dir": "/srv/out/checkpoint"}]
+
+
+def test_pace_fields_and_checkpointed_line(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    reporter = ProgressReporter(w, clock=FakeClock())
+    reporter.progress(
+        step=40, loss=2.0, samples=320, allreduce_ms=80.0, allreduce_bytes=1024, syncs=4, sync_interval=20, slow_syncs=2
+    )
+    reporter.checkpointed(40, "/srv/out/checkpoint", snapshot_ms=1.23456, write_ms=9.87654)
+    reporter.close()
+
+    progress, checkpointed = _lines(r)
+    assert (progress["sync_interval"], progress["slow_syncs"], progress["allreduce_ms"]) == (20, 2, 80.0)
+    assert checkpointed == {
+        "kind": "checkpointed",
+        "step": 40,
+        "checkpoint_dir": "/srv/out/checkpoint",
+        "snapshot_ms": 1.235,
+        "write_ms": 9.877,
+    }
+
+
+def test_lines_from_two_threads_stay_whole(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    reporter = ProgressReporter(w, min_interval_s=0.0)
+
+    def checkpoints() -> None:
+        for step in range(100):
+            reporter.checkpointed(step, "/srv/out/checkpoint", snapshot_ms=1.0, write_ms=2.0)
+
+    writer = threading.Thread(target=checkpoints)
+    writer.start()
+    for step in range(100):
+        _step(reporter, step, 1.0)
+    writer.join()
+    reporter.close()
+
+    kinds = [line["kind"] for line in _lines(r)]
+    assert (kinds.count("progress"), kinds.count("checkpointed")) == (100, 100)

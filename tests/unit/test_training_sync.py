@@ -76,7 +76,7 @@ def test_multi_rank_path_averages_and_copies_back(monkeypatch: pytest.MonkeyPatc
     sync = ParamSync(params, bucket_bytes=450)
     stats = sync.allreduce_mean()
     assert stats == SyncStats(ms=stats.ms, bytes=624, buckets=3)
-    assert calls == [100 + 1, 46, 5]  # the first bucket carries the stop flag too
+    assert calls == [100 + 2, 46, 5]  # the first bucket carries the control slots (stop, slow) too
     assert not stats.stop
     for p, b in zip(params, before, strict=True):
         torch.testing.assert_close(p.detach(), 2 * b)
@@ -95,7 +95,7 @@ def test_multi_rank_path_averages_and_copies_back(monkeypatch: pytest.MonkeyPatc
 def test_ranks_agree_to_stop_through_the_control_slot(
     monkeypatch: pytest.MonkeyPatch, ours: bool, peers: float, agreed: bool
 ) -> None:
-    """The fake AllReduce adds the peers' flags to the control slot (the last element of the first bucket)."""
+    """The fake AllReduce adds the peers' flags to the stop slot (the next-to-last element of the first bucket)."""
     params = _params()
     before = [p.detach().clone() for p in params]
     first_call = [True]
@@ -103,7 +103,8 @@ def test_ranks_agree_to_stop_through_the_control_slot(
     def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
         tensor.mul_(2)  # a peer with identical parameters...
         if first_call[0]:
-            tensor[-1] = tensor[-1] / 2 + peers  # ...and its own stop flags
+            tensor[-2] = tensor[-2] / 2 + peers  # ...and its own stop flags
+            tensor[-1] = tensor[-1] / 2
             first_call[0] = False
 
     monkeypatch.setattr(ParamSync, "world_size", lambda self: 3)
@@ -111,7 +112,42 @@ def test_ranks_agree_to_stop_through_the_control_slot(
     stats = ParamSync(params).allreduce_mean(stop=ours)
 
     assert stats.stop is agreed
-    for p, b in zip(params, before, strict=True):  # the slot is not a parameter: the mean is untouched by it
+    assert stats.slow_votes == 0 and not stats.slow
+    for p, b in zip(params, before, strict=True):  # the slots are not parameters: the mean is untouched by them
+        torch.testing.assert_close(p.detach(), 2 * b / 3)
+
+
+@pytest.mark.parametrize(
+    ("ours", "peers", "votes"),
+    [
+        pytest.param(False, 0.0, 0, id="nobody"),
+        pytest.param(True, 0.0, 1, id="we-vote-slow"),
+        pytest.param(False, 2.0, 2, id="two-peers-vote-slow"),
+        pytest.param(True, 2.0, 3, id="everybody"),
+    ],
+)
+def test_slow_votes_are_counted_in_the_same_collective(
+    monkeypatch: pytest.MonkeyPatch, ours: bool, peers: float, votes: int
+) -> None:
+    """Every rank reads the same vote count from the last slot of the first bucket, beside an unchanged stop flag."""
+    params = _params()
+    before = [p.detach().clone() for p in params]
+    calls: list[int] = []
+
+    def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+        tensor.mul_(2)
+        if not calls:
+            tensor[-2] = tensor[-2] / 2
+            tensor[-1] = tensor[-1] / 2 + peers
+        calls.append(tensor.numel())
+
+    monkeypatch.setattr(ParamSync, "world_size", lambda self: 3)
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    stats = ParamSync(params).allreduce_mean(slow=ours)
+
+    assert (stats.slow_votes, stats.slow, stats.stop) == (votes, votes > 0, False)
+    assert len(calls) == 2  # no extra collective for the vote
+    for p, b in zip(params, before, strict=True):
         torch.testing.assert_close(p.detach(), 2 * b / 3)
 
 
@@ -119,6 +155,7 @@ def test_one_rank_stops_on_its_own_flag(single_rank_group: None) -> None:
     sync = ParamSync(_params())
 
     assert sync.allreduce_mean(stop=True).stop and not sync.allreduce_mean().stop
+    assert sync.allreduce_mean(slow=True).slow_votes == 1 and not sync.allreduce_mean().slow
 
 
 def test_without_parameters_the_flag_travels_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,10 +163,10 @@ def test_without_parameters_the_flag_travels_alone(monkeypatch: pytest.MonkeyPat
 
     def fake_all_reduce(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
         calls.append(tensor.numel())
-        tensor.add_(1)  # one peer asked to stop
+        tensor.add_(1)  # one peer asked to stop and voted slow
 
     monkeypatch.setattr(ParamSync, "world_size", lambda self: 2)
     monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
     stats = ParamSync([]).allreduce_mean()
 
-    assert stats.stop and stats.buckets == 1 and stats.bytes == 0 and calls == [1]
+    assert stats.stop and stats.slow_votes == 1 and stats.buckets == 1 and stats.bytes == 0 and calls == [2]

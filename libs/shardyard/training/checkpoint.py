@@ -1,13 +1,17 @@
-"""A gang's training state at a preemption, written by rank 0 and read back by every rank of the resumed gang.
+"""A gang's training state at a sync, written by rank 0 and read back by every rank of a resumed gang.
 
-Layout of ``<SHARDYARD_OUTPUT_DIR>/checkpoint/``, written as one atomic directory swap (see ``save_pretrained``)::
+Rank 0 writes it after every ``checkpoint_every`` syncs (recovery resumes from the last one) and when the gang stops
+on request (preemption). Layout of ``<SHARDYARD_OUTPUT_DIR>/checkpoint/``, written as one atomic directory swap (see
+``write_dir_atomic``)::
 
-    config.json          the model config                  } exactly what save_pretrained writes, so the
-    model.safetensors    the weights, averaged at the sync } directory also loads as a pretrained model
-    optimizer.pt         rank 0's optimizer state (torch.save of a state_dict; read with weights_only=True)
-    state.json           {"format": 1, "step": S, "loss": L, "world_size": W, "seed": ..., "sync_interval": ...}
+    config.json            the model config                  } exactly what save_pretrained writes, so the
+    model.safetensors      the weights, averaged at the sync } directory also loads as a pretrained model
+    optimizer.safetensors  rank 0's optimizer state: tensors as ``<param id>.<name>``, ``param_groups`` and
+                           non-tensor values as JSON in the metadata (no pickle)
+    state.json             {"format": 1, "step": S, "loss": L, "world_size": W, "seed": ..., "sync_interval": ...}
 
 ``state.json`` is what makes the directory a training checkpoint; ``step`` is the last completed (and synced) step.
+An ``optimizer.pt`` (``torch.save`` of a state_dict, written by earlier versions) is still read.
 """
 
 from __future__ import annotations
@@ -16,16 +20,30 @@ import io
 import json
 import math
 import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
-from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
+from shardyard.training.model import (
+    CheckpointError,
+    TinyGPT,
+    load_pretrained,
+    pretrained_files,
+    recover_leftovers,
+    tensor_bytes,
+    write_dir_atomic,
+)
 
 STATE_FILE = "state.json"
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_FILE = "optimizer.safetensors"
+LEGACY_OPTIMIZER_FILE = "optimizer.pt"
 FORMAT = 1
 
 
@@ -48,22 +66,66 @@ class Checkpoint:
     """An optimizer ``state_dict``, or None when the checkpoint has none."""
 
 
+def checkpoint_files(model: TinyGPT, optimizer: torch.optim.Optimizer, state: TrainingState) -> dict[str, bytes]:
+    """The checkpoint's files as bytes: a consistent snapshot of the model and optimizer as they are now."""
+    loss = state.loss if state.loss is not None and math.isfinite(state.loss) else None
+    document = {"format": FORMAT, **asdict(state), "loss": loss}
+    return {
+        **pretrained_files(model),
+        OPTIMIZER_FILE: _optimizer_bytes(optimizer.state_dict()),
+        STATE_FILE: (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(),
+    }
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str], model: TinyGPT, optimizer: torch.optim.Optimizer, state: TrainingState
 ) -> Path:
     """Write weights, optimizer state and ``state.json`` to ``directory`` atomically, replacing what is there."""
-    buffer = io.BytesIO()
-    torch.save(optimizer.state_dict(), buffer)
-    loss = state.loss if state.loss is not None and math.isfinite(state.loss) else None
-    document = {"format": FORMAT, **asdict(state), "loss": loss}
-    return save_pretrained(
-        model,
-        directory,
-        extra_files={
-            STATE_FILE: (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(),
-            OPTIMIZER_FILE: buffer.getvalue(),
-        },
-    )
+    return write_dir_atomic(directory, checkpoint_files(model, optimizer, state))
+
+
+Written = Callable[[int, Path, float], None]
+"""``on_written(step, directory, write_ms)``, called on the writer's thread once a checkpoint is in place."""
+
+
+class CheckpointWriter:
+    """Writes the checkpoints of one directory on a background thread, in order, one at a time.
+
+    The training thread takes the snapshot (:func:`checkpoint_files`, the CPU part) and hands the bytes over; the
+    writer does the part that waits on the disk (fsyncs, the swap) while training goes on. A new checkpoint waits
+    for the one before it. A write that fails is reported on stderr and training goes on: the previous checkpoint
+    stays in place. Leftovers of a writer that died mid-write are tidied up first.
+    """
+
+    def __init__(self, directory: Path, on_written: Written) -> None:
+        self.directory = directory
+        self._on_written = on_written
+        recover_leftovers(directory)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending: Future[None] | None = None
+
+    def submit(self, step: int, files: Mapping[str, bytes]) -> None:
+        self.wait()
+        self._pending = self._pool.submit(self._write, step, dict(files))
+
+    def wait(self) -> None:
+        """Until the checkpoint being written (if any) is in place or has failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown()
+
+    def _write(self, step: int, files: dict[str, bytes]) -> None:
+        t0 = time.perf_counter()
+        try:
+            write_dir_atomic(self.directory, files)
+        except (OSError, CheckpointError) as exc:
+            print(f"shardyard.training: checkpoint of step {step} not written: {exc}", file=sys.stderr)
+            return
+        self._on_written(step, self.directory, (time.perf_counter() - t0) * 1000.0)
 
 
 def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
@@ -71,17 +133,56 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     root = Path(directory)
     model = load_pretrained(root)
     state = _read_state(root / STATE_FILE)
-    optimizer_path = root / OPTIMIZER_FILE
     optimizer: dict[str, Any] | None = None
-    if optimizer_path.is_file():
-        try:
-            loaded = torch.load(io.BytesIO(optimizer_path.read_bytes()), map_location="cpu", weights_only=True)
-        except Exception as exc:  # unpickling errors come in many types
-            raise CheckpointError(f"cannot read {optimizer_path}: {exc}") from exc
-        if not isinstance(loaded, dict) or "state" not in loaded or "param_groups" not in loaded:
-            raise CheckpointError(f"{optimizer_path} does not hold an optimizer state_dict")
-        optimizer = loaded
+    if (root / OPTIMIZER_FILE).is_file():
+        optimizer = _read_optimizer(root / OPTIMIZER_FILE)
+    elif (root / LEGACY_OPTIMIZER_FILE).is_file():
+        optimizer = _read_legacy_optimizer(root / LEGACY_OPTIMIZER_FILE)
     return Checkpoint(model=model, state=state, optimizer=optimizer)
+
+
+def _optimizer_bytes(state_dict: dict[str, Any]) -> bytes:
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, Any] = {}
+    for param_id, entries in state_dict["state"].items():
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{param_id}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                values[f"{param_id}.{name}"] = value
+    try:
+        metadata = {"param_groups": json.dumps(state_dict["param_groups"]), "values": json.dumps(values)}
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"the optimizer state has values JSON cannot hold: {exc}") from exc
+    return tensor_bytes(tensors, metadata)
+
+
+def _read_optimizer(path: Path) -> dict[str, Any]:
+    try:
+        with safe_open(str(path), "pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+        groups = json.loads(metadata["param_groups"])
+        values = json.loads(metadata.get("values", "{}"))
+        state: dict[int, dict[str, Any]] = {}
+        for key, value in [*tensors.items(), *values.items()]:
+            param_id, name = key.split(".", 1)
+            state.setdefault(int(param_id), {})[name] = value
+    except Exception as exc:  # safetensors raises its own SafetensorError; bad metadata many kinds
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(groups, list):
+        raise CheckpointError(f"{path} does not hold an optimizer state")
+    return {"state": dict(sorted(state.items())), "param_groups": groups}  # in parameter order, as saved
+
+
+def _read_legacy_optimizer(path: Path) -> dict[str, Any]:
+    try:
+        loaded = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors come in many types
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(loaded, dict) or "state" not in loaded or "param_groups" not in loaded:
+        raise CheckpointError(f"{path} does not hold an optimizer state_dict")
+    return loaded
 
 
 def _read_state(path: Path) -> TrainingState:

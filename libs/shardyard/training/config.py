@@ -13,6 +13,12 @@ from shardyard.training.preemption import RESUME_DIR_ENV
 _T = TypeVar("_T")
 
 DEFAULT_DIST_TIMEOUT_S = 60.0
+DEFAULT_CHECKPOINT_EVERY = 1
+DEFAULT_SYNC_TIMEOUT_S = 30.0
+DEFAULT_SLOW_SYNC_FACTOR = 3.0
+CHECKPOINT_EVERY_ENV = "SHARDYARD_CHECKPOINT_EVERY"
+SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
+SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
 _MAX_SEED = 2**63 - 1
 
 
@@ -44,6 +50,14 @@ class RunConfig:
     dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S
     resume_dir: Path | None = None
     """A checkpoint to resume from (``SHARDYARD_RESUME_DIR``): its weights, step and optimizer state."""
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    """Rank 0 checkpoints the gang after every this many parameter syncs (``SHARDYARD_CHECKPOINT_EVERY``); 0: never
+    (a preemption still checkpoints)."""
+    sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
+    """The collective timeout of a parameter sync (``SHARDYARD_SYNC_TIMEOUT_S``): past it the shard exits
+    SYNC_TIMEOUT. The rendezvous and the barriers keep ``dist_timeout_s``."""
+    slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+    """A sync slower than this many times the median of the previous ones is slow (``SHARDYARD_SLOW_SYNC_FACTOR``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RunConfig:
@@ -66,6 +80,9 @@ class RunConfig:
         progress_fd = p.optional("SHARDYARD_PROGRESS_FD", int, lambda v: v >= 0, "a file descriptor >= 0")
         timeout = p.optional("SHARDYARD_DIST_TIMEOUT_S", float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
         resume_dir = p.optional(RESUME_DIR_ENV, str, lambda v: v != "", "a directory path")
+        checkpoint_every = p.optional(CHECKPOINT_EVERY_ENV, int, lambda v: v >= 0, "an integer >= 0")
+        sync_timeout = p.optional(SYNC_TIMEOUT_ENV, float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
+        slow_factor = p.optional(SLOW_SYNC_FACTOR_ENV, float, lambda v: math.isfinite(v) and v > 1, "a float > 1")
         if rank is not None and world_size is not None and rank >= world_size:
             p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
         if p.problems:
@@ -93,6 +110,9 @@ class RunConfig:
             progress_fd=progress_fd,
             dist_timeout_s=DEFAULT_DIST_TIMEOUT_S if timeout is None else timeout,
             resume_dir=None if resume_dir is None else Path(resume_dir),
+            checkpoint_every=DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
+            sync_timeout_s=DEFAULT_SYNC_TIMEOUT_S if sync_timeout is None else sync_timeout,
+            slow_sync_factor=DEFAULT_SLOW_SYNC_FACTOR if slow_factor is None else slow_factor,
         )
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ class ProgressReporter:
     written. Their ``loss`` is the mean over the steps since the previous progress line, ``samples_per_s`` and
     ``cpu_percent`` (process CPU time / wall time x 100, so > 100 with several busy threads) cover the same
     window. If the reader goes away (EPIPE, EBADF) reporting is switched off and training carries on.
+    Lines may come from two threads (``checkpointed`` from the checkpoint writer): each is written whole.
     """
 
     def __init__(
@@ -40,6 +42,7 @@ class ProgressReporter:
         self._window_samples0 = 0
         self._loss_sum = 0.0
         self._loss_n = 0
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -57,9 +60,14 @@ class ProgressReporter:
         allreduce_ms: float,
         allreduce_bytes: int,
         syncs: int,
+        sync_interval: int | None = None,
+        slow_syncs: int = 0,
         force: bool = False,
     ) -> bool:
-        """Record one step (``samples``: cumulative samples so far); returns whether a line was written."""
+        """Record one step (``samples``: cumulative samples so far); returns whether a line was written.
+
+        ``allreduce_ms`` is the last sync's time; ``sync_interval`` the current one (it widens after slow syncs,
+        ``slow_syncs`` of them so far)."""
         if self._fd is None:
             return False
         self._loss_sum += loss
@@ -78,7 +86,10 @@ class ProgressReporter:
             "allreduce_bytes": allreduce_bytes,
             "syncs": syncs,
             "cpu_percent": 100.0 * (cpu_now - self._window_cpu0) / wall if wall > 0 else 0.0,
+            "slow_syncs": slow_syncs,
         }
+        if sync_interval is not None:
+            record["sync_interval"] = sync_interval
         self._last_line_t = self._window_t0 = now
         self._window_cpu0 = cpu_now
         self._window_samples0 = samples
@@ -95,14 +106,34 @@ class ProgressReporter:
         ckpt = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._emit({"kind": "preempted", "step": step, "checkpoint_dir": ckpt})
 
+    def checkpointed(
+        self, step: int, checkpoint_dir: str | os.PathLike[str], *, snapshot_ms: float, write_ms: float
+    ) -> None:
+        """Rank 0 put the gang's state at ``step`` in place (``snapshot_ms`` on the training thread, ``write_ms`` on
+        the writer's)."""
+        self._emit(
+            {
+                "kind": "checkpointed",
+                "step": step,
+                "checkpoint_dir": os.fspath(checkpoint_dir),
+                "snapshot_ms": round(snapshot_ms, 3),
+                "write_ms": round(write_ms, 3),
+            }
+        )
+
     def close(self) -> None:
         """Close the descriptor (the reader then sees EOF); later reports go nowhere."""
-        fd, self._fd = self._fd, None
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def _emit(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._emit_locked(record)
+
+    def _emit_locked(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             return
         clean = {k: _finite_or_none(v) for k, v in record.items()}

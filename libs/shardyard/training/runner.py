@@ -1,8 +1,13 @@
 """Entry point of one training shard: ``python -m shardyard.training.runner`` (torchrun-style environment).
 
 Exit codes are those of :mod:`shardyard.training.exitcodes`: OK, USER_ERROR (bad config, model, dataset or resume
-checkpoint), COMM_ERROR (torch.distributed init/AllReduce/barrier failures and timeouts), PREEMPTED (stopped on
-request after checkpointing, see :mod:`shardyard.training.preemption`), INTERNAL_ERROR (anything else).
+checkpoint), COMM_ERROR (torch.distributed init/AllReduce/barrier failures), SYNC_TIMEOUT (a parameter sync
+past ``SHARDYARD_SYNC_TIMEOUT_S``), OOM and GPU_FAULT (out of memory; a CUDA error that points at the device),
+PREEMPTED (stopped on request after checkpointing, see :mod:`shardyard.training.preemption`), INTERNAL_ERROR
+(anything else).
+
+Rank 0 checkpoints the gang every ``SHARDYARD_CHECKPOINT_EVERY`` syncs to ``<output>/checkpoint`` (in the background,
+see :class:`CheckpointWriter`), so a gang that fails resumes having lost at most that many sync intervals.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ import contextlib
 import os
 import random
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +30,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shardyard.training import exitcodes
-from shardyard.training.checkpoint import Checkpoint, TrainingState, load_checkpoint, save_checkpoint
+from shardyard.training.checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    TrainingState,
+    checkpoint_files,
+    load_checkpoint,
+    save_checkpoint,
+)
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.data import ByteDataset, DatasetError
 from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
+from shardyard.training.pacing import SyncPacer
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
 from shardyard.training.progress import ProgressReporter
 from shardyard.training.sync import ParamSync, SyncStats
@@ -39,7 +54,11 @@ class UserError(Exception):
 
 
 class CommError(Exception):
-    """A torch.distributed failure or timeout: exit COMM_ERROR."""
+    """A torch.distributed failure: exit COMM_ERROR."""
+
+
+class SyncTimeoutError(CommError):
+    """A parameter sync did not complete within its timeout: exit SYNC_TIMEOUT."""
 
 
 @contextlib.contextmanager
@@ -48,8 +67,24 @@ def _comm(what: str) -> Iterator[None]:
     try:
         yield
     except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-        cause = " ".join(str(exc).split()) or type(exc).__name__
-        raise CommError(f"{what} failed: {type(exc).__name__}: {cause}") from exc
+        raise CommError(f"{what} failed: {_describe(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _sync_comm(what: str, timeout_s: float) -> Iterator[None]:
+    """Like :func:`_comm`, but a failure that is a timeout is a :class:`SyncTimeoutError`."""
+    t0 = time.monotonic()
+    try:
+        yield
+    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
+        elapsed = time.monotonic() - t0
+        if exitcodes.is_sync_timeout(str(exc), elapsed, timeout_s):
+            raise SyncTimeoutError(f"{what} timed out after {elapsed:.1f} s: {_describe(exc)}") from exc
+        raise CommError(f"{what} failed: {_describe(exc)}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or type(exc).__name__}"
 
 
 def seed_everything(seed: int) -> None:
@@ -94,7 +129,9 @@ def _check_progress_fd(fd: int | None) -> None:
         raise UserError(f"SHARDYARD_PROGRESS_FD={fd} is not an open file descriptor ({exc.strerror})") from exc
 
 
-def _init_process_group(cfg: RunConfig) -> None:
+def _init_process_group(cfg: RunConfig) -> dist.ProcessGroup:
+    """The default group (rendezvous, barriers: ``dist_timeout_s``) and the group the parameter syncs use, whose
+    collectives time out after ``sync_timeout_s``."""
     os.environ.update(MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(cfg.master_port))
     with _comm(f"init_process_group(gloo, {cfg.master_addr}:{cfg.master_port}, world_size={cfg.world_size})"):
         dist.init_process_group(
@@ -104,6 +141,9 @@ def _init_process_group(cfg: RunConfig) -> None:
             world_size=cfg.world_size,
             timeout=timedelta(seconds=cfg.dist_timeout_s),
         )
+        group = dist.new_group(timeout=timedelta(seconds=cfg.sync_timeout_s))
+    assert group is not None  # every rank is a member
+    return group
 
 
 @dataclass(frozen=True)
@@ -114,11 +154,87 @@ class Outcome:
     preempted: bool
 
 
+class _Checkpoints:
+    """Rank 0's checkpoints: periodic ones written in the background, the preemption one waited for."""
+
+    def __init__(self, cfg: RunConfig, reporter: ProgressReporter) -> None:
+        self.cfg = cfg
+        self.reporter = reporter
+        self.directory = cfg.output_dir / CHECKPOINT_SUBDIR
+        self.writer = CheckpointWriter(self.directory, self._written) if cfg.rank == 0 else None
+        self._snapshot_ms: dict[int, float] = {}
+
+    def due(self, syncs: int) -> bool:
+        return self.cfg.checkpoint_every > 0 and syncs % self.cfg.checkpoint_every == 0
+
+    def submit(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
+        if self.writer is None:
+            return
+        t0 = time.perf_counter()
+        files = checkpoint_files(model, optimizer, self._state(step, loss))
+        self._snapshot_ms[step] = (time.perf_counter() - t0) * 1000.0
+        self.writer.submit(step, files)
+
+    def write_now(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
+        """The preemption checkpoint, after any periodic one still being written; a failure to write it raises."""
+        if self.writer is not None:
+            self.writer.wait()
+            save_checkpoint(self.directory, model, optimizer, self._state(step, loss))
+
+    def close(self) -> None:
+        """Waits for the checkpoint being written: a failing rank 0 still leaves its last sync behind."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def _state(self, step: int, loss: float) -> TrainingState:
+        cfg = self.cfg
+        return TrainingState(
+            step=step, loss=loss, world_size=cfg.world_size, seed=cfg.seed, sync_interval=cfg.sync_interval
+        )
+
+    def _written(self, step: int, directory: Path, write_ms: float) -> None:
+        snapshot_ms = self._snapshot_ms.pop(step, 0.0)
+        self.reporter.checkpointed(step, directory, snapshot_ms=snapshot_ms, write_ms=write_ms)
+
+
+class _Syncs:
+    """The gang's parameter syncs: when they are due, the AllReduce (timed out) and the pace."""
+
+    def __init__(self, cfg: RunConfig, model: TinyGPT, group: dist.ProcessGroup, start: int) -> None:
+        self.cfg = cfg
+        self.sync = ParamSync(list(model.parameters()), group=group)
+        self.pacer = SyncPacer(base_interval=cfg.sync_interval, factor=cfg.slow_sync_factor)
+        self.stats = SyncStats(ms=0.0, bytes=0, buckets=0)
+        self.count = 0
+        self.next_sync = start + self.pacer.interval
+
+    def due(self, step: int) -> bool:
+        return step >= self.next_sync or step == self.cfg.max_steps  # always end on a sync
+
+    def run(self, step: int, *, stop: bool) -> bool:
+        """Average the parameters at ``step``; True when the gang agreed to stop here."""
+        last = step == self.cfg.max_steps
+        with _sync_comm(f"parameter AllReduce at step {step}", self.cfg.sync_timeout_s):
+            # At the last step the run is complete: finishing beats checkpointing.
+            self.stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
+        self.count += 1
+        previous = self.pacer.interval
+        if self.pacer.observe(self.stats.ms, agreed_slow=self.stats.slow) is not None:
+            print(
+                f"{_PREFIX}[rank {self.cfg.rank}]: {self.pacer.slow_syncs} slow syncs, the last {self.stats.ms:.1f} ms;"
+                f" sync interval {previous} -> {self.pacer.interval} steps from step {step}",
+                file=sys.stderr,
+            )
+        self.next_sync = step + self.pacer.interval
+        return self.stats.stop
+
+
 def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome:
     """Load (or resume), train to ``max_steps`` with periodic parameter averaging and save on rank 0.
 
-    When ``stop`` is raised on any rank, the gang stops at its next sync before ``max_steps``: rank 0 writes a
-    checkpoint to ``<output>/checkpoint`` and every rank reports ``preempted`` at that step.
+    After every ``checkpoint_every`` syncs rank 0 checkpoints the gang to ``<output>/checkpoint``. When ``stop`` is
+    raised on any rank, the gang stops at its next sync before ``max_steps``: rank 0 writes a checkpoint there and
+    every rank reports ``preempted`` at that step. Slow syncs widen the sync interval (:mod:`.pacing`).
     """
     _check_progress_fd(cfg.progress_fd)
     torch.set_num_threads(1)
@@ -127,60 +243,57 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
     start = 0 if resumed is None else resumed.state.step
     if resumed is not None:
         print(f"{_PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
-    _init_process_group(cfg)
+    syncs = _Syncs(cfg, model, _init_process_group(cfg), start)
     reporter.started(world_size=cfg.world_size, rank=cfg.rank)
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     if resumed is not None and resumed.optimizer is not None:
         _restore_optimizer(optimizer, resumed.optimizer, cfg.lr)
-    sync = ParamSync(list(model.parameters()))
     stream = dataset.batches(cfg.rank, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.seed, start_step=start)
-    stats, syncs = SyncStats(ms=0.0, bytes=0, buckets=0), 0
     loss_value = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
     step, stopped = start, False
-    for step in range(start + 1, cfg.max_steps + 1):
-        inputs, targets = next(stream)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-        optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        optimizer.step()
-        loss_value = float(loss.item())
-        is_sync = step % cfg.sync_interval == 0 or step == cfg.max_steps  # always end on a sync
-        if is_sync:
-            with _comm(f"parameter AllReduce at step {step}"):
-                # At the last step the run is complete: finishing beats checkpointing.
-                stats = sync.allreduce_mean(stop=stop.requested and step < cfg.max_steps)
-            syncs += 1
-            stopped = stats.stop
-        reporter.progress(
-            step=step,
-            loss=loss_value,
-            samples=(step - start) * cfg.batch_size,
-            allreduce_ms=stats.ms,
-            allreduce_bytes=stats.bytes,
-            syncs=syncs,
-            force=is_sync,
-        )
-        if stopped:
-            break
+    checkpoints = _Checkpoints(cfg, reporter)
+    try:
+        for step in range(start + 1, cfg.max_steps + 1):
+            inputs, targets = next(stream)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            optimizer.zero_grad(set_to_none=True)
+            torch.autograd.backward(loss)
+            optimizer.step()
+            loss_value = float(loss.item())
+            is_sync = syncs.due(step)
+            if is_sync:
+                stopped = syncs.run(step, stop=stop.requested)
+                if not stopped and step < cfg.max_steps and checkpoints.due(syncs.count):
+                    checkpoints.submit(step, loss_value, model, optimizer)  # the weights just averaged
+            reporter.progress(
+                step=step,
+                loss=loss_value,
+                samples=(step - start) * cfg.batch_size,
+                allreduce_ms=syncs.stats.ms,
+                allreduce_bytes=syncs.stats.bytes,
+                syncs=syncs.count,
+                sync_interval=syncs.pacer.interval,
+                slow_syncs=syncs.pacer.slow_syncs,
+                force=is_sync,
+            )
+            if stopped:
+                checkpoints.write_now(step, loss_value, model, optimizer)
+                break
+    finally:
+        checkpoints.close()
 
     if stopped:
-        checkpoint = cfg.output_dir / CHECKPOINT_SUBDIR
-        if cfg.rank == 0:
-            state = TrainingState(
-                step=step, loss=loss_value, world_size=cfg.world_size, seed=cfg.seed, sync_interval=cfg.sync_interval
-            )
-            save_checkpoint(checkpoint, model, optimizer, state)
         with _comm("checkpoint barrier"):  # nobody reports before the checkpoint is complete
             dist.barrier()
         dist.destroy_process_group()
-        reporter.preempted(step=step, checkpoint_dir=checkpoint if cfg.rank == 0 else None)
+        reporter.preempted(step=step, checkpoint_dir=checkpoints.directory if cfg.rank == 0 else None)
         return Outcome(steps=step, loss=loss_value, preempted=True)
 
     if cfg.rank == 0:
-        save_pretrained(model, cfg.output_dir)
+        save_pretrained(model, cfg.output_dir)  # replaces the output directory, the last checkpoint with it
     with _comm("final barrier"):
         dist.barrier()
     dist.destroy_process_group()
@@ -203,18 +316,34 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None) -> 
     except UserError as exc:
         print(f"{where}: user error: {exc}", file=sys.stderr)
         return exitcodes.USER_ERROR
-    except CommError as exc:
-        print(f"{where}: communication error: {exc}", file=sys.stderr)
-        return exitcodes.COMM_ERROR
-    except Exception:
-        print(f"{where}: internal error:\n{traceback.format_exc()}", file=sys.stderr)
-        return exitcodes.INTERNAL_ERROR
+    except Exception as exc:
+        return _failure(where, exc)
     finally:
         reporter.close()
     if outcome.preempted:
         print(f"{where}: preempted at step {outcome.steps}", file=sys.stderr)
         return exitcodes.PREEMPTED
     return exitcodes.OK
+
+
+def _failure(where: str, exc: Exception) -> int:
+    """The exit code of a run that raised ``exc``, its reason on stderr: out of memory and GPU faults first (they
+    may surface inside a collective), then timed-out syncs and other communication errors, else an internal error."""
+    fault = exitcodes.fault_exit_code(exc)
+    if fault == exitcodes.OOM:
+        print(f"{where}: out of memory: {_describe(exc)}", file=sys.stderr)
+    elif fault == exitcodes.GPU_FAULT:
+        print(f"{where}: GPU fault: {_describe(exc)}", file=sys.stderr)
+    elif isinstance(exc, SyncTimeoutError):
+        print(f"{where}: sync timeout: {exc}", file=sys.stderr)
+        return exitcodes.SYNC_TIMEOUT
+    elif isinstance(exc, CommError):
+        print(f"{where}: communication error: {exc}", file=sys.stderr)
+        return exitcodes.COMM_ERROR
+    else:
+        print(f"{where}: internal error:\n{traceback.format_exc()}", file=sys.stderr)
+        return exitcodes.INTERNAL_ERROR
+    return fault
 
 
 if __name__ == "__main__":

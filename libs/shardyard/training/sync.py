@@ -1,8 +1,10 @@
 """Periodic parameter averaging across shards: flat per-dtype buckets, one AllReduce per bucket.
 
-The first bucket carries one extra element, a control slot in which every rank puts 1 when it was asked to stop
-and 0 otherwise. After the (SUM) AllReduce each rank reads the same total there, so all ranks agree, at the same
-sync, whether to stop, without an extra collective.
+The first bucket carries two extra elements, control slots: in the first every rank puts 1 when it was asked to
+stop and 0 otherwise, in the second 1 when it votes that the previous sync was slow (see
+:mod:`shardyard.training.pacing`). After the (SUM) AllReduce each rank reads the same totals there, so all ranks
+agree, at the same sync, whether to stop and how many voted "slow", without an extra collective. The totals are
+small integers, exact in any float dtype.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_BUCKET_BYTES = 8 * 1024 * 1024
+_CONTROL_SLOTS = 2  # stop, slow
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,12 @@ class SyncStats:
     """Number of AllReduce calls issued."""
     stop: bool = False
     """Whether any rank asked to stop at this sync (the same answer on every rank)."""
+    slow_votes: int = 0
+    """How many ranks voted that the previous sync was slow (the same answer on every rank)."""
+
+    @property
+    def slow(self) -> bool:
+        return self.slow_votes > 0
 
 
 class _Bucket:
@@ -38,10 +47,11 @@ class _Bucket:
         for p in params:
             self.offsets.append(total)
             total += p.numel()
-        self.flat = torch.zeros(total + (1 if control else 0), dtype=first.dtype, device=first.device)
+        self.flat = torch.zeros(total + (_CONTROL_SLOTS if control else 0), dtype=first.dtype, device=first.device)
         self.payload = total
         self.control = total if control else None
-        """Index of the control slot (the stop flag), after the parameters; None in every bucket but the first."""
+        """Index of the first control slot (stop, then slow), after the parameters; None in every bucket but the
+        first."""
 
     @property
     def nbytes(self) -> int:
@@ -92,7 +102,7 @@ class ParamSync:
             members.append(p)
             open_buckets[key] = (members, used + size)
         groups.extend(members for members, _ in open_buckets.values() if members)
-        # The control slot (the stop flag) rides in the first bucket.
+        # The control slots (the stop flag, the slow vote) ride in the first bucket.
         self._buckets = [_Bucket(members, control=index == 0) for index, members in enumerate(groups)]
 
     @property
@@ -112,29 +122,40 @@ class ParamSync:
             return 1
         return dist.get_world_size(self._group)
 
-    def allreduce_mean(self, *, stop: bool = False) -> SyncStats:
-        """Replace every parameter by its mean over the group and agree on ``stop`` (True if any rank passed True).
+    def allreduce_mean(self, *, stop: bool = False, slow: bool = False) -> SyncStats:
+        """Replace every parameter by its mean over the group, agree on ``stop`` (True if any rank passed True) and
+        count the ``slow`` votes.
 
-        A no-op (bytes 0) with one rank, where the answer is this rank's own ``stop``.
+        A no-op (bytes 0) with one rank, where the answers are this rank's own ``stop`` and ``slow``.
         """
         t0 = time.perf_counter()
         world = self.world_size()
+        votes = (1.0 if stop else 0.0, 1.0 if slow else 0.0)
         if world == 1:
-            return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=0, buckets=0, stop=stop)
-        if not self._buckets:  # nothing to average: the flag travels alone
-            flag = torch.tensor([1.0 if stop else 0.0])
-            dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._group)
-            return SyncStats(ms=(time.perf_counter() - t0) * 1000.0, bytes=0, buckets=1, stop=bool(flag[0] > 0))
-        agreed = stop
+            return SyncStats(ms=_ms_since(t0), bytes=0, buckets=0, stop=stop, slow_votes=int(slow))
+        if not self._buckets:  # nothing to average: the control slots travel alone
+            flags = torch.tensor(votes)
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=self._group)
+            return SyncStats(ms=_ms_since(t0), bytes=0, buckets=1, stop=bool(flags[0] > 0), slow_votes=_count(flags[1]))
+        agreed, slow_votes = stop, int(slow)
         for bucket in self._buckets:
             bucket.pack()
             if bucket.control is not None:
-                bucket.flat[bucket.control] = 1.0 if stop else 0.0
+                bucket.flat[bucket.control : bucket.control + _CONTROL_SLOTS] = torch.tensor(votes)
             dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self._group)
             if bucket.control is not None:
                 agreed = bool(bucket.flat[bucket.control] > 0)
+                slow_votes = _count(bucket.flat[bucket.control + 1])
             bucket.flat.div_(world)
             bucket.unpack()
         return SyncStats(
-            ms=(time.perf_counter() - t0) * 1000.0, bytes=self.total_bytes, buckets=self.num_buckets, stop=agreed
+            ms=_ms_since(t0), bytes=self.total_bytes, buckets=self.num_buckets, stop=agreed, slow_votes=slow_votes
         )
+
+
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _count(total: torch.Tensor) -> int:
+    return round(float(total))

@@ -4,9 +4,10 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Self
 
 from faststream import FastStream
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus, make_broker
@@ -25,7 +26,8 @@ from shardyard.node_agent.benchmark import (
     SubprocessBench,
     calibrate,
 )
-from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.book import AgentBook, RunnerOptions
+from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
@@ -33,6 +35,7 @@ from shardyard.node_agent.load import LoadSetting, load_source
 from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
+from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
 
 SERVICE = "node-agent"
 
@@ -70,6 +73,26 @@ class AgentSettings(ServiceSettings):
     rendezvous_port_count: int = Field(default=64, gt=0, le=1000)
     log_dir: Path = Path(".shardyard/logs")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    lease_s: float = Field(
+        default=DEFAULT_LEASE_S,
+        gt=0,
+        description="stop every shard when no heartbeat reached the bus for this long (below the pool's LOST bound)",
+    )
+    checkpoint_every: int = Field(
+        default=DEFAULT_CHECKPOINT_EVERY, ge=0, description="shards checkpoint after every N parameter syncs; 0: never"
+    )
+    sync_timeout_s: float = Field(
+        default=DEFAULT_SYNC_TIMEOUT_S, gt=0, description="a parameter sync that takes longer fails the shard"
+    )
+    slow_sync_factor: float = Field(
+        default=DEFAULT_SLOW_SYNC_FACTOR, gt=1, description="a sync this many times the median is slow"
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlasts_a_heartbeat(self) -> Self:
+        if self.lease_s <= self.heartbeat_interval_s:
+            raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
 
 
 def topology(zone: str, rack: str) -> dict[str, str]:
@@ -106,6 +129,11 @@ def build_app(
         base_env={k: v for k, v in os.environ.items() if not k.startswith("SHARDYARD_")},
         load_source=load_source(settings.load_source, simulated=probe.simulated),
         topology=topology(settings.zone, settings.rack),
+        runner=RunnerOptions(
+            checkpoint_every=settings.checkpoint_every,
+            sync_timeout_s=settings.sync_timeout_s,
+            slow_sync_factor=settings.slow_sync_factor,
+        ),
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     handlers = AgentHandlers(
@@ -117,6 +145,7 @@ def build_app(
         launcher or SubprocessLauncher(),
         watch=watch,
         disk=disk,
+        lease_s=settings.lease_s,
     )
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
@@ -125,6 +154,7 @@ def build_app(
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
     poll = Periodic("artifact-poll", settings.artifact_poll_s, handlers.poll_artifacts)
+    fence = Periodic("self-fence", CHECK_INTERVAL_S, handlers.check_lease)
     app = FastStream(broker)
 
     def restore(_topic: Topic, event: LifecycleFact) -> None:
@@ -140,12 +170,15 @@ def build_app(
 
     @app.after_startup
     async def ready() -> None:
+        handlers.start_lease()
         beat.start()
         poll.start()
+        fence.start()
         await announce(bus, clock, instance=settings.node_id)
 
     @app.on_shutdown
     async def stop() -> None:
+        await fence.stop()
         await poll.stop()
         await beat.stop()
         await handlers.stop_all()

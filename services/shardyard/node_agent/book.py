@@ -1,5 +1,6 @@
-"""The agent's decisions, pure: which assignments to run and which shards to stop, the environment a shard gets,
-and what its end means (completed, failed, or preempted with a checkpoint)."""
+"""The agent's decisions, pure: which assignments to run, hold (spares) and stop, which shards a lost lease fences,
+the environment a shard gets, what its reports mean (checkpointed) and what its end means (completed, failed with a
+cause, or preempted with a checkpoint)."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from shardyard.events import (
     FailureCause,
     RunningShard,
     ShardAssignment,
+    ShardCheckpointed,
     ShardCompleted,
     ShardFailed,
     ShardPreempted,
@@ -19,6 +21,14 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.node_agent.mounts import resolve
+from shardyard.training.config import (
+    CHECKPOINT_EVERY_ENV,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_SLOW_SYNC_FACTOR,
+    DEFAULT_SYNC_TIMEOUT_S,
+    SLOW_SYNC_FACTOR_ENV,
+    SYNC_TIMEOUT_ENV,
+)
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.preemption import RESUME_DIR_ENV, checkpoint_job_path
 
@@ -32,11 +42,15 @@ _CAUSE = {
     ExitCause.COMM_ERROR: FailureCause.COMM_ERROR,
     ExitCause.KILLED: FailureCause.KILLED,
     ExitCause.PROCESS_EXIT: FailureCause.PROCESS_EXIT,
+    ExitCause.OOM: FailureCause.OOM,
+    ExitCause.GPU_FAULT: FailureCause.GPU_FAULT,
+    ExitCause.SYNC_TIMEOUT: FailureCause.SYNC_TIMEOUT,
 }
 
 
 class Verdict(StrEnum):
     LAUNCH = "LAUNCH"
+    HOLD_SPARE = "HOLD_SPARE"
     NOT_MINE = "NOT_MINE"
     DUPLICATE = "DUPLICATE"
     STALE_TERM = "STALE_TERM"
@@ -60,37 +74,104 @@ class ShardPaths:
         return [f"{name} {path}" for name, path in inputs if not path.is_dir()]
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """The node's settings for the runners it starts (``SHARDYARD_*`` variables of every shard)."""
+
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
+    slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+
+    def env(self) -> dict[str, str]:
+        return {
+            CHECKPOINT_EVERY_ENV: str(self.checkpoint_every),
+            SYNC_TIMEOUT_ENV: repr(self.sync_timeout_s),
+            SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
+        }
+
+
 @dataclass
 class AgentBook:
     node_id: str
     max_term: int = 0
     seen: set[ShardKey] = field(default_factory=set)
     running: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
+    spares: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
+    """GPUs held in reserve for a gang: recorded, no process, not running (not in heartbeats' ``running``)."""
     revoked: set[ShardKey] = field(default_factory=set)
     stopping: set[ShardKey] = field(default_factory=set)
+    fenced: dict[ShardKey, str] = field(default_factory=dict)
+    """Shards stopped because the agent lost the bus (self-fencing), with the message their end is reported with."""
     utilization: dict[ShardKey, float] = field(default_factory=dict)
     """Cores each running shard uses (its last progress report's ``cpu_percent`` / 100)."""
+    sync_intervals: dict[ShardKey, int] = field(default_factory=dict)
+    """Each running shard's sync interval as its last progress report gave it."""
 
     def on_assignment(self, assignment: ShardAssignment) -> Verdict:
+        """What to do with an assignment. A (job, shard, attempt) is launched at most once; a spare is only held.
+        A spare whose own assignment comes again without ``spare`` is launched in place: it never ran."""
         if assignment.node_id != self.node_id:
             return Verdict.NOT_MINE
         if assignment.term < self.max_term:
             return Verdict.STALE_TERM
         self.max_term = assignment.term
         key = key_of(assignment)
-        if key in self.seen:
+        promoted = key in self.spares and not assignment.spare
+        if key in self.seen and not promoted:
             return Verdict.DUPLICATE
         self.seen.add(key)
+        if assignment.spare:
+            self.spares[key] = assignment
+            return Verdict.HOLD_SPARE
+        self.spares.pop(key, None)
         self.running[key] = assignment
         return Verdict.LAUNCH
 
     def on_revocation(self, revocation: ShardRevocation) -> ShardKey | None:
-        """The running shard to stop, if the revocation is for one of ours and not from an older term."""
+        """The running shard to stop, if the revocation is for one of ours and not from an older term. A revoked
+        spare is just dropped (nothing runs)."""
         key = key_of(revocation)
-        if revocation.node_id != self.node_id or revocation.term < self.max_term or key not in self.running:
+        if revocation.node_id != self.node_id or revocation.term < self.max_term:
+            return None
+        if self.spares.pop(key, None) is not None or key not in self.running:
             return None
         self.revoked.add(key)
         return key
+
+    def fence(self, message: str) -> list[ShardKey]:
+        """The agent lost the bus: every running shard not fenced yet is to be stopped; its end will be reported
+        as REVOKED with ``message``. Spares run nothing and stay recorded."""
+        keys = [key for key in sorted(self.running) if key not in self.fenced]
+        for key in keys:
+            self.fenced[key] = message
+        return keys
+
+    def checkpointed(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardCheckpointed | None:
+        """A running shard's ``checkpointed`` report as an event naming the checkpoint by its job path; None when the
+        report is malformed or the shard is not running."""
+        assignment = self.running.get(key)
+        step = report.get("step")
+        if assignment is None or not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            return None
+        job_id, shard_index, attempt = key
+        return ShardCheckpointed(
+            occurred_at=now,
+            job_id=job_id,
+            shard_index=shard_index,
+            attempt=attempt,
+            node_id=self.node_id,
+            step=step,
+            checkpoint_dir=checkpoint_job_path(assignment.workload.output_path),
+        )
+
+    def pace(self, key: ShardKey, report: Mapping[str, object]) -> tuple[int, int] | None:
+        """(old, new) when a progress report gives a sync interval other than the shard's previous one."""
+        interval = report.get("sync_interval")
+        if not isinstance(interval, int) or isinstance(interval, bool):
+            return None
+        previous = self.sync_intervals.get(key)
+        self.sync_intervals[key] = interval
+        return None if previous is None or previous == interval else (previous, interval)
 
     def on_stop_request(self, request: ShardStopRequest) -> ShardKey | None:
         """The running shard to signal, if the request is for one of ours, not from an older term, and new."""
@@ -140,7 +221,9 @@ class AgentBook:
         """
         assignment = self.running.pop(key)
         self.utilization.pop(key, None)
+        self.sync_intervals.pop(key, None)
         self.stopping.discard(key)
+        fenced = self.fenced.pop(key, None)
         if key in self.revoked:
             self.revoked.discard(key)
             return None
@@ -148,6 +231,8 @@ class AgentBook:
         info = final or {}
         if cause is None and returncode is not None:
             exit_cause = classify_exit(returncode)
+            if fenced is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
+                cause, message = FailureCause.REVOKED, fenced  # whatever it died of, we stopped it
             if exit_cause is ExitCause.OK:
                 loss = info.get("final_loss")
                 steps = info.get("steps")
@@ -173,7 +258,7 @@ class AgentBook:
                     step=step if isinstance(step, int) and not isinstance(step, bool) else None,
                     checkpoint_dir=checkpoint_job_path(assignment.workload.output_path),
                 )
-            cause = _CAUSE[exit_cause]
+            cause = cause or _CAUSE[exit_cause]
         return ShardFailed(
             occurred_at=now,
             job_id=job_id,
@@ -186,7 +271,13 @@ class AgentBook:
         )
 
 
-def shard_env(assignment: ShardAssignment, paths: ShardPaths, *, base_env: Mapping[str, str]) -> dict[str, str]:
+def shard_env(
+    assignment: ShardAssignment,
+    paths: ShardPaths,
+    *,
+    base_env: Mapping[str, str],
+    options: RunnerOptions = RunnerOptions(),
+) -> dict[str, str]:
     """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
 
     Every GPU of the node stays visible and LOCAL_RANK is the shard's GPU index, so a script that does
@@ -212,4 +303,5 @@ def shard_env(assignment: ShardAssignment, paths: ShardPaths, *, base_env: Mappi
         "SHARDYARD_SEQ_LEN": str(workload.seq_len),
         "SHARDYARD_LR": repr(workload.lr),
         "SHARDYARD_SEED": str(workload.seed),
+        **options.env(),
     } | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})

@@ -1,7 +1,11 @@
-"""Node-agent handlers: assignments start and stop shard processes; heartbeats and shard events go out.
+"""Node-agent handlers: assignments start, hold (spares) and stop shard processes; heartbeats and shard events go
+out.
 
 Lifecycle events tell the agent which artifact paths live jobs need (``ArtifactWatch``); the agent polls the absent
 ones and sends a heartbeat at once when one appears, so a job waiting for its dataset here hears of it quickly.
+
+Every publish has a deadline (:class:`Outbox`). The lease is renewed by each heartbeat the bus acknowledges; when
+it runs out the agent stops its shards (self-fencing) and reports their end once the bus is back.
 """
 
 import asyncio
@@ -12,11 +16,9 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from shardyard.clock import Clock
 from shardyard.events import (
-    Event,
     FailureCause,
     Heartbeat,
     ShardAssignment,
@@ -27,11 +29,21 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import LifecycleFact
 from shardyard.node_agent.artifacts import ArtifactWatch
-from shardyard.node_agent.book import PROGRESS_FD_ENV, AgentBook, ShardKey, Verdict, key_of, shard_env
+from shardyard.node_agent.book import (
+    PROGRESS_FD_ENV,
+    AgentBook,
+    RunnerOptions,
+    ShardKey,
+    Verdict,
+    key_of,
+    shard_env,
+)
+from shardyard.node_agent.fencing import DEFAULT_LEASE_S, fence_message, lease_expired
 from shardyard.node_agent.inventory import GpuProbe
 from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
 from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
+from shardyard.node_agent.outbox import Outbox, Publisher
 from shardyard.training.preemption import STOP_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -53,10 +65,7 @@ class NodeIdentity:
     base_env: Mapping[str, str]
     load_source: LoadSource = "host"
     topology: Mapping[str, str] = field(default_factory=dict)
-
-
-class Publisher(Protocol):
-    async def publish(self, event: Event) -> None: ...
+    runner: RunnerOptions = field(default_factory=RunnerOptions)
 
 
 def _host_load() -> float:
@@ -76,11 +85,15 @@ class AgentHandlers:
         watch: ArtifactWatch | None = None,
         disk: PathProbe | None = None,
         host_load: Callable[[], float] = _host_load,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         self.me = identity
         self.book = book
-        self.bus = bus
+        self.outbox = Outbox(bus, timeout_s=lease_s)
+        self.lease_s = lease_s
         self.clock = clock
+        self.bus_ok_at = clock.monotonic()
+        """When a heartbeat last reached the bus (monotonic seconds): the lease runs from here."""
         self.gpus = gpus
         self.launcher = launcher
         self.watch = watch or ArtifactWatch()
@@ -103,6 +116,8 @@ class AgentHandlers:
         verdict = self.book.on_assignment(event)
         if verdict is Verdict.STALE_TERM:
             log.warning("refusing %s: term %d is older than %d", key_of(event), event.term, self.book.max_term)
+        if verdict is Verdict.HOLD_SPARE:
+            log.info("holding GPUs %s as a spare for %s", event.gpu_indices, key_of(event))
         if verdict is not Verdict.LAUNCH:
             return
         await self._launch(event)
@@ -120,7 +135,7 @@ class AgentHandlers:
         log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
         spec = LaunchSpec(
             argv=(self.me.python, "-m", "shardyard.training.runner"),
-            env=shard_env(assignment, paths, base_env=self.me.base_env),
+            env=shard_env(assignment, paths, base_env=self.me.base_env, options=self.me.runner),
             cwd=Path.cwd(),
             log_path=log_path,
         )
@@ -131,7 +146,9 @@ class AgentHandlers:
             await self._finish(key, None, f"cannot start the shard: {exc}", FailureCause.LAUNCH_ERROR)
             return
         self.processes[key] = process
-        await self.bus.publish(
+        if key in self.book.fenced:  # fenced while it was being started
+            self._terminate(process)
+        await self.outbox.deliver(
             ShardStarted(
                 occurred_at=self.clock.now(),
                 job_id=job,
@@ -157,6 +174,8 @@ class AgentHandlers:
             if report.get("kind") == "progress":
                 self.book.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
                 await self._progress(key, report)
+            elif report.get("kind") == "checkpointed":
+                await self._checkpointed(key, report)
             elif report.get("kind") in ("finished", "preempted"):
                 final = report
         code = await process.wait()
@@ -164,14 +183,24 @@ class AgentHandlers:
         message = f"exit code {code}" + (f": {tail(log_path)}" if code else "")
         await self._finish(key, code, message, None, final)
 
+    async def _checkpointed(self, key: ShardKey, report: Mapping[str, object]) -> None:
+        event = self.book.checkpointed(key, report, now=self.clock.now())
+        if event is not None:
+            await self.outbox.deliver(event)
+
     async def _progress(self, key: ShardKey, report: Mapping[str, object]) -> None:
         job, shard, attempt = key
+        pace = self.book.pace(key, report)
+        if pace is not None:
+            log.info("%s: sync interval %d -> %d steps after %s slow syncs", key, *pace, report.get("slow_syncs"))
+        if not self.outbox.healthy:
+            return  # the bus is out of reach: stale progress is worth nothing
 
         def number(name: str) -> float:
             value = report.get(name, 0)
             return float(value) if isinstance(value, int | float) else 0.0
 
-        await self.bus.publish(
+        await self.outbox.publish(
             ShardProgress(
                 occurred_at=self.clock.now(),
                 job_id=job,
@@ -198,15 +227,37 @@ class AgentHandlers:
     ) -> None:
         event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
         if event is not None:
-            await self.bus.publish(event)
+            await self.outbox.deliver(event)
 
     async def _revoke(self, revocation: ShardRevocation) -> None:
         key = self.book.on_revocation(revocation)
         process = self.processes.get(key) if key else None
         if process is not None:
             log.info("revoking %s: %s", key, revocation.reason)
-            process.terminate()
-            asyncio.get_running_loop().call_later(TERMINATE_GRACE_S, process.kill)
+            self._terminate(process)
+
+    @staticmethod
+    def _terminate(process: ShardProcess) -> None:
+        """SIGTERM now, SIGKILL after the grace period (nothing happens to a process that is gone by then)."""
+        process.terminate()
+        asyncio.get_running_loop().call_later(TERMINATE_GRACE_S, process.kill)
+
+    def start_lease(self) -> None:
+        """The lease runs from now (start-up: before the first heartbeat, the agent has not lost anything)."""
+        self.bus_ok_at = self.clock.monotonic()
+
+    async def check_lease(self) -> None:
+        """Self-fencing: once no heartbeat reached the bus for ``lease_s``, stop every shard (they are reported
+        REVOKED once the bus is back)."""
+        now = self.clock.monotonic()
+        if not lease_expired(now, self.bus_ok_at, self.lease_s):
+            return
+        message = fence_message(now - self.bus_ok_at)
+        for key in self.book.fence(message):
+            log.warning("stopping %s: %s", key, message)
+            process = self.processes.get(key)
+            if process is not None:
+                self._terminate(process)
 
     def _stop(self, request: ShardStopRequest) -> None:
         key = self.book.on_stop_request(request)
@@ -246,7 +297,8 @@ class AgentHandlers:
             await self._look(self.watch.watched)  # every watched path: those that went away, too
             self.seq += 1
             pids = {key: process.pid for key, process in self.processes.items()}
-            await self.bus.publish(
+            sent = self.clock.monotonic()
+            delivered = await self.outbox.publish(
                 Heartbeat(
                     occurred_at=self.clock.now(),
                     node_id=self.me.node_id,
@@ -265,6 +317,10 @@ class AgentHandlers:
                     topology=dict(self.me.topology),
                 )
             )
+            if delivered:  # the lease runs from the sending: the pool may have heard of us no later than that
+                self.bus_ok_at = max(self.bus_ok_at, sent)
+        if delivered and self.outbox.pending:
+            await self.outbox.flush()
 
     async def stop_all(self) -> None:
         """On shutdown: stop every shard, wait for them to exit (SIGKILL after the grace period)."""
