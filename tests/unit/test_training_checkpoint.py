@@ -17,6 +17,8 @@ from shardyard.training.checkpoint import (
     TrainingState,
     checkpoint_files,
     load_checkpoint,
+    optimizer_bytes,
+    rank_optimizer_file,
     save_checkpoint,
 )
 from shardyard.training.model import (
@@ -62,6 +64,22 @@ def test_round_trip(tmp_path: Path) -> None:
     for saved, restored in zip(optimizer.state.values(), fresh.state.values(), strict=True):
         torch.testing.assert_close(restored["exp_avg"], saved["exp_avg"])
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint"]  # no temp leftovers
+
+
+def test_each_rank_resumes_with_its_own_optimizer_state(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    _other_model, other = _trained()
+    for state in other.state.values():
+        state["exp_avg"].add_(1.0)  # rank 1's moments differ from rank 0's (local SGD)
+
+    target = save_checkpoint(tmp_path / "checkpoint", model, optimizer, STATE, {1: optimizer_bytes(other)})
+    rank0, rank1, rank5 = (load_checkpoint(target, rank=r) for r in (0, 1, 5))
+
+    assert (target / rank_optimizer_file(1)).is_file()
+    first = lambda c: next(iter(c.optimizer["state"].values()))["exp_avg"]  # noqa: E731
+    torch.testing.assert_close(first(rank1), next(iter(other.state.values()))["exp_avg"])
+    torch.testing.assert_close(first(rank0), next(iter(optimizer.state.values()))["exp_avg"])
+    torch.testing.assert_close(first(rank5), first(rank0))  # a rank the checkpoint lacks falls back to rank 0's
 
 
 def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:

@@ -66,22 +66,45 @@ class Checkpoint:
     """An optimizer ``state_dict``, or None when the checkpoint has none."""
 
 
-def checkpoint_files(model: TinyGPT, optimizer: torch.optim.Optimizer, state: TrainingState) -> dict[str, bytes]:
-    """The checkpoint's files as bytes: a consistent snapshot of the model and optimizer as they are now."""
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    """One rank's optimizer state as the checkpoint stores it (rank 0 gathers every rank's)."""
+    return _optimizer_bytes(optimizer.state_dict())
+
+
+def rank_optimizer_file(rank: int) -> str:
+    """Rank ``rank``'s optimizer state (rank 0's is :data:`OPTIMIZER_FILE`): with local SGD every rank's moments
+    differ, and a gang that resumes with each rank's own state continues exactly where it stopped."""
+    return OPTIMIZER_FILE if rank == 0 else f"optimizer-rank{rank}.safetensors"
+
+
+def checkpoint_files(
+    model: TinyGPT,
+    optimizer: torch.optim.Optimizer,
+    state: TrainingState,
+    ranks: Mapping[int, bytes] | None = None,
+) -> dict[str, bytes]:
+    """The checkpoint's files as bytes: a consistent snapshot of the model and optimizer as they are now, plus the
+    other ranks' optimizer states (``ranks``: rank -> :func:`optimizer_bytes`)."""
     loss = state.loss if state.loss is not None and math.isfinite(state.loss) else None
     document = {"format": FORMAT, **asdict(state), "loss": loss}
+    others = {rank_optimizer_file(rank): data for rank, data in (ranks or {}).items() if rank != 0}
     return {
         **pretrained_files(model),
         OPTIMIZER_FILE: _optimizer_bytes(optimizer.state_dict()),
+        **others,
         STATE_FILE: (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(),
     }
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], model: TinyGPT, optimizer: torch.optim.Optimizer, state: TrainingState
+    directory: str | os.PathLike[str],
+    model: TinyGPT,
+    optimizer: torch.optim.Optimizer,
+    state: TrainingState,
+    ranks: Mapping[int, bytes] | None = None,
 ) -> Path:
     """Write weights, optimizer state and ``state.json`` to ``directory`` atomically, replacing what is there."""
-    return write_dir_atomic(directory, checkpoint_files(model, optimizer, state))
+    return write_dir_atomic(directory, checkpoint_files(model, optimizer, state, ranks))
 
 
 Written = Callable[[int, Path, float], None]
@@ -128,13 +151,16 @@ class CheckpointWriter:
         self._on_written(step, self.directory, (time.perf_counter() - t0) * 1000.0)
 
 
-def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
-    """Read a checkpoint written by :func:`save_checkpoint`; any problem is a :class:`CheckpointError`."""
+def load_checkpoint(directory: str | os.PathLike[str], *, rank: int = 0) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`, with ``rank``'s own optimizer state when the checkpoint
+    has it (else rank 0's); any problem is a :class:`CheckpointError`."""
     root = Path(directory)
     model = load_pretrained(root)
     state = _read_state(root / STATE_FILE)
     optimizer: dict[str, Any] | None = None
-    if (root / OPTIMIZER_FILE).is_file():
+    if rank and (root / rank_optimizer_file(rank)).is_file():
+        optimizer = _read_optimizer(root / rank_optimizer_file(rank))
+    elif (root / OPTIMIZER_FILE).is_file():
         optimizer = _read_optimizer(root / OPTIMIZER_FILE)
     elif (root / LEGACY_OPTIMIZER_FILE).is_file():
         optimizer = _read_legacy_optimizer(root / LEGACY_OPTIMIZER_FILE)

@@ -36,6 +36,7 @@ from shardyard.training.checkpoint import (
     TrainingState,
     checkpoint_files,
     load_checkpoint,
+    optimizer_bytes,
     save_checkpoint,
 )
 from shardyard.training.config import ConfigError, RunConfig
@@ -96,7 +97,7 @@ def seed_everything(seed: int) -> None:
 def _load_inputs(cfg: RunConfig) -> tuple[TinyGPT, ByteDataset, Checkpoint | None]:
     """The model (from the resume checkpoint when there is one, else the pretrained one) and the dataset."""
     try:
-        resumed = None if cfg.resume_dir is None else load_checkpoint(cfg.resume_dir)
+        resumed = None if cfg.resume_dir is None else load_checkpoint(cfg.resume_dir, rank=cfg.rank)
         model = load_pretrained(cfg.model_dir) if resumed is None else resumed.model
         dataset = ByteDataset.from_dir(cfg.dataset_dir)
         dataset.check_seq_len(cfg.seq_len)
@@ -167,19 +168,31 @@ class _Checkpoints:
     def due(self, syncs: int) -> bool:
         return self.cfg.checkpoint_every > 0 and syncs % self.cfg.checkpoint_every == 0
 
+    def _ranks(self, optimizer: torch.optim.Optimizer) -> dict[int, bytes]:
+        """Every rank's optimizer state, gathered on rank 0 (a collective: every rank calls it at the same sync)."""
+        if self.cfg.world_size == 1:
+            return {}
+        mine = optimizer_bytes(optimizer)
+        gathered: list[object] | None = [None] * self.cfg.world_size if self.cfg.rank == 0 else None
+        with _comm("optimizer state gather"):
+            dist.gather_object(mine, gathered, dst=0)
+        return {rank: data for rank, data in enumerate(gathered or ()) if isinstance(data, bytes)}
+
     def submit(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
+        ranks = self._ranks(optimizer)
         if self.writer is None:
             return
         t0 = time.perf_counter()
-        files = checkpoint_files(model, optimizer, self._state(step, loss))
+        files = checkpoint_files(model, optimizer, self._state(step, loss), ranks)
         self._snapshot_ms[step] = (time.perf_counter() - t0) * 1000.0
         self.writer.submit(step, files)
 
     def write_now(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
         """The preemption checkpoint, after any periodic one still being written; a failure to write it raises."""
+        ranks = self._ranks(optimizer)
         if self.writer is not None:
             self.writer.wait()
-            save_checkpoint(self.directory, model, optimizer, self._state(step, loss))
+            save_checkpoint(self.directory, model, optimizer, self._state(step, loss), ranks)
 
     def close(self) -> None:
         """Waits for the checkpoint being written: a failing rank 0 still leaves its last sync behind."""

@@ -1,0 +1,74 @@
+"""Fault tolerance end to end: a node dies mid-training (kill -9 of its agent, whose shards die with it); the gang
+re-forms on the surviving nodes from its last checkpoint and the job still succeeds, ending with a final loss within
+2 % of the same seeded job run without faults."""
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardyard.cli.cluster import ClusterInfo
+from shardyard.training.artifacts import create_demo_artifacts
+from tests.e2e.test_cli_cluster import cli
+from tests.e2e.test_placement_e2e import document, submit, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+TRAINING = {"max_steps": 400, "batch_size": 4, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    run_dir = tmp_path_factory.mktemp("faults")
+    create_demo_artifacts(run_dir / "data")
+    nodes = ("--node", "A100:1", "--node", "A100:1", "--node", "A100:1")
+    # Slow syncs widen the sync interval (S19), which depends on this machine's load and so changes the trajectory
+    # from run to run; the integrity comparison pins the interval by making no sync count as slow.
+    os.environ["SHARDYARD_SLOW_SYNC_FACTOR"] = "1000000"
+    try:
+        started = cli("up", *nodes, run_dir=run_dir, timeout=180)
+    finally:
+        del os.environ["SHARDYARD_SLOW_SYNC_FACTOR"]
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield run_dir
+    finally:
+        cli("down", run_dir=run_dir, timeout=120)
+
+
+def ended(job: dict[str, Any]) -> bool:
+    return job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(cluster: Path) -> None:
+    submit(cluster, document("clean", sync_interval=20, training=TRAINING))
+    reference = until(cluster, "clean", ended, 300)
+    assert reference["state"] == "SUCCEEDED", reference.get("message")
+
+    submit(cluster, document("faulty", sync_interval=20, training=TRAINING))
+    running = until(cluster, "faulty", lambda j: j["state"] == "RUNNING" and (j.get("step") or 0) >= 120, 180)
+    victim = next(p["node_id"] for p in running["placements"] if p["shard_index"] == 1 and not p.get("spare"))
+    pid = ClusterInfo.load(cluster).pids[victim]
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+
+    recovered = until(cluster, "faulty", lambda j: j.get("attempt", 1) >= 2 and (j.get("step") or 0) > 0, 120)
+    done = until(cluster, "faulty", ended, 300)
+
+    assert done["state"] == "SUCCEEDED", json.dumps(done["timeline"][-10:])
+    events = [e["event"] for e in done["timeline"]]
+    assert "recovering" in events
+    assert victim not in {p["node_id"] for p in done["placements"] if not p.get("spare")}
+    assert done["step"] == TRAINING["max_steps"]
+    final, clean_final = float(done["final_loss"]), float(reference["final_loss"])
+    syncs = [[e["detail"] for e in j["timeline"] if e["event"] == "parameter sync"] for j in (reference, done)]
+    assert abs(final - clean_final) <= 0.02 * clean_final, (final, clean_final, syncs)
+    print(
+        f"node killed -> attempt {recovered['attempt']} training again: {time.time() - killed_at:.1f}s (upper bound); "
+        f"final loss {final:.4f} vs {clean_final:.4f} without faults"
+    )
