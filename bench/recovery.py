@@ -22,6 +22,7 @@ import signal
 import statistics
 import tempfile
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,16 @@ def _job(job_id: str) -> bytes:
     return json.dumps(document).encode()
 
 
-def _poll(url: str, check: Any, timeout_s: float, every_s: float = 0.05) -> Any:
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=2.0) as response:
+        return str(response.read().decode())
+
+
+def _poll(url: str, check: Any, timeout_s: float, every_s: float = 0.05, *, text: bool = False) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            value = check(cluster.get_json(url))
+            value = check(_text(url) if text else cluster.get_json(url))
         except OSError:
             value = None
         if value:
@@ -65,8 +71,8 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         del os.environ["SHARDYARD_REDUNDANCY_MIN_RATIO"]
     job_url = f"{info.monitor_url}/api/jobs/victim"
     try:
-        if spare:  # the ratio comes from the fault manager's first tick
-            _poll(f"{info.monitor_url}/metrics", lambda text: "shardyard_spare_ratio 0.5" in str(text), 30)
+        if spare:  # the ratio comes from the fault manager's first tick; the monitor seeing it means it is published
+            _poll(f"{info.monitor_url}/metrics", lambda body: "shardyard_spare_ratio 0.5" in body, 30, text=True)
         client.submit(info.bootstrap, _job("victim"))
         job = _poll(job_url, lambda j: j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 200 else None, 120)
         spares = [p for p in job["placements"] if p.get("spare")]
@@ -84,9 +90,11 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         detected = time.time()
 
         def resumed(j: dict[str, Any]) -> float | None:
+            """The first progress report of the re-formed gang (a shard's entry keeps its old report until then)."""
             shards = j["shards"].values()
             times = [_ts(s["updated_at"]) for s in shards if s.get("attempt", 1) >= 2 and "updated_at" in s]
-            return min(times) if times else None
+            fresh = [t for t in times if t > killed]
+            return min(fresh) if fresh else None
 
         first_step = _poll(job_url, resumed, 120)
         job = cluster.get_json(job_url)

@@ -5,6 +5,7 @@
 """
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from shardyard.events import (
@@ -142,10 +143,12 @@ class SchedulerBook:
             case _:
                 pass
 
+    def _spares(self, spec: JobSpec) -> int:
+        return math.ceil(spec.shard_count * self.spare_ratio - 1e-9) if self.spare_ratio > 0 else 0
+
     def _pending(self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None) -> PendingJob:
-        spares = math.ceil(spec.shard_count * self.spare_ratio - 1e-9) if self.spare_ratio > 0 else 0
         excluded = self.excluded.get(spec.job_id, frozenset())
-        return PendingJob(spec, ready_at, excluded_nodes=excluded, not_before=not_before, spares=spares)
+        return PendingJob(spec, ready_at, excluded_nodes=excluded, not_before=not_before, spares=self._spares(spec))
 
     def _on_scheduled(self, event: JobScheduled) -> None:
         self.attempts[event.job_id] = max(self.attempts.get(event.job_id, 0), event.attempt)
@@ -179,7 +182,9 @@ class SchedulerBook:
             return out
         snapshot = self.snapshot()
         by_id = {view.node_id: view for view in snapshot.nodes}
-        for decision in schedule(snapshot, list(self.pending.values()), self.policy, now=now):
+        # Spares follow the ratio in force now, not the one when the job became ready.
+        queue = [replace(job, spares=self._spares(job.spec)) for job in self.pending.values()]
+        for decision in schedule(snapshot, queue, self.policy, now=now):
             if isinstance(decision, Place):
                 out.extend(self._admit(decision, by_id, now))
             elif isinstance(decision, Preempt):
