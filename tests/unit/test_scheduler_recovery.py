@@ -48,10 +48,10 @@ def cluster(*nodes: str, ratio: float = 0.0) -> SchedulerBook:
 
 def running(book: SchedulerBook) -> JobScheduled:
     book.apply(JobReady(occurred_at=at(0), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
-    (scheduled,) = of(book.cycle(at(1)), JobScheduled)
+    (scheduled,) = of(book.cycle(at(3)), JobScheduled)  # past the spare grace
     for shard in range(2):
         book.apply(started("job-1", shard))
-    book.on_shard_event(at(2))
+    book.on_shard_event(at(4))
     return scheduled
 
 
@@ -170,3 +170,23 @@ def test_spares_are_released_when_the_job_succeeds() -> None:
 
     (released,) = of(events, ShardRevocation)
     assert released.shard_index == 2 and released.node_id == next(p for p in scheduled.placements if p.spare).node_id
+
+
+def test_a_new_gang_waits_briefly_for_room_for_its_spares_then_goes_without() -> None:
+    book = cluster("n1", "n2", ratio=0.5)
+    book.apply(JobReady(occurred_at=at(0), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
+
+    assert of(book.cycle(at(1)), JobScheduled) == []
+    book.apply(node_state("n3", gpus=gpus(count=1)))
+    (with_spare,) = of(book.cycle(at(1.5)), JobScheduled)
+
+    assert [p.spare for p in with_spare.placements] == [False, False, True]
+
+
+def test_after_the_spare_grace_the_gang_starts_without_spares() -> None:
+    book = cluster("n1", "n2", ratio=0.5)
+    book.apply(JobReady(occurred_at=at(0), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
+
+    (scheduled,) = of(book.cycle(at(2)), JobScheduled)
+
+    assert [p.spare for p in scheduled.placements] == [False, False]

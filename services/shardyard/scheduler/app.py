@@ -28,6 +28,7 @@ class SchedulerSettings(ServiceSettings):
     reservations: int = Field(default=1, ge=0, description="blocked jobs that hold a reservation against backfill")
     preemption: bool = Field(default=True, description="preempt lower-priority preemptible jobs to fit higher ones")
     preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
+    spare_grace_s: float = Field(default=2.0, ge=0, description="how long a new gang waits for room for its spares")
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
 
@@ -47,6 +48,7 @@ def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
         checkpoint_root=settings.checkpoint_root,
         policy=settings.policy(),
         preempt_deadline_s=settings.preempt_deadline_s,
+        spare_grace_s=settings.spare_grace_s,
         elasticity=ElasticityTracker(repeat_s=settings.capacity_repeat_s, reclaim_after_s=settings.reclaim_after_s),
     )
     handlers = SchedulerHandlers(book, bus, clock)

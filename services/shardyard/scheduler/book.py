@@ -58,12 +58,14 @@ class SchedulerBook:
         checkpoint_root: str = "/data/checkpoints",
         policy: Policy | None = None,
         preempt_deadline_s: float = 30.0,
+        spare_grace_s: float = 2.0,
         elasticity: ElasticityTracker | None = None,
     ) -> None:
         self.term = term
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.policy = policy or Policy()
         self.preempt_deadline_s = preempt_deadline_s
+        self.spare_grace_s = spare_grace_s
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
         self.specs: dict[str, JobSpec] = {}
@@ -186,6 +188,8 @@ class SchedulerBook:
         queue = [replace(job, spares=self._spares(job.spec)) for job in self.pending.values()]
         for decision in schedule(snapshot, queue, self.policy, now=now):
             if isinstance(decision, Place):
+                if self._short_of_spares(decision, now):
+                    continue  # capacity (or an artifact report) for the spares may show within the grace
                 out.extend(self._admit(decision, by_id, now))
             elif isinstance(decision, Preempt):
                 out.extend(self._preempt(decision, now))
@@ -194,6 +198,16 @@ class SchedulerBook:
                 self.blocked.append((pending.spec, decision.reason, pending.ready_at))
                 out.extend(self._explain(decision, now))
         return out
+
+    def _short_of_spares(self, place: Place, now: datetime) -> bool:
+        """A first placement missing some of its spares waits up to ``spare_grace_s`` for them (agents report a new
+        job's artifacts within a fraction of a second, one after another); then the gang goes without."""
+        job = self.pending[place.job_id]
+        wanted = self._spares(job.spec)
+        placed = sum(1 for p in place.placements if p.spare)
+        if placed >= wanted or self.attempts.get(place.job_id, 0) > 0:
+            return False
+        return (now - job.ready_at).total_seconds() < self.spare_grace_s
 
     def elasticity_signals(self, now: datetime) -> list[Event]:
         """Capacity requests and reclaim candidates from the last cycle's verdicts (called once a tick: O(nodes))."""

@@ -49,6 +49,7 @@ class SchedulerHandlers:
 
     async def on_redundancy(self, event: RedundancyChanged) -> None:
         self.book.apply(event)
+        log.info("spare ratio %.2f (failure rate %.3f)", event.ratio, event.failure_rate)
 
     async def on_node_state(self, event: NodeState) -> None:
         self.book.apply(event)
