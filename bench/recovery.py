@@ -46,15 +46,20 @@ def _text(url: str) -> str:
 
 def _poll(url: str, check: Any, timeout_s: float, every_s: float = 0.05, *, text: bool = False) -> Any:
     deadline = time.monotonic() + timeout_s
+    body: Any = None
     while time.monotonic() < deadline:
         try:
-            value = check(_text(url) if text else cluster.get_json(url))
+            body = _text(url) if text else cluster.get_json(url)
+            value = check(body)
         except OSError:
             value = None
         if value:
             return value
         time.sleep(every_s)
-    raise SystemExit(f"timed out after {timeout_s}s polling {url}")
+    what = getattr(check, "__name__", "a condition")
+    if isinstance(body, dict) and "timeline" in body:
+        body = {"state": body["state"], "timeline": [(e["event"], e.get("detail", "")[:80]) for e in body["timeline"]]}
+    raise SystemExit(f"timed out after {timeout_s}s polling {url} for {what}; last answer: {str(body)[:3000]}")
 
 
 def _ts(text: str) -> float:
@@ -74,7 +79,11 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         if spare:  # the ratio comes from the fault manager's first tick; the monitor seeing it means it is published
             _poll(f"{info.monitor_url}/metrics", lambda body: "shardyard_spare_ratio 0.5" in body, 30, text=True)
         client.submit(info.bootstrap, _job("victim"))
-        job = _poll(job_url, lambda j: j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 200 else None, 120)
+
+        def training(j: dict[str, Any]) -> dict[str, Any] | None:
+            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 200 else None
+
+        job = _poll(job_url, training, 120)
         spares = [p for p in job["placements"] if p.get("spare")]
         victim = next(p["node_id"] for p in job["placements"] if p["shard_index"] == 1 and not p.get("spare"))
         killed = time.time()

@@ -254,3 +254,16 @@ def test_the_tick_turns_the_last_cycles_blocked_jobs_into_a_capacity_request() -
 
     assert isinstance(request, CapacityRequested)
     assert (request.gpu_model, request.gpus, request.jobs, request.waiting_s) == ("A100", 2, ("job-1",), 31.0)
+
+
+def test_the_echo_of_a_placement_after_its_shards_started_keeps_them() -> None:
+    book = book_with("node-a")
+    book.apply(ready())
+    scheduled, *_ = book.cycle(at(1))
+    book.apply(started(shard_index=0))
+    book.apply(started(shard_index=1))
+
+    book.apply(scheduled)  # our own JobScheduled, read back from the lifecycle topic after the shard events
+    (running,) = book.on_shard_event(at(2))
+
+    assert isinstance(running, JobRunning)

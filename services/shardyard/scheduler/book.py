@@ -153,15 +153,24 @@ class SchedulerBook:
         return PendingJob(spec, ready_at, excluded_nodes=excluded, not_before=not_before, spares=self._spares(spec))
 
     def _on_scheduled(self, event: JobScheduled) -> None:
-        self.attempts[event.job_id] = max(self.attempts.get(event.job_id, 0), event.attempt)
-        self.last_port[event.job_id] = (event.coordinator_node, event.rendezvous_port)
+        """A placement: ours as we make it, then again as it comes back from the log (its echo must not reset the
+        gang's started shards), or replayed. Placements of attempts already superseded change nothing."""
+        job_id = event.job_id
         self.term = max(self.term, event.term)
-        if event.job_id in self.finished:
+        latest = self.attempts.get(job_id, 0)
+        gang = self.gangs.get(job_id)
+        if job_id in self.finished or event.attempt < latest:
             return
-        self.pending.pop(event.job_id, None)
-        spec = self.specs.get(event.job_id)
+        if gang is not None and gang.scheduled.attempt == event.attempt:
+            return  # the echo of our own placement
+        if event.attempt == latest and gang is None:
+            return  # that attempt already ended (recovery or preemption requeued the job)
+        self.attempts[job_id] = event.attempt
+        self.last_port[job_id] = (event.coordinator_node, event.rendezvous_port)
+        self.pending.pop(job_id, None)
+        spec = self.specs.get(job_id)
         if spec is not None:
-            self.gangs[event.job_id] = Gang(spec, event)
+            self.gangs[job_id] = Gang(spec, event)
 
     def _current(self, job_id: str, attempt: int) -> bool:
         gang = self.gangs.get(job_id)
