@@ -81,7 +81,7 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         client.submit(info.bootstrap, _job("victim"))
 
         def training(j: dict[str, Any]) -> dict[str, Any] | None:
-            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 200 else None
+            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 210 else None  # mid-interval
 
         job = _poll(job_url, training, 120)
         spares = [p for p in job["placements"] if p.get("spare")]
@@ -100,9 +100,12 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
 
         def resumed(j: dict[str, Any]) -> float | None:
             """The first progress report of the re-formed gang (a shard's entry keeps its old report until then)."""
+            starts = [_ts(e["at"]) for e in j["timeline"] if e["event"] == "shard started" and _ts(e["at"]) > killed]
+            if not starts:
+                return None
             shards = j["shards"].values()
             times = [_ts(s["updated_at"]) for s in shards if s.get("attempt", 1) >= 2 and "updated_at" in s]
-            fresh = [t for t in times if t > killed]
+            fresh = [t for t in times if t > min(starts)]  # not a survivor's report from before it failed
             return min(fresh) if fresh else None
 
         first_step = _poll(job_url, resumed, 120)
@@ -116,6 +119,7 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
             "plan_s": _ts(plans[0]["at"]) - killed if plans else None,
             "resumed_s": first_step - killed,
             "resumed_from": job.get("resume_from"),
+            "attempt": job.get("attempt"),
             "step_at_kill": step_at_kill,
             "checkpoint_step": checkpoint_step,
             "steps_lost": step_at_kill - checkpoint_step if checkpoint_step is not None else None,
