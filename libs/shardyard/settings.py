@@ -5,12 +5,15 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
+
+if TYPE_CHECKING:
+    from shardyard.bus.leadership import ElectionTimings
 
 BOOTSTRAP_ENV = "SHARDYARD_KAFKA_BOOTSTRAP"
 
@@ -68,3 +71,28 @@ def load_settings(cls: type[S], argv: Sequence[str], env: Mapping[str, str], *, 
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{prog}: invalid settings: {problems}") from exc
+
+
+class ReplicatedSettings(ServiceSettings):
+    """A service that runs as several replicas with one leader, elected through Kafka (see ``bus.leadership``)."""
+
+    election_session_timeout_ms: int = Field(default=2000, ge=100, description="a silent replica is dropped after")
+    election_heartbeat_interval_ms: int = Field(default=250, ge=10, description="group heartbeats every")
+    election_rebalance_timeout_ms: int = Field(default=1000, ge=100, description="how long a re-election may take")
+    election_lease_s: float = Field(
+        default=0.75, gt=0, description="a leader acts this long after proving it still leads"
+    )
+
+    def election_timings(self) -> "ElectionTimings":
+        from shardyard.bus.leadership import ElectionTimings
+
+        try:
+            return ElectionTimings(
+                session_timeout_ms=self.election_session_timeout_ms,
+                heartbeat_interval_ms=self.election_heartbeat_interval_ms,
+                rebalance_timeout_ms=self.election_rebalance_timeout_ms,
+                lease_s=self.election_lease_s,
+                renew_interval_s=min(0.2, self.election_lease_s / 3),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"invalid election settings: {exc}") from exc

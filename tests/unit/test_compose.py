@@ -35,6 +35,20 @@ def test_every_service_and_two_agents_are_there() -> None:
     assert modules.count("shardyard.node_agent") >= 2
 
 
+@pytest.mark.parametrize(
+    "module", ["shardyard.queue", "shardyard.scheduler", "shardyard.resource_pool", "shardyard.fault_manager"]
+)
+def test_every_elected_service_runs_two_replicas_under_distinct_names(module: str) -> None:
+    instances = [svc["command"][2] for svc in SHARDYARD.values() if svc["command"][0] == module]
+    assert len(set(instances)) == len(instances) >= 2
+
+
+def test_kafka_accepts_the_election_session_timeout() -> None:
+    floor = int(COMPOSE["services"]["kafka"]["environment"]["KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS"])
+    settings = settings_class("shardyard.scheduler")()
+    assert floor <= settings.election_session_timeout_ms  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("name", sorted(SHARDYARD), ids=str)
 def test_command_names_a_real_module_with_valid_flags(name: str) -> None:
     module, *argv = SHARDYARD[name]["command"]

@@ -208,6 +208,16 @@ def test_a_late_end_of_an_old_attempt_keeps_the_new_attempt_reserved() -> None:
     assert isinstance(state, NodeState) and state.allocated_gpus == (1,)
 
 
+def test_an_assignment_of_a_deposed_leader_reserves_nothing() -> None:
+    book = alive_book()
+    book.on_ledger_event(assignment(shard_index=0, gpu_indices=(0,), term=7))
+
+    assert book.on_ledger_event(assignment("job-2", shard_index=0, gpu_indices=(1,), term=6), at(1)) == []
+    assert book.state_of("node-a", at(1)).allocated_gpus == (0,)
+    book.on_ledger_event(assignment("job-3", shard_index=0, gpu_indices=(2,), term=8))
+    assert book.state_of("node-a", at(1)).allocated_gpus == (0, 2)
+
+
 def test_release_of_nothing_changes_nothing() -> None:
     book = alive_book()
 

@@ -10,6 +10,7 @@ from shardyard.bus.topics import (
     ELASTICITY,
     FAILURES,
     HEARTBEATS,
+    LEADERSHIP,
     LIFECYCLE,
     NODE_STATE,
     REDUNDANCY,
@@ -36,6 +37,8 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
+    LeaderElected,
+    LeadershipClaimed,
     NodeDrain,
     NodeLost,
     NodeState,
@@ -84,6 +87,8 @@ _TOPIC_OF: dict[type[Event], Topic] = {
         (ShardStarted, ShardProgress, ShardCheckpointed, ShardCompleted, ShardFailed, ShardPreempted), SHARD_EVENTS
     ),
     ServiceReady: SERVICES,
+    LeaderElected: SERVICES,
+    LeadershipClaimed: LEADERSHIP,
     CapacityRequested: ELASTICITY,
     ReclaimCandidate: ELASTICITY,
     RedundancyChanged: REDUNDANCY,
@@ -99,7 +104,7 @@ def key_of(event: Event) -> bytes:
     topic = topic_of(event)
     if topic in (HEARTBEATS, NODE_STATE, FAILURES, ASSIGNMENTS):
         return str(getattr(event, "node_id")).encode()  # noqa: B009 - every event of these topics has one
-    if topic is SERVICES:
+    if topic in (SERVICES, LEADERSHIP):
         return str(getattr(event, "service")).encode()  # noqa: B009
     if topic is REDUNDANCY:
         return b"policy"

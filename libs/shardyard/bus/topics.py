@@ -8,10 +8,11 @@ from shardyard.events import (
     ElasticityEvent,
     HeartbeatEvent,
     JobLifecycleEvent,
+    LeadershipClaimed,
     NodeLost,
     NodeState,
     RedundancyChanged,
-    ServiceReady,
+    ServiceEvent,
     ShardEvent,
 )
 
@@ -37,7 +38,9 @@ NODE_STATE: Final = Topic("shardyard.nodes.state", 4, "node id", NodeState, comp
 ASSIGNMENTS: Final = Topic("shardyard.assignments", 4, "node id", AssignmentEvent)
 SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)
 FAILURES: Final = Topic("shardyard.failures", 4, "node id", NodeLost)
-SERVICES: Final = Topic("shardyard.services", 1, "service name", ServiceReady)
+SERVICES: Final = Topic("shardyard.services", 1, "service name", ServiceEvent)
+LEADERSHIP: Final = Topic("shardyard.leadership", 1, "service name", LeadershipClaimed)
+"""Leader election: one consumer group per service; the member holding the one partition leads."""
 ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", ElasticityEvent)
 REDUNDANCY: Final = Topic("shardyard.redundancy", 1, "policy", RedundancyChanged, compacted=True)
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
@@ -51,6 +54,7 @@ CATALOGUE: Final = (
     SHARD_EVENTS,
     FAILURES,
     SERVICES,
+    LEADERSHIP,
     ELASTICITY,
     REDUNDANCY,
     DEADLETTER,

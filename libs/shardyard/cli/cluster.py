@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,10 @@ from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.errors import ClusterError
 
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "monitor")
+REPLICAS = 2
+"""Processes per service: the scheduler's standby is warm (it follows the log), the queue's, resource pool's and
+fault manager's stand by until elected; both monitors serve the status API."""
+ELECTED = ("queue", "scheduler", "resource-pool", "fault-manager")
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 CLUSTER_FILE = "cluster.json"
 RENDEZVOUS_BASE = 29500
@@ -36,6 +40,18 @@ class ClusterInfo:
     embedded_broker: bool
     started_at: float
     pids: dict[str, int] = field(default_factory=dict)
+    monitor_urls: list[str] = field(default_factory=list)
+    """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
+
+    def live(self) -> "ClusterInfo":
+        """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
+        for url in self.monitor_urls:
+            try:
+                get_json(f"{url}/healthz", timeout_s=0.5)
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            return replace(self, monitor_url=url)
+        return self
 
     def save(self) -> None:
         path = Path(self.run_dir) / CLUSTER_FILE
@@ -116,11 +132,13 @@ def up(
         assert broker.pid is not None
         pids["broker"] = broker.pid
         say(f"embedded broker on {bootstrap}")
-    monitor_port = free_port()
+    monitor_ports = [free_port() for _ in range(REPLICAS)]
+    monitor_urls = [f"http://127.0.0.1:{port}" for port in monitor_ports]
     info = ClusterInfo(
         run_dir=str(run_dir.resolve()),
         bootstrap=bootstrap,
-        monitor_url=f"http://127.0.0.1:{monitor_port}",
+        monitor_url=monitor_urls[0],
+        monitor_urls=monitor_urls,
         data_root=str(data_root.resolve()),
         embedded_broker=embedded,
         started_at=time.time(),
@@ -131,10 +149,12 @@ def up(
         asyncio.run(ensure_topics(bootstrap))
         env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
         for service in SERVICES:
-            argv = [sys.executable, "-m", _module(service), "--instance", f"{service}-0"]
-            if service == "monitor":
-                argv += ["--http-port", str(monitor_port)]
-            pids[service] = _spawn(service, argv, logs, env)
+            for replica in range(REPLICAS):
+                name = f"{service}-{replica}"
+                argv = [sys.executable, "-m", _module(service), "--instance", name]
+                if service == "monitor":
+                    argv += ["--http-port", str(monitor_ports[replica])]
+                pids[name] = _spawn(name, argv, logs, env)
         for index, gpus in enumerate(nodes):
             node_id = f"node-{index}"
             argv = [
@@ -181,10 +201,11 @@ def _wait_ready(info: ClusterInfo, *, expected_nodes: int, timeout_s: float) -> 
             if not _alive(pid):
                 raise ClusterError(f"{name} exited during start-up; its log ends:\n{_log_tail(logs / f'{name}.log')}")
         try:
-            services = {s["service"] for s in get_json(f"{info.monitor_url}/api/services")["services"]}
+            answer = get_json(f"{info.monitor_url}/api/services")
+            services = {s["service"] for s in answer["services"]}
             nodes = get_json(f"{info.monitor_url}/api/nodes")["nodes"]
             alive = sum(1 for n in nodes if n["status"] == "ALIVE")
-            if set(SERVICES) <= services and alive >= expected_nodes:
+            if set(SERVICES) <= services and set(ELECTED) <= set(answer["leaders"]) and alive >= expected_nodes:
                 return
         except (urllib.error.URLError, OSError, ValueError):
             pass  # the monitor is not listening yet

@@ -22,7 +22,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 
 def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
-    return cluster.ClusterInfo.load(_run_dir(args))
+    return cluster.ClusterInfo.load(_run_dir(args)).live()
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from shardyard.events.node import (
     NodeStatus,
     RunningShard,
 )
-from shardyard.events.service import ServiceReady
+from shardyard.events.service import LeaderElected, LeadershipClaimed, ServiceEvent, ServiceReady
 from shardyard.events.shard import (
     AssignmentEvent,
     ShardAssignment,
@@ -83,6 +83,8 @@ __all__ = [
     "JobSucceeded",
     "JobUnschedulable",
     "JobWaiting",
+    "LeaderElected",
+    "LeadershipClaimed",
     "Model",
     "NodeDrain",
     "NodeEvent",
@@ -94,6 +96,7 @@ __all__ = [
     "RedundancyChanged",
     "RejectReason",
     "RunningShard",
+    "ServiceEvent",
     "ServiceReady",
     "ShardAssignment",
     "ShardCause",

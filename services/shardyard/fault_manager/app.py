@@ -15,12 +15,12 @@ from shardyard.fault_manager.handlers import FaultHandlers
 from shardyard.fault_manager.recovery import RetryPolicy
 from shardyard.fault_manager.redundancy import RedundancyPolicy, RedundancyTracker
 from shardyard.service import Periodic, announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import ReplicatedSettings
 
 SERVICE = "fault-manager"
 
 
-class FaultSettings(ServiceSettings):
+class FaultSettings(ReplicatedSettings):
     """The fault manager: shard failures and node losses become recovery plans (or the job's end); the recent
     failure rate sets the spare ratio."""
 

@@ -21,7 +21,11 @@ def build_http(view: ClusterView, registry: CollectorRegistry) -> web.Applicatio
 
     async def services(_request: web.Request) -> web.Response:
         return web.json_response(
-            {"services": [s.model_dump(mode="json") for s in view.services.values()], "dead_letters": view.dead_letters}
+            {
+                "services": [s.model_dump(mode="json") for s in view.services.values()],
+                "leaders": {name: e.model_dump(mode="json") for name, e in view.leaders.items()},
+                "dead_letters": view.dead_letters,
+            }
         )
 
     async def metrics(_request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
+    LeaderElected,
     NodeDrain,
     NodeLost,
     NodeState,
@@ -150,6 +151,8 @@ class ClusterView:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     services: dict[str, ServiceReady] = field(default_factory=dict)
+    leaders: dict[str, LeaderElected] = field(default_factory=dict)
+    """Each replicated service's current leader: the election with the highest term."""
     dead_letters: int = 0
     preemptions: int = 0
     """Completed preemptions (JobPreempted), each counted once."""
@@ -173,6 +176,10 @@ class ClusterView:
                 pass  # the resource pool answers with the node's state, which carries the mark
             case ServiceReady():
                 self.services[f"{event.service}/{event.instance}"] = event
+            case LeaderElected():
+                current = self.leaders.get(event.service)
+                if current is None or event.term > current.term:
+                    self.leaders[event.service] = event
             case NodeLost():
                 pass  # the node's state event says the same; fault handling shows on its jobs
             case RedundancyChanged():

@@ -12,12 +12,12 @@ from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.service import announce
-from shardyard.settings import GpuFigures, ServiceSettings
+from shardyard.settings import GpuFigures, ReplicatedSettings
 
 SERVICE = "queue"
 
 
-class QueueSettings(ServiceSettings):
+class QueueSettings(ReplicatedSettings):
     """The queue: admission and ordering of submitted jobs."""
 
     gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")

@@ -11,12 +11,12 @@ from shardyard.events import NodeState
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.handlers import PoolHandlers
 from shardyard.service import Periodic, announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import ReplicatedSettings
 
 SERVICE = "resource-pool"
 
 
-class PoolSettings(ServiceSettings):
+class PoolSettings(ReplicatedSettings):
     """The resource pool: node inventory, liveness and reservations."""
 
     suspect_after_s: float = 3.0

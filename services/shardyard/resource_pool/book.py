@@ -45,6 +45,9 @@ class PoolBook:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     # node -> (job, shard, attempt) -> GPU indices reserved by an assignment
     allocations: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = field(default_factory=dict)
+    max_term: int = 0
+    """The newest scheduler term seen on an assignment: assignments of older terms (a deposed leader's) are
+    refused, so they reserve nothing."""
 
     def state_of(self, node_id: str, now: datetime) -> NodeState:
         record = self.nodes[node_id]
@@ -112,7 +115,8 @@ class PoolBook:
         """Reserve or release GPUs; with ``now``, return the fresh state of each node whose reservations changed."""
         changed: set[str] = set()
         match event:
-            case ShardAssignment():
+            case ShardAssignment() if event.term >= self.max_term:
+                self.max_term = event.term
                 key = (event.job_id, event.shard_index, event.attempt)
                 self.allocations.setdefault(event.node_id, {})[key] = event.gpu_indices
                 changed.add(event.node_id)

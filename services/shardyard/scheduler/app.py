@@ -1,11 +1,17 @@
-"""Wiring of the scheduler service."""
+"""Wiring of the scheduler service: replicas that follow the state topics, one of them elected leader."""
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from faststream import FastStream
 from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.replay import replay
+from shardyard.bus.leadership import Leadership
 from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.scheduler.book import SchedulerBook
@@ -13,13 +19,16 @@ from shardyard.scheduler.elasticity import ElasticityTracker
 from shardyard.scheduler.handlers import SchedulerHandlers
 from shardyard.scheduler.model import Policy
 from shardyard.service import Periodic, announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import ReplicatedSettings
 
 SERVICE = "scheduler"
+FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY)
+
+log = logging.getLogger(__name__)
 
 
-class SchedulerSettings(ServiceSettings):
-    """The scheduler: gang placement of ready jobs on nodes."""
+class SchedulerSettings(ReplicatedSettings):
+    """The scheduler: gang placement of ready jobs on nodes. Run two or more replicas; one leads."""
 
     checkpoint_root: str = "/data/checkpoints"
     cycle_interval_s: float = Field(default=1.0, gt=0)
@@ -40,39 +49,120 @@ class SchedulerSettings(ServiceSettings):
             preemption=self.preemption,
         )
 
+    def new_book(self) -> SchedulerBook:
+        return SchedulerBook(
+            checkpoint_root=self.checkpoint_root,
+            policy=self.policy(),
+            preempt_deadline_s=self.preempt_deadline_s,
+            spare_grace_s=self.spare_grace_s,
+            elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
+        )
+
+
+class SchedulerReplica:
+    """Follows the state topics into its book from start-up (a warm standby); decides once elected and caught up.
+    A replica whose book went ahead of the log (decisions it could not publish) rebuilds it before leading."""
+
+    def __init__(self, settings: SchedulerSettings, bus: Bus, clock: Clock) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.clock = clock
+        self.handlers = SchedulerHandlers(
+            settings.new_book(), bus, clock, confirm=self._confirm, on_diverged=self._diverged
+        )
+        self.leadership = Leadership(
+            settings.bootstrap,
+            service=SERVICE,
+            instance=settings.instance,
+            clock=clock,
+            on_elected=self._elected,
+            on_lost=self._lost,
+            timings=settings.election_timings(),
+        )
+        self.follower = self._follower()
+        self.ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, self.handlers.tick)
+        self._stale = False
+        self._turn = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _follower(self) -> Follower:
+        return Follower(self.settings.bootstrap, FOLLOWED, self.handlers.handle, name=f"{SERVICE}-follower")
+
+    async def start(self) -> None:
+        await self.follower.start()
+        await self.leadership.start()
+        self.ticker.start()
+
+    async def stop(self) -> None:
+        await self.ticker.stop()
+        await self.leadership.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.handlers.drain()
+        await self.follower.stop()
+
+    async def _confirm(self) -> bool:
+        return await self.leadership.confirm()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _elected(self, term: int) -> None:
+        self._spawn(self._take_over(term))
+
+    def _lost(self) -> None:
+        self.handlers.leading = False
+
+    def _diverged(self) -> None:
+        self._stale = True
+
+    async def _take_over(self, term: int) -> None:
+        async with self._turn:
+            try:
+                if self._stale:
+                    await self._rebuild()
+                await self.follower.caught_up()
+                if self.leadership.term != term:
+                    return  # lost again while catching up
+                await self.handlers.take_over(term)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("taking over as leader (term %d) failed; standing by", term)
+                self.handlers.leading = False
+                self._stale = True
+
+    async def _rebuild(self) -> None:
+        log.info("rebuilding the scheduler's book from the log")
+        await self.follower.stop()
+        self.handlers.book = self.settings.new_book()
+        self.follower = self._follower()
+        await self.follower.start()
+        self._stale = False
+
 
 def build_app(settings: SchedulerSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = SchedulerBook(
-        checkpoint_root=settings.checkpoint_root,
-        policy=settings.policy(),
-        preempt_deadline_s=settings.preempt_deadline_s,
-        spare_grace_s=settings.spare_grace_s,
-        elasticity=ElasticityTracker(repeat_s=settings.capacity_repeat_s, reclaim_after_s=settings.reclaim_after_s),
-    )
-    handlers = SchedulerHandlers(book, bus, clock)
-    group = "shardyard-scheduler"
-    bus.subscribe({NODE_STATE: handlers.on_node_state, REDUNDANCY: handlers.on_redundancy}, group=None)
-    bus.subscribe({LIFECYCLE: handlers.on_lifecycle, SHARD_EVENTS: handlers.on_shard_event}, group=group)
-    ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, handlers.tick)
     app = FastStream(broker)
+    replica: list[SchedulerReplica] = []
 
     @app.on_startup
-    async def rebuild() -> None:
+    async def topics() -> None:
         await ensure_topics(settings.bootstrap)
-        await replay(
-            settings.bootstrap, [LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY], lambda _t, event: book.apply(event)
-        )
 
     @app.after_startup
     async def ready() -> None:
-        ticker.start()
+        replica.append(SchedulerReplica(settings, bus, clock))
+        await replica[0].start()
         await announce(bus, clock, instance=settings.instance)
 
     @app.on_shutdown
     async def stop() -> None:
-        await ticker.stop()
-        await handlers.drain()
+        if replica:
+            await replica[0].stop()
 
     return app

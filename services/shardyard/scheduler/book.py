@@ -184,8 +184,9 @@ class SchedulerBook:
     def cycle(self, now: datetime) -> list[Event]:
         """One scheduling cycle: overdue preemptions end, cancelled jobs leave, every pending job is decided."""
         out = self._overdue_preemptions(now)
-        for job_id in [j for j in self.pending if j in self.cancel_requested]:
-            # A cancel request that arrived before the job became ready here (e.g. as the queue released it).
+        for job_id in [j for j in [*self.pending, *self.gangs] if j in self.cancel_requested]:
+            # A cancel request that arrived before the job became ready here (e.g. as the queue released it), or
+            # one a previous leader took in but did not carry out.
             request = JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id])
             out.extend(self.on_cancel(request, now))
         self.blocked = []

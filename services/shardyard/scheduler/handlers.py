@@ -1,15 +1,22 @@
-"""Scheduler handlers: apply each fact to the book, then publish what the book decides.
+"""Scheduler handlers: apply each fact to the book and, on the leader only, publish what the book decides.
 
-Facts are applied as they arrive; cycles are coalesced: a burst of node states (10,000 nodes heartbeat every
-second) asks for one cycle, not one per message. The periodic tick also reports elasticity signals.
+Every replica follows the same topics and applies every fact (a standby is warm: its book is the leader's, read
+from the log). Only the leader decides, and only while its lease holds: a decision it could not publish leaves its
+book ahead of the log, so the replica rebuilds its book from the log before it may lead again.
+
+Cycles are coalesced: a burst of node states (10,000 nodes heartbeat every second) asks for one cycle, not one per
+message. The periodic tick also reports elasticity signals.
 """
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 from shardyard.bus.kafka import Bus
+from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
 from shardyard.events import (
+    Event,
     JobCancelRequested,
     JobFailed,
     JobPreempted,
@@ -24,23 +31,53 @@ from shardyard.scheduler.book import SchedulerBook
 log = logging.getLogger(__name__)
 
 
+async def _always() -> bool:
+    return True
+
+
 class SchedulerHandlers:
-    def __init__(self, book: SchedulerBook, bus: Bus, clock: Clock) -> None:
+    def __init__(
+        self,
+        book: SchedulerBook,
+        bus: Bus,
+        clock: Clock,
+        *,
+        confirm: Callable[[], Awaitable[bool]] = _always,
+        on_diverged: Callable[[], None] = lambda: None,
+    ) -> None:
         self.book = book
         self.bus = bus
         self.clock = clock
+        self.leading = False
+        """Whether this replica decides: it was elected and its book has caught up with the log."""
+        self._confirm = confirm
+        self._on_diverged = on_diverged
         self._wanted = False
         self._runner: asyncio.Task[None] | None = None
 
+    async def handle(self, topic: Topic, event: object) -> None:
+        """The follower's entry point: one fact of one of the followed topics."""
+        if topic is LIFECYCLE:
+            await self.on_lifecycle(event)  # type: ignore[arg-type]
+        elif topic is SHARD_EVENTS:
+            await self.on_shard_event(event)
+        elif topic is NODE_STATE:
+            await self.on_node_state(event)  # type: ignore[arg-type]
+        elif topic is REDUNDANCY:
+            await self.on_redundancy(event)  # type: ignore[arg-type]
+
     async def on_lifecycle(self, event: LifecycleFact) -> None:
+        if not self.leading:
+            self.book.apply(event)
+            return
         now = self.clock.now()
         if isinstance(event, JobFailed):
-            await self.bus.publish_all(self.book.revocations(event, now))
+            await self.publish(self.book.revocations(event, now))
         if isinstance(event, JobCancelRequested):
-            await self.bus.publish_all(self.book.on_cancel(event, now))
+            await self.publish(self.book.on_cancel(event, now))
             return
         if isinstance(event, JobRecovering):
-            await self.bus.publish_all(self.book.on_recovering(event, now))
+            await self.publish(self.book.on_recovering(event, now))
             self.request_cycle()
             return
         self.book.apply(event)
@@ -57,17 +94,40 @@ class SchedulerHandlers:
 
     async def on_shard_event(self, event: object) -> None:
         self.book.apply(event)
-        await self.bus.publish_all(self.book.on_shard_event(self.clock.now()))
-        self.request_cycle()
+        if self.leading:
+            await self.publish(self.book.on_shard_event(self.clock.now()))
+            self.request_cycle()
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        """Publish the leader's decisions, once its lease is confirmed. Decisions already applied to the book that
+        cannot go out leave the book ahead of the log: the replica stops leading and rebuilds."""
+        if not events:
+            return
+        if not self.leading or not await self._confirm():
+            log.warning("not leader any more: %d decided events withheld; rebuilding from the log", len(events))
+            self.leading = False
+            self._on_diverged()
+            return
+        await self.bus.publish_all(events)
+
+    async def take_over(self, term: int) -> None:
+        """Start leading under ``term`` (the book has caught up with the log): carry out what the log says is due
+        and was never published (a previous leader may have died between a fact and its consequence)."""
+        self.book.term = term
+        self.leading = True
+        await self.publish(self.book.on_shard_event(self.clock.now()))
+        await self.cycle()
 
     def request_cycle(self) -> None:
         """Run a cycle soon; requests made while one runs fold into a single next cycle."""
+        if not self.leading:
+            return
         self._wanted = True
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run_cycles(), name="scheduler-cycles")
 
     async def _run_cycles(self) -> None:
-        while self._wanted:
+        while self._wanted and self.leading:
             self._wanted = False
             await asyncio.sleep(0)  # let facts already delivered land before deciding
             try:
@@ -77,12 +137,15 @@ class SchedulerHandlers:
                 return
 
     async def cycle(self) -> None:
-        await self.bus.publish_all(self.book.cycle(self.clock.now()))
+        if self.leading:
+            await self.publish(self.book.cycle(self.clock.now()))
 
     async def tick(self) -> None:
         """The periodic cycle (time-based rules: aging, max_wait, preemption deadlines) and elasticity signals."""
+        if not self.leading:
+            return
         await self.cycle()
-        await self.bus.publish_all(self.book.elasticity_signals(self.clock.now()))
+        await self.publish(self.book.elasticity_signals(self.clock.now()))
 
     async def drain(self) -> None:
         """Wait for a running cycle (shutdown)."""

@@ -1,0 +1,99 @@
+"""Follow topics: read every partition from its beginning and keep reading, without a consumer group.
+
+This is how a replica keeps its whole state warm (a standby scheduler applies every fact the leader does, so that it
+can lead the moment it is elected). Unlike a group subscription it sees every partition, and unlike a replay followed
+by a subscription there is no gap between the two. ``caught_up()`` waits until everything written before the call
+has been handed over.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from shardyard.bus.codec import decode
+from shardyard.bus.topics import Topic
+from shardyard.errors import EventDecodeError
+
+log = logging.getLogger(__name__)
+
+FollowHandler = Callable[[Topic, Any], Awaitable[None]]
+
+
+class Follower:
+    def __init__(self, bootstrap: str, topics: Iterable[Topic], handle: FollowHandler, *, name: str) -> None:
+        self.bootstrap = bootstrap
+        self.topics = {topic.name: topic for topic in topics}
+        self.handle = handle
+        self.name = name
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._done: dict[TopicPartition, int] = {}
+        """Per partition: the offset after the last record handed over."""
+        self._progress = asyncio.Event()
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.name,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        await consumer.topics()  # loads metadata for every topic
+        partitions = [
+            TopicPartition(name, p) for name in self.topics for p in sorted(consumer.partitions_for_topic(name) or ())
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._done = dict.fromkeys(partitions, 0)
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def caught_up(self) -> None:
+        """Return once every record written to the followed topics before this call has been handled."""
+        assert self._consumer is not None, "start() first"
+        ends: dict[TopicPartition, int] = await self._consumer.end_offsets(list(self._done))
+        while any(self._done[tp] < end for tp, end in ends.items()):
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                topic = self.topics[tp.topic]
+                for record in records:
+                    await self._hand_over(topic, tp, record.offset, record.value)
+                    self._done[tp] = record.offset + 1
+            for tp in self._done:
+                # The fetch position also passes offsets that hold no record (compacted away): count those done.
+                self._done[tp] = max(self._done[tp], await self._consumer.position(tp))
+            self._progress.set()
+
+    async def _hand_over(self, topic: Topic, tp: TopicPartition, offset: int, raw: bytes | None) -> None:
+        try:
+            event = decode(topic, raw or b"")
+        except EventDecodeError as exc:
+            log.warning("%s skips %s@%d: %s", self.name, tp, offset, exc)
+            return
+        try:
+            await self.handle(topic, event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a follower must outlive any one event
+            log.exception("%s: handling %s@%d failed", self.name, tp, offset)
