@@ -9,32 +9,42 @@ node is killed with SIGKILL (its shards die with it). Measured from the kill:
 - ``steps_lost``: the step the gang had reached at the kill minus the checkpoint step it resumed from.
 
 Scenarios: ``spare`` (the fault manager's ratio floor is 0.5, so the gang holds a spare and it is promoted) and
-``no_spare`` (ratio 0: the shard is re-placed on the free node). Scheduler-leader failover is not measured: the
-scheduler runs as a single replica at this stage.
+``no_spare`` (ratio 0: the shard is re-placed on the free node).
+
+``scheduler_failover``: on a fresh cluster (two schedulers), the scheduler leader is killed with SIGKILL and a 1-shard
+job is submitted at once. Measured from the kill: ``elected_s``, until the standby's election (its
+``service.leader`` event), and ``assignment_s``, until the shard's assignment reached the bus (a consumer of the
+assignment topic, as an agent, receives it).
 
     python bench/recovery.py [--runs 1]
 """
 
 import argparse
+import asyncio
 import json
 import os
 import signal
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer
+
+from shardyard.bus.topics import ASSIGNMENTS
 from shardyard.cli import client, cluster
 from shardyard.training.artifacts import create_demo_artifacts
 
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 
 
-def _job(job_id: str) -> bytes:
-    document = {**EXAMPLE, "task_id": job_id, "sync_interval": 20}
+def _job(job_id: str, *, shards: int = 2) -> bytes:
+    document = {**EXAMPLE, "task_id": job_id, "sync_interval": 20, "shard_count": shards}
+    document["resource_requirements"] = {**EXAMPLE["resource_requirements"], "gpu": {"count": shards, "model": "A100"}}
     document["training"] = {"max_steps": 3000, "batch_size": 4, "seed": 3}
     return json.dumps(document).encode()
 
@@ -129,12 +139,102 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         cluster.down(root / "run", say=lambda _m: None)
 
 
+def failover_run(root: Path) -> dict[str, Any]:
+    data = root / "data"
+    create_demo_artifacts(data)
+    info = cluster.up(root / "run", nodes=["A100:1"] * 2, data_root=data, say=lambda _m: None)
+    try:
+
+        def leader(body: Any) -> Any:
+            return body["leaders"].get("scheduler")
+
+        old = _poll(f"{info.monitor_url}/api/services", leader, 30)
+        with AssignmentWatch(info.bootstrap) as watch:
+            killed = time.time()
+            os.kill(info.pids[old["instance"]], signal.SIGKILL)
+            client.submit(info.bootstrap, _job("after-failover", shards=1))
+            delivered = watch.wait_for("after-failover", timeout_s=60)
+
+        def successor(body: Any) -> Any:
+            new = leader(body)
+            return new if new and new["term"] > old["term"] else None
+
+        new = _poll(f"{info.monitor_url}/api/services", successor, 30)
+        return {
+            "killed": old["instance"],
+            "elected": new["instance"],
+            "terms": [old["term"], new["term"]],
+            "elected_s": _ts(new["occurred_at"]) - killed,
+            "assignment_s": delivered - killed,
+        }
+    finally:
+        cluster.down(root / "run", say=lambda _m: None)
+
+
+class AssignmentWatch:
+    """Receives the assignment topic from its end, as an agent does, on a thread; ``wait_for`` a job's first one."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.arrived: dict[str, float] = {}
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> "AssignmentWatch":
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise SystemExit("the assignment watch could not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    async def _run(self) -> None:
+        consumer = AIOKafkaConsumer(ASSIGNMENTS.name, bootstrap_servers=self.bootstrap, auto_offset_reset="latest")
+        await consumer.start()
+        try:
+            await consumer.seek_to_end()
+            await asyncio.sleep(0)  # positions are resolved lazily: make sure they are before the kill
+            for tp in consumer.assignment():
+                await consumer.position(tp)
+            self._ready.set()
+            while not self._stop.is_set():
+                for records in (await consumer.getmany(timeout_ms=50)).values():
+                    for record in records:
+                        job = json.loads(record.value or b"{}").get("job_id")
+                        if job:
+                            self.arrived.setdefault(job, time.time())
+        finally:
+            await consumer.stop()
+
+    def wait_for(self, job_id: str, *, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while job_id not in self.arrived:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no assignment of {job_id} within {timeout_s}s")
+            time.sleep(0.01)
+        return self.arrived[job_id]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--only", choices=("failover", "node-loss"), help="run one part only")
     args = parser.parse_args()
-    out: dict[str, Any] = {"bench": "recovery", "scheduler_failover_s": None}
-    for name, spare in (("spare", True), ("no_spare", False)):
+    out: dict[str, Any] = {"bench": "recovery"}
+    if args.only != "node-loss":
+        failovers = []
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                failovers.append(failover_run(Path(tmp)))
+        out["scheduler_failover"] = {
+            "runs": failovers,
+            "median_assignment_s": statistics.median(r["assignment_s"] for r in failovers),
+        }
+    scenarios = (("spare", True), ("no_spare", False)) if args.only != "failover" else ()
+    for name, spare in scenarios:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,7 @@ from shardyard.bus.topics import (
     ELASTICITY,
     FAILURES,
     HEARTBEATS,
+    LEADERSHIP,
     LIFECYCLE,
     NODE_STATE,
     REDUNDANCY,
@@ -38,6 +39,8 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
+    LeaderElected,
+    LeadershipClaimed,
     NodeDrain,
     NodeLost,
     PendingReason,
@@ -131,6 +134,8 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (completed("job-7", node_id="node-b"), SHARD_EVENTS, "job-7"),
     (failed("job-7", node_id="node-b", cause=FailureCause.COMM_ERROR), SHARD_EVENTS, "job-7"),
     (ServiceReady(occurred_at=at(1), service="scheduler", instance="s1", pid=7, host="h"), SERVICES, "scheduler"),
+    (LeaderElected(occurred_at=at(1), service="scheduler", instance="s1", term=4), SERVICES, "scheduler"),
+    (LeadershipClaimed(occurred_at=at(1), service="queue", instance="q1"), LEADERSHIP, "queue"),
     (
         JobWaiting(
             occurred_at=at(1),

@@ -16,6 +16,7 @@ from shardyard.training.exitcodes import ExitCause, classify_exit, fault_exit_co
         pytest.param(6, ExitCause.OOM, id="oom"),
         pytest.param(7, ExitCause.GPU_FAULT, id="gpu-fault"),
         pytest.param(8, ExitCause.SYNC_TIMEOUT, id="sync-timeout"),
+        pytest.param(9, ExitCause.FENCED, id="fenced"),
         pytest.param(5, ExitCause.PROCESS_EXIT, id="internal-error"),
         pytest.param(1, ExitCause.PROCESS_EXIT, id="python-traceback"),
         pytest.param(2, ExitCause.PROCESS_EXIT, id="usage"),
@@ -41,12 +42,13 @@ def test_exit_code_values_are_stable() -> None:
         exitcodes.OOM,
         exitcodes.GPU_FAULT,
         exitcodes.SYNC_TIMEOUT,
+        exitcodes.FENCED,
         exitcodes.PREEMPTED,
     )
-    assert codes == (0, 3, 4, 5, 6, 7, 8, 75)
+    assert codes == (0, 3, 4, 5, 6, 7, 8, 9, 75)
     assert [str(c) for c in ExitCause] == [
         *("ok", "user_error", "comm_error", "killed", "process_exit", "preempted"),
-        *("oom", "gpu_fault", "sync_timeout"),
+        *("oom", "gpu_fault", "sync_timeout", "fenced"),
     ]
 
 

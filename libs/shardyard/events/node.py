@@ -20,6 +20,12 @@ class GpuStatus(Model):
     tflops_source: Literal["catalogue", "measured"] = Field(
         default="catalogue", description="where the TFLOPS figure comes from: the catalogue, or a start-up benchmark"
     )
+    healthy: bool = Field(
+        default=True, description="False once the GPU faulted (a critical Xid, an uncorrected ECC error): no new shards"
+    )
+    fault: str | None = Field(
+        default=None, description='why the GPU is unhealthy, e.g. "Xid 79: GPU has fallen off the bus"'
+    )
 
 
 ArtifactPlace = Literal["local", "shared"]

@@ -21,6 +21,8 @@ GPU_FAULT: Final = 7
 """A CUDA error that points at the device, not the program: illegal memory access, ECC error, launch failure..."""
 SYNC_TIMEOUT: Final = 8
 """A parameter AllReduce did not complete within ``SHARDYARD_SYNC_TIMEOUT_S``: a peer hangs (or is unreachable)."""
+FENCED: Final = 9
+"""The shard stopped itself: its agent stopped renewing the shard lease (see :mod:`shardyard.training.lease`)."""
 PREEMPTED: Final = 75
 """Stopped on request (preemption) after the gang checkpointed; not a failure. 75 is ``EX_TEMPFAIL`` of
 ``sysexits.h``: "try again later", which is what a preempted shard's job does."""
@@ -53,6 +55,7 @@ class ExitCause(StrEnum):
     OOM = "oom"
     GPU_FAULT = "gpu_fault"
     SYNC_TIMEOUT = "sync_timeout"
+    FENCED = "fenced"
 
 
 _BY_CODE: Final = {
@@ -63,6 +66,7 @@ _BY_CODE: Final = {
     OOM: ExitCause.OOM,
     GPU_FAULT: ExitCause.GPU_FAULT,
     SYNC_TIMEOUT: ExitCause.SYNC_TIMEOUT,
+    FENCED: ExitCause.FENCED,
 }
 
 

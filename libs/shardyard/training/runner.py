@@ -41,6 +41,7 @@ from shardyard.training.checkpoint import (
 )
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.data import ByteDataset, DatasetError
+from shardyard.training.lease import start_watchdog
 from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
 from shardyard.training.pacing import SyncPacer
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
@@ -323,6 +324,7 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None) -> 
         print(f"{_PREFIX}: {exc}", file=sys.stderr)
         return exitcodes.USER_ERROR
     where = f"{_PREFIX}[rank {cfg.rank}/{cfg.world_size}]"
+    start_watchdog(os.environ if env is None else env)  # stop at once if the agent goes silent
     reporter = ProgressReporter(cfg.progress_fd)
     try:
         outcome = train(cfg, reporter, stop)

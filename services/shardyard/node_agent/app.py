@@ -36,6 +36,7 @@ from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mo
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
+from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
 
 SERVICE = "node-agent"
 
@@ -77,6 +78,11 @@ class AgentSettings(ServiceSettings):
         default=DEFAULT_LEASE_S,
         gt=0,
         description="stop every shard when no heartbeat reached the bus for this long (below the pool's LOST bound)",
+    )
+    shard_lease_s: float = Field(
+        default=DEFAULT_SHARD_LEASE_S,
+        gt=0,
+        description="shards stop by themselves when the agent renewed nothing for this long (below the pool's SUSPECT)",
     )
     checkpoint_every: int = Field(
         default=DEFAULT_CHECKPOINT_EVERY, ge=0, description="shards checkpoint after every N parameter syncs; 0: never"
@@ -133,6 +139,8 @@ def build_app(
             checkpoint_every=settings.checkpoint_every,
             sync_timeout_s=settings.sync_timeout_s,
             slow_sync_factor=settings.slow_sync_factor,
+            lease_file=str(settings.log_dir.resolve() / f"{settings.node_id}.lease"),
+            shard_lease_s=settings.shard_lease_s,
         ),
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))

@@ -2,7 +2,7 @@
 the environment a shard gets, what its reports mean (checkpointed) and what its end means (completed, failed with a
 cause, or preempted with a checkpoint)."""
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -30,6 +30,7 @@ from shardyard.training.config import (
     SYNC_TIMEOUT_ENV,
 )
 from shardyard.training.exitcodes import ExitCause, classify_exit
+from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
 from shardyard.training.preemption import RESUME_DIR_ENV, checkpoint_job_path
 
 ShardKey = tuple[str, int, int]
@@ -45,6 +46,7 @@ _CAUSE = {
     ExitCause.OOM: FailureCause.OOM,
     ExitCause.GPU_FAULT: FailureCause.GPU_FAULT,
     ExitCause.SYNC_TIMEOUT: FailureCause.SYNC_TIMEOUT,
+    ExitCause.FENCED: FailureCause.REVOKED,
 }
 
 
@@ -81,12 +83,17 @@ class RunnerOptions:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
     slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+    lease_file: str | None = None
+    """The file the agent touches on every heartbeat the bus acknowledged; shards fence themselves on its age."""
+    shard_lease_s: float = DEFAULT_SHARD_LEASE_S
 
     def env(self) -> dict[str, str]:
+        lease = {LEASE_FILE_ENV: self.lease_file, LEASE_S_ENV: repr(self.shard_lease_s)} if self.lease_file else {}
         return {
             CHECKPOINT_EVERY_ENV: str(self.checkpoint_every),
             SYNC_TIMEOUT_ENV: repr(self.sync_timeout_s),
             SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
+            **lease,
         }
 
 
@@ -102,6 +109,8 @@ class AgentBook:
     stopping: set[ShardKey] = field(default_factory=set)
     fenced: dict[ShardKey, str] = field(default_factory=dict)
     """Shards stopped because the agent lost the bus (self-fencing), with the message their end is reported with."""
+    gpu_faulted: dict[ShardKey, str] = field(default_factory=dict)
+    """Shards stopped because a GPU of theirs faulted, with the message their end is reported with (GPU_FAULT)."""
     utilization: dict[ShardKey, float] = field(default_factory=dict)
     """Cores each running shard uses (its last progress report's ``cpu_percent`` / 100)."""
     sync_intervals: dict[ShardKey, int] = field(default_factory=dict)
@@ -144,6 +153,17 @@ class AgentBook:
         keys = [key for key in sorted(self.running) if key not in self.fenced]
         for key in keys:
             self.fenced[key] = message
+        return keys
+
+    def gpu_fault(self, faults: Mapping[int, str], started: Collection[ShardKey]) -> list[ShardKey]:
+        """GPUs that faulted (index -> fault): every started shard on one, not stopped for it yet, is to be stopped;
+        its end will be reported as GPU_FAULT. A shard still being launched is left to the next call (heartbeat)."""
+        keys = []
+        for key in sorted(self.running):
+            bad = [f"GPU {gpu}: {faults[gpu]}" for gpu in self.running[key].gpu_indices if gpu in faults]
+            if bad and key in started and key not in self.gpu_faulted:
+                self.gpu_faulted[key] = "; ".join(bad)
+                keys.append(key)
         return keys
 
     def checkpointed(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardCheckpointed | None:
@@ -224,6 +244,7 @@ class AgentBook:
         self.sync_intervals.pop(key, None)
         self.stopping.discard(key)
         fenced = self.fenced.pop(key, None)
+        gpu_fault = self.gpu_faulted.pop(key, None)
         if key in self.revoked:
             self.revoked.discard(key)
             return None
@@ -233,6 +254,8 @@ class AgentBook:
             exit_cause = classify_exit(returncode)
             if fenced is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
                 cause, message = FailureCause.REVOKED, fenced  # whatever it died of, we stopped it
+            if gpu_fault is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
+                cause, message = FailureCause.GPU_FAULT, gpu_fault  # the hardware's fault, whoever stopped it
             if exit_cause is ExitCause.OK:
                 loss = info.get("final_loss")
                 steps = info.get("steps")

@@ -20,6 +20,7 @@ from pathlib import Path
 from shardyard.clock import Clock
 from shardyard.events import (
     FailureCause,
+    GpuStatus,
     Heartbeat,
     ShardAssignment,
     ShardProgress,
@@ -44,6 +45,7 @@ from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, ta
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
 from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
 from shardyard.node_agent.outbox import Outbox, Publisher
+from shardyard.training.lease import renew
 from shardyard.training.preemption import STOP_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -245,6 +247,14 @@ class AgentHandlers:
     def start_lease(self) -> None:
         """The lease runs from now (start-up: before the first heartbeat, the agent has not lost anything)."""
         self.bus_ok_at = self.clock.monotonic()
+        self._renew_shard_lease()
+
+    def _renew_shard_lease(self) -> None:
+        """Keep this agent's shards alive: they fence themselves when the lease file ages (agent paused or cut off)."""
+        path = self.me.runner.lease_file
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            renew(path)
 
     async def check_lease(self) -> None:
         """Self-fencing: once no heartbeat reached the bus for ``lease_s``, stop every shard (they are reported
@@ -297,6 +307,8 @@ class AgentHandlers:
             await self._look(self.watch.watched)  # every watched path: those that went away, too
             self.seq += 1
             pids = {key: process.pid for key, process in self.processes.items()}
+            gpus = self.gpus.probe(self.book.gpu_utilization())
+            self._stop_gpu_faulted(gpus)
             sent = self.clock.monotonic()
             delivered = await self.outbox.publish(
                 Heartbeat(
@@ -307,7 +319,7 @@ class AgentHandlers:
                     host=socket.gethostname(),
                     address=self.me.address,
                     rendezvous_ports=self.me.rendezvous_ports,
-                    gpus=self.gpus.probe(self.book.gpu_utilization()),
+                    gpus=gpus,
                     cpu_cores=self.me.cpu_cores,
                     memory_bytes=self.me.memory_bytes,
                     cpu_load=round(self._load(), 4),
@@ -319,8 +331,19 @@ class AgentHandlers:
             )
             if delivered:  # the lease runs from the sending: the pool may have heard of us no later than that
                 self.bus_ok_at = max(self.bus_ok_at, sent)
+                self._renew_shard_lease()
         if delivered and self.outbox.pending:
             await self.outbox.flush()
+
+    def _stop_gpu_faulted(self, gpus: Iterable[GpuStatus]) -> None:
+        """Stop every shard on a GPU that faulted: its end is reported as GPU_FAULT (the fault manager keeps the job
+        off this node), whatever the dying process exits with."""
+        faults = {gpu.index: gpu.fault or "unhealthy" for gpu in gpus if not gpu.healthy}
+        if not faults:
+            return
+        for key in self.book.gpu_fault(faults, started=self.processes.keys()):
+            log.warning("stopping %s: %s", key, self.book.gpu_faulted[key])
+            self._terminate(self.processes[key])
 
     async def stop_all(self) -> None:
         """On shutdown: stop every shard, wait for them to exit (SIGKILL after the grace period)."""

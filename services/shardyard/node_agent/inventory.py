@@ -1,17 +1,19 @@
 """What GPUs a node has: NVML when a GPU and its driver are present, else the node's declared simulated GPUs.
 
-``GpuProbe`` is the seam: the agent asks ``probe(busy)`` for the current status of every GPU. ``MeasuredTflops``
-wraps a probe to report start-up benchmark figures (see ``benchmark.py``) instead of the catalogue's.
+``GpuProbe`` is the seam: the agent asks ``probe(busy)`` for the current status of every GPU, its health included
+(see ``gpu_health.py``). ``MeasuredTflops`` wraps a probe to report start-up benchmark figures (see ``benchmark.py``)
+instead of the catalogue's.
 """
 
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from shardyard.errors import ConfigError
 from shardyard.events import GpuStatus
 from shardyard.gpus import DEFAULT_TFLOPS, canonical_model
+from shardyard.node_agent.gpu_health import GpuHealth, NvmlHealthReader
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,13 @@ class SimulatedGpus:
             memory = int(match.group(3) or DEFAULT_GPU_MEMORY_GIB) * 1024**3
             gpus.extend((model, catalogue[model], memory) for _ in range(count))
         self._gpus = gpus
+        self.health = GpuHealth()
+
+    def inject_fault(self, index: int, fault: str) -> None:
+        """GPU ``index`` faults as a real one would on an Xid or an ECC error (tests, chaos drills)."""
+        if not 0 <= index < len(self._gpus):
+            raise IndexError(f"no simulated GPU {index} (this node has {len(self._gpus)})")
+        self.health.mark(index, fault)
 
     @property
     def simulated(self) -> bool:
@@ -73,61 +82,80 @@ class SimulatedGpus:
                 utilization=min(1.0, max(0.0, utilization.get(index, 0.0))),
                 temperature_c=40.0 + 35.0 * utilization.get(index, 0.0),
                 simulated=True,
+                healthy=self.health.fault(index) is None,
+                fault=self.health.fault(index),
             )
             for index, (model, tflops, memory) in enumerate(self._gpus)
         )
 
 
 class NvmlGpus:
-    """Real GPUs through NVML (``nvidia-ml-py``)."""
+    """Real GPUs through NVML (``nvidia-ml-py``); ``nvml`` stands in for the ``pynvml`` module (tests)."""
 
-    def __init__(self, catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> None:
+    def __init__(self, catalogue: Mapping[str, float] = DEFAULT_TFLOPS, nvml: Any = None) -> None:
         try:
-            import pynvml
+            if nvml is None:
+                import pynvml
 
-            pynvml.nvmlInit()
-            self._count = pynvml.nvmlDeviceGetCount()
+                nvml = pynvml
+            nvml.nvmlInit()
+            self._count = nvml.nvmlDeviceGetCount()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
             raise GpuProbeUnavailable(str(exc)) from exc
         if self._count == 0:
             raise GpuProbeUnavailable("NVML reports no GPU")
-        self._nvml = pynvml
+        self._nvml = nvml
         self._catalogue = catalogue
+        self._handles = tuple(nvml.nvmlDeviceGetHandleByIndex(index) for index in range(self._count))
+        self._health = NvmlHealthReader(nvml, self._handles)
+        self._last: dict[int, GpuStatus] = {}
 
     @property
     def simulated(self) -> bool:
         return False
 
     def uuids(self) -> tuple[str | None, ...]:
-        nvml = self._nvml
         out: list[str | None] = []
-        for index in range(self._count):
-            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+        for handle in self._handles:
+            uuid = self._nvml.nvmlDeviceGetUUID(handle)
             out.append(uuid if isinstance(uuid, str) else uuid.decode())
         return tuple(out)
 
     def probe(self, utilization: Mapping[int, float]) -> tuple[GpuStatus, ...]:
+        self._health.read()
+        return tuple(self._status(index, handle) for index, handle in enumerate(self._handles))
+
+    def _status(self, index: int, handle: Any) -> GpuStatus:
+        """One GPU's readings and health. A GPU that fell off the bus answers nothing but "GPU is lost": it is
+        reported faulted with its last readings, so that one lost GPU does not silence the whole node."""
+        try:
+            status = self._read(index, handle)
+        except self._nvml.NVMLError_GpuIsLost:
+            last = self._last.get(index)
+            if last is None:
+                raise
+            self._health.mark(index, "GPU is lost (NVML)")
+            status = last
+        self._last[index] = status
+        fault = self._health.fault(index)
+        return status if fault is None else status.model_copy(update={"healthy": False, "fault": fault})
+
+    def _read(self, index: int, handle: Any) -> GpuStatus:
         nvml = self._nvml
-        out = []
-        for index in range(self._count):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = nvml.nvmlDeviceGetName(handle)
-            model = canonical_model(name if isinstance(name, str) else name.decode())
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-            temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-            out.append(
-                GpuStatus(
-                    index=index,
-                    model=model,
-                    tflops=self._catalogue.get(model, 1.0),
-                    memory_bytes=int(memory.total),
-                    memory_used_bytes=int(memory.used),
-                    utilization=float(rates.gpu) / 100.0,
-                    temperature_c=float(temperature),
-                )
-            )
-        return tuple(out)
+        name = nvml.nvmlDeviceGetName(handle)
+        model = canonical_model(name if isinstance(name, str) else name.decode())
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+        return GpuStatus(
+            index=index,
+            model=model,
+            tflops=self._catalogue.get(model, 1.0),
+            memory_bytes=int(memory.total),
+            memory_used_bytes=int(memory.used),
+            utilization=float(rates.gpu) / 100.0,
+            temperature_c=float(temperature),
+        )
 
 
 class MeasuredTflops:

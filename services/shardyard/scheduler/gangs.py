@@ -24,7 +24,10 @@ class Gang:
 
 def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapshot:
     """The frozen view a cycle decides on: each node's free GPUs, memory, CPU and rendezvous ports after every
-    placed gang (spares included) and every reservation the resource pool knows of; the gangs as preemptable jobs."""
+    placed gang (spares included) and every reservation the resource pool knows of; the gangs as preemptable jobs.
+
+    A GPU its agent reports unhealthy (a critical Xid, an uncorrected ECC error) is neither free nor counted in the
+    node's total: it stays faulted for the agent's life, so no preemption can make room on it."""
     used_gpus: dict[str, set[int]] = {}
     used_memory: dict[str, int] = {}
     used_cpu: dict[str, float] = {}
@@ -55,6 +58,7 @@ def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapsho
         if not node.gpus:
             continue
         taken = used_gpus.get(node.node_id, set()) | set(node.allocated_gpus)
+        healthy = [g for g in node.gpus if g.healthy]
         first, count = node.rendezvous_ports
         ports = [p for p in range(first, first + count) if p not in used_ports.get(node.node_id, set())]
         views.append(
@@ -64,12 +68,12 @@ def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapsho
                 address=node.address,
                 gpu_model=node.gpus[0].model,
                 tflops=min(g.tflops for g in node.gpus),
-                free_gpus=tuple(g.index for g in node.gpus if g.index not in taken),
+                free_gpus=tuple(g.index for g in healthy if g.index not in taken),
                 free_memory_bytes=node.memory_bytes - used_memory.get(node.node_id, 0),
                 free_cpu_cores=node.cpu_cores - used_cpu.get(node.node_id, 0.0),
                 cpu_load=node.cpu_load,
                 rendezvous_ports=tuple(ports[:RENDEZVOUS_PORT_CHOICES]),
-                total_gpus=len(node.gpus),
+                total_gpus=len(healthy),
                 total_memory_bytes=node.memory_bytes,
                 total_cpu_cores=node.cpu_cores,
                 draining=node.draining,

@@ -1,0 +1,283 @@
+"""Chaos: 20 training jobs on 4 agents of a real local cluster (embedded broker, every service twice, real CPU
+training), while processes are killed and paused:
+
+- ``kill -9`` of an agent mid-training (its shards die with it),
+- ``kill -9`` of one shard process,
+- ``kill -9`` of the scheduler leader,
+- ``kill -9`` of one replica of every other service (the leader of the queue, the resource pool and the fault
+  manager, and one monitor); jobs are also submitted after the queue's leader died,
+- ``SIGSTOP`` of an agent with running shards for 10 s, then ``SIGCONT``.
+
+Then: every job ends SUCCEEDED, none is lost, the spare ratio rose after the failures, and no two attempts of one
+shard ran at the same time. The last is checked from the outside: a thread samples the process table every 0.1 s
+and records, per runner process, its job, rank and attempt (from its environment) and when it was first and last
+seen alive.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardyard.bus.replay import replay
+from shardyard.bus.topics import REDUNDANCY
+from shardyard.cli import client
+from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.events import RedundancyChanged
+from shardyard.training.artifacts import create_demo_artifacts
+from tests.e2e.test_cli_cluster import cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+AGENTS = 4
+JOBS = 20
+LATE = 4
+"""Jobs submitted after the queue's leader was killed."""
+OVERLAP_TOLERANCE_S = 0.3
+"""Two samples apart: what the sampling itself cannot tell apart (an old process seen in the sample in which its
+successor was first seen)."""
+PAUSE_S = 10.0
+
+
+def job_document(index: int) -> dict[str, Any]:
+    shards = 1 + index % 2
+    return {
+        "task_id": f"chaos-{index:02d}",
+        "task_type": "micro_train",
+        "resource_requirements": {
+            "gpu": {"count": shards, "model": "A100", "min_flops": 35},
+            "memory": "8GiB",
+            "cpu_cores": 2,
+        },
+        "priority": 5,
+        "dependencies": {"pretrained_model": "/data/models/gpt2_pretrained", "dataset": "/data/datasets/wikitext"},
+        "shard_count": shards,
+        "sync_interval": 10,
+        "training": {"max_steps": 160, "batch_size": 2, "seed": index},
+    }
+
+
+@dataclass
+class Seen:
+    first: float
+    last: float
+    agent_pid: int
+
+
+@dataclass
+class ProcessWatch:
+    """Samples the process table: every live ``shardyard.training.runner`` process of a chaos job."""
+
+    seen: dict[tuple[str, int, int, int], Seen] = field(default_factory=dict)
+    """(job, rank, attempt, pid) -> when the process was first and last seen alive, and its agent."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for key, ppid in self.sample():
+                entry = self.seen.get(key)
+                if entry is None:
+                    self.seen[key] = Seen(now, now, ppid)
+                else:
+                    entry.last = now
+            self._stop.wait(0.1)
+
+    @staticmethod
+    def sample() -> list[tuple[tuple[str, int, int, int], int]]:
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+                if b"shardyard.training.runner" not in cmdline:
+                    continue
+                stat = Path(f"/proc/{name}/stat").read_text()
+                state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+                if state in ("Z", "X"):
+                    continue  # exited, not reaped yet
+                environ = dict(
+                    item.split("=", 1)
+                    for item in Path(f"/proc/{name}/environ").read_bytes().decode(errors="replace").split("\0")
+                    if "=" in item
+                )
+            except (OSError, ValueError):
+                continue  # gone between listing and reading
+            job = environ.get("SHARDYARD_JOB_ID", "")
+            if job.startswith("chaos-"):
+                key = (job, int(environ["RANK"]), int(environ["SHARDYARD_ATTEMPT"]), int(name))
+                found.append((key, int(ppid)))
+        return found
+
+    def running_on(self, agent_pid: int) -> list[tuple[str, int, int, int]]:
+        horizon = time.monotonic() - 0.5
+        return [key for key, s in self.seen.items() if s.agent_pid == agent_pid and s.last >= horizon]
+
+    def overlaps(self) -> list[str]:
+        """Attempts of one shard (job, rank) that were alive at the same time."""
+        by_shard: dict[tuple[str, int], list[tuple[int, Seen]]] = {}
+        for (job, rank, attempt, _pid), entry in self.seen.items():
+            by_shard.setdefault((job, rank), []).append((attempt, entry))
+        found = []
+        for shard, runs in by_shard.items():
+            for i, (attempt_a, a) in enumerate(runs):
+                for attempt_b, b in runs[i + 1 :]:
+                    overlap = min(a.last, b.last) - max(a.first, b.first)
+                    if overlap > OVERLAP_TOLERANCE_S:
+                        found.append(f"{shard}: attempts {attempt_a} and {attempt_b} overlapped {overlap:.2f} s")
+        return found
+
+
+def jobs(info: ClusterInfo) -> dict[str, dict[str, Any]]:
+    try:
+        listing = get_json(f"{info.live().monitor_url}/api/jobs", timeout_s=3)["jobs"]
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    return {j["job_id"]: j for j in listing if j["job_id"].startswith("chaos-")}
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def leader(info: ClusterInfo, service: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] | None = get_json(f"{info.live().monitor_url}/api/services")["leaders"].get(service)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return found
+
+
+def ended(info: ClusterInfo) -> dict[str, dict[str, Any]] | None:
+    current = jobs(info)
+    done = len(current) == JOBS and all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") for j in current.values())
+    return current if done else None
+
+
+def agent_with_shards(watch: ProcessWatch, agents: dict[str, int]) -> str | None:
+    return next((name for name, pid in agents.items() if watch.running_on(pid)), None)
+
+
+def newer_leader(info: ClusterInfo, service: str, term: int) -> bool:
+    current = leader(info, service)
+    return current is not None and current["term"] > term
+
+
+def kill_leader(info: ClusterInfo, service: str) -> dict[str, Any]:
+    current = wait_for(f"a {service} leader", lambda: leader(info, service), 30)
+    os.kill(info.pids[current["instance"]], signal.SIGKILL)
+    return current
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    run_dir = tmp_path_factory.mktemp("chaos")
+    create_demo_artifacts(run_dir / "data")
+    nodes = [arg for _ in range(AGENTS) for arg in ("--node", "A100:2")]
+    started = cli("up", *nodes, run_dir=run_dir, timeout=240)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield run_dir
+    finally:
+        for pid in ClusterInfo.load(run_dir).pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # nothing may stay paused into the shutdown
+        cli("down", run_dir=run_dir, timeout=180)
+
+
+@pytest.mark.timeout(1200)
+def test_every_job_survives_the_chaos(cluster: Path) -> None:
+    info = ClusterInfo.load(cluster)
+    watch = ProcessWatch()
+    watch.start()
+    try:
+        for index in range(JOBS - LATE):
+            client.submit(info.bootstrap, json.dumps(job_document(index)).encode())
+
+        def training() -> int:
+            return sum(1 for j in jobs(info).values() if j["state"] == "RUNNING" and (j["step"] or 0) >= 20)
+
+        wait_for("jobs training", lambda: training() >= 3, 300)
+        agents = {name: pid for name, pid in info.pids.items() if name.startswith("node-")}
+        first_fault = datetime.now(UTC)
+
+        # 1. An agent with running shards dies (kill -9): its shards die with it.
+        victim = wait_for("an agent with shards", lambda: agent_with_shards(watch, agents), 60)
+        os.kill(agents.pop(victim), signal.SIGKILL)
+
+        # 2. One shard process dies (kill -9), on another agent.
+        shard = wait_for(
+            "a running shard", lambda: next((k for p in agents.values() for k in watch.running_on(p)), None), 60
+        )
+        os.kill(shard[3], signal.SIGKILL)
+
+        # 3. The scheduler's leader dies; its standby takes over. 4. One replica of every other service dies: the
+        # leader of each elected one, and a monitor. Jobs submitted after the queue's leader died are not lost.
+        for service in ("scheduler", "queue", "resource-pool", "fault-manager"):
+            term = kill_leader(info, service)["term"]
+            wait_for(f"a new {service} leader", partial(newer_leader, info, service, term), 60)
+        os.kill(info.pids["monitor-0"], signal.SIGKILL)
+        for index in range(JOBS - LATE, JOBS):
+            client.submit(info.bootstrap, json.dumps(job_document(index)).encode())
+
+        # 5. An agent with running shards is paused for 10 s: its shards fence themselves before they are replaced.
+        paused = wait_for("an agent with shards", lambda: agent_with_shards(watch, agents), 120)
+        os.kill(agents[paused], signal.SIGSTOP)
+        time.sleep(PAUSE_S)  # the fault itself is a 10 s pause, not a wait for a condition
+        os.kill(agents[paused], signal.SIGCONT)
+
+        final = wait_for("every job to end", lambda: ended(info), 900)
+    finally:
+        watch.stop()
+
+    states = {job_id: j["state"] for job_id, j in final.items()}
+    assert set(states) == {f"chaos-{i:02d}" for i in range(JOBS)}, "an accepted job was lost"
+    failed = {job_id: client.job(info.live().monitor_url, job_id) for job_id, s in states.items() if s != "SUCCEEDED"}
+    assert not failed, json.dumps({k: (v or {}).get("errors") for k, v in failed.items()})[:4000]
+    assert watch.overlaps() == []
+    assert any(attempt > 1 for (_job, _rank, attempt, _pid) in watch.seen), "no fault reached a running gang"
+
+    ratios: list[RedundancyChanged] = []
+    asyncio.run(replay(info.bootstrap, [REDUNDANCY], lambda _topic, event: ratios.append(event)))
+    before = [e.ratio for e in ratios if e.occurred_at < first_fault]
+    after = [e.ratio for e in ratios if e.occurred_at >= first_fault]
+    assert max(after, default=0.0) > (before[-1] if before else 0.0), f"the spare ratio did not rise: {ratios}"
+    print(
+        json.dumps(
+            {
+                "jobs": states,
+                "shard_attempts_seen": len({key[:3] for key in watch.seen}),
+                "later_attempts": len({key[:3] for key in watch.seen if key[2] > 1}),
+                "spare_ratio": {"before": before[-1] if before else 0.0, "max_after": max(after)},
+            }
+        )
+    )
