@@ -11,12 +11,14 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from faststream import FastStream
 
+from shardyard import tracing
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import Bus
 from shardyard.bus.leadership import ElectionTimings, Leadership
 from shardyard.clock import Clock, SystemClock
 from shardyard.errors import ShardyardError
 from shardyard.events import ServiceReady
+from shardyard.metrics import serve_metrics
 from shardyard.settings import ReplicatedSettings, S, load_settings
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ def run_main(
     try:
         settings = load_settings(settings_class, sys.argv[1:] if argv is None else argv, os.environ, prog=prog)
         configure_logging(settings.log_level)
+        serve_metrics(settings.metrics_port, host=settings.metrics_host)  # standbys too: they are processes
+        tracing.configure(prog, os.environ, instance=settings.instance)  # exports only when OTEL_* ask for it
         if service is not None:
             assert isinstance(settings, ReplicatedSettings), "a replicated service needs ReplicatedSettings"
             return asyncio.run(run_standby(settings, build_app, service=service, timings=settings.election_timings()))

@@ -37,6 +37,10 @@ class ServiceSettings(BaseModel):
     bootstrap: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers (host:port[,host:port])")
     instance: str = Field(default_factory=default_instance, min_length=1, description="this replica's name")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+    metrics_port: int = Field(
+        default=0, ge=0, lt=65536, description="serve this process's Prometheus metrics on this port (0: off)"
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="address the metrics port binds (0.0.0.0: every one)")
 
 
 S = TypeVar("S", bound=ServiceSettings)

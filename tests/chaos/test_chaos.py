@@ -65,7 +65,7 @@ def job_document(index: int) -> dict[str, Any]:
         "dependencies": {"pretrained_model": "/data/models/gpt2_pretrained", "dataset": "/data/datasets/wikitext"},
         "shard_count": shards,
         "sync_interval": 10,
-        "training": {"max_steps": 160, "batch_size": 2, "seed": index},
+        "training": {"max_steps": 120, "batch_size": 2, "seed": index},
     }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,192 @@ def test_drain_of_an_unknown_node_says_so(run_dir: Path, monkeypatch: pytest.Mon
 
     assert cluster.published == []
     assert "no node 'n9'" in capsys.readouterr().err
+
+
+# --- alerts, top, logs -------------------------------------------------------------------------------------------
+FIRING = {
+    "type": "alert.firing",
+    "occurred_at": "2026-01-01T00:00:05+00:00",
+    "rule": "NODE_SUSPECT",
+    "subject": "node-1",
+    "severity": "WARNING",
+    "summary": "node-1 is SUSPECT: no heartbeat for 3.5 s",
+    "value": 3.5,
+    "threshold": 0.0,
+    "since": "2026-01-01T00:00:01+00:00",
+}
+ANSWERS: dict[str, dict[str, Any]] = {
+    "alerts": {"firing": [FIRING], "recent": [FIRING]},
+    "nodes": {
+        "nodes": [
+            {
+                "node_id": "node-1",
+                "status": "SUSPECT",
+                "gpus": [{"model": "A100", "tflops": 35.0, "utilization": 0.5, "temperature_c": 71.0}],
+                "allocated_gpus": [0],
+                "cpu_load": 0.2,
+            }
+        ]
+    },
+    "jobs": {
+        "jobs": [
+            {"job_id": "j1", "state": "RUNNING", "step": 40, "max_steps": 300, "loss": 3.25, "reason": None}
+            | {"message": "", "submitted_at": None}
+        ]
+    },
+}
+
+
+@pytest.fixture
+def monitor(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """The monitor's /api/<what> answers, as plain data."""
+    answers = {what: dict(answer) for what, answer in ANSWERS.items()}
+    monkeypatch.setattr(client, "listing", lambda _url, what: answers[what])
+    return answers
+
+
+def test_alerts_prints_firing_and_history(run_dir: Path, monitor: dict[str, Any], capsys: Any) -> None:
+    assert run(run_dir, "alerts") == 0
+
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "firing (1):"
+    assert out[2].split()[:3] == ["WARNING", "NODE_SUSPECT", "node-1"]
+    assert out[6].split()[:4] == ["00:00:05", "FIRING", "NODE_SUSPECT", "node-1"]
+
+
+def test_alerts_json_is_the_monitors_answer(run_dir: Path, monitor: dict[str, Any], capsys: Any) -> None:
+    assert run(run_dir, "alerts", "--json") == 0
+
+    assert json.loads(capsys.readouterr().out) == ANSWERS["alerts"]
+
+
+def test_top_once_prints_one_frame(run_dir: Path, monitor: dict[str, Any], capsys: Any) -> None:
+    assert run(run_dir, "top", "--once") == 0
+
+    frame = capsys.readouterr().out
+    assert "nodes 0/1 alive  jobs 1 running / 1  alerts 1 firing" in frame
+    assert "node-1  SUSPECT  1xA100 35TF  1/1     50%       20%   71C" in frame
+    assert "j1   RUNNING  40/300  3.25" in frame
+    assert "NODE_SUSPECT  node-1" in frame
+
+
+def test_top_redraws_until_interrupted_and_outlives_a_lost_monitor(
+    run_dir: Path, monitor: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    frames = iter(["monitor dies", "still gone", "user stops"])
+
+    def unreachable(_url: str, _what: str) -> dict[str, Any]:
+        raise ClusterError("no monitor")
+
+    def between_frames(_seconds: float) -> None:
+        step = next(frames)
+        if step == "monitor dies":
+            monkeypatch.setattr(client, "listing", unreachable)
+        elif step == "user stops":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(main.time, "sleep", between_frames)
+
+    assert run(run_dir, "top") == 130
+
+    out = capsys.readouterr().out
+    assert out.count("shardyard top  ") == 1 and "shardyard top: no monitor" in out
+
+
+def write_logs(run_dir: Path, job_id: str = "j1") -> Path:
+    folder = run_dir / "logs" / "shards" / job_id
+    folder.mkdir(parents=True)
+    (folder / "shard-0-attempt-1.log").write_text("s0 a1 first\ns0 a1 died\n")
+    (folder / "shard-0-attempt-2.log").write_text("s0 a2 resumed\n")
+    (folder / "shard-1-attempt-1.log").write_text("s1 a1 only\nno newline yet")
+    (folder / "notes.txt").write_text("not a shard log\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("argv", "lines"),
+    [
+        pytest.param(
+            (),
+            [
+                "[shard 0 attempt 2] s0 a2 resumed",
+                "[shard 1 attempt 1] s1 a1 only",
+                "[shard 1 attempt 1] no newline yet",
+            ],
+            id="every-shard-newest-attempt",
+        ),
+        pytest.param(("--shard", "0"), ["s0 a2 resumed"], id="one-shard"),
+        pytest.param(("--shard", "0", "--attempt", "1"), ["s0 a1 first", "s0 a1 died"], id="older-attempt"),
+        pytest.param(
+            ("--attempt", "1"),
+            [
+                "[shard 0 attempt 1] s0 a1 first",
+                "[shard 0 attempt 1] s0 a1 died",
+                "[shard 1 attempt 1] s1 a1 only",
+                "[shard 1 attempt 1] no newline yet",
+            ],
+            id="one-attempt-every-shard",
+        ),
+    ],
+)
+def test_logs(argv: tuple[str, ...], lines: list[str], run_dir: Path, capsys: Any) -> None:
+    write_logs(run_dir)
+
+    assert run(run_dir, "logs", "j1", *argv) == 0
+
+    assert capsys.readouterr().out.splitlines() == lines
+
+
+def test_logs_from_another_folder(tmp_path: Path, run_dir: Path, capsys: Any) -> None:
+    elsewhere = write_logs(tmp_path / "agent").parent
+
+    assert run(run_dir, "logs", "j1", "--shard", "1", "--log-dir", str(elsewhere)) == 0
+
+    assert capsys.readouterr().out.splitlines() == ["s1 a1 only", "no newline yet"]
+
+
+@pytest.mark.parametrize(
+    ("job", "says"),
+    [
+        pytest.param("ghost", "no logs of job ghost under", id="unknown-job"),
+        pytest.param("../etc", "'../etc' is not a job id", id="not-a-job-id"),
+    ],
+)
+def test_logs_refuses(job: str, says: str, run_dir: Path, capsys: Any) -> None:
+    write_logs(run_dir)
+
+    assert run(run_dir, "logs", job) == 1
+
+    assert says in capsys.readouterr().err
+
+
+def test_logs_follow_prints_new_lines_until_the_job_ends(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    folder = write_logs(run_dir)
+    states = iter(["RUNNING", "SUCCEEDED"])
+    monkeypatch.setattr(client, "job", lambda _url, job_id: {"job_id": job_id, "state": next(states)})
+
+    writes = iter([" now ended\nlast words", None])
+
+    def between_reads(_seconds: float) -> None:  # instead of waiting: the shard writes, then a new attempt starts
+        more = next(writes)
+        if more is not None:
+            with (folder / "shard-1-attempt-1.log").open("a") as log:
+                log.write(more)
+            (folder / "shard-1-attempt-2.log").write_text("re-formed\npartial")
+
+    monkeypatch.setattr(main.time, "sleep", between_reads)
+
+    assert run(run_dir, "logs", "j1", "--shard", "1", "--follow") == 0
+
+    # The first read holds back a line not ended yet; a new attempt flushes the old log first; the job's end, the last.
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["s1 a1 only", "no newline yet now ended", "last words", "re-formed", "partial"]
+
+
+def test_new_commands_parse() -> None:
+    args = main.parser().parse_args(["logs", "j1", "--shard", "2", "--attempt", "3", "-f"])
+    assert (args.job, args.shard, args.attempt, args.follow, args.log_dir) == ("j1", 2, 3, True, None)
+    assert main.parser().parse_args(["top", "--once"]).once is True
+    assert main.parser().parse_args(["alerts", "--json"]).json is True

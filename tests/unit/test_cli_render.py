@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -121,3 +122,107 @@ def test_nodes_table_shows_tflops_and_marks_measured_figures() -> None:
     table = render.nodes_table([node("n1"), node("n2", gpus=[measured])])
 
     assert "2xA100 35TF " in table and "1xV100 14.2TF*" in table
+
+
+# --- alerts, top, logs -------------------------------------------------------------------------------------------
+NOW = datetime(2026, 1, 1, 0, 2, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        pytest.param(0, "0s", id="zero"),
+        pytest.param(59.9, "59s", id="seconds"),
+        pytest.param(125, "2m05s", id="minutes"),
+        pytest.param(7260, "2h01m", id="hours"),
+        pytest.param(-3, "0s", id="clock-skew"),
+    ],
+)
+def test_duration(seconds: float, text: str) -> None:
+    assert render.duration(seconds) == text
+
+
+def alert(kind: str = "alert.firing", **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "type": kind,
+        "occurred_at": "2026-01-01T00:01:00+00:00",
+        "rule": "GPU_OVER_TEMPERATURE",
+        "subject": "n1/gpu0",
+        "severity": "WARNING",
+        "summary": "n1 GPU 0 (A100) at 91 C, above 85 C",
+        "since": "2026-01-01T00:00:00+00:00",
+    }
+    return {**base, **fields}
+
+
+def test_firing_table_says_for_how_long() -> None:
+    lines = render.firing_table([alert(), alert(rule="NODE_LOST", subject="n2", severity="CRITICAL")], NOW)
+
+    assert lines.splitlines()[0].split() == ["SEVERITY", "RULE", "SUBJECT", "FOR", "SUMMARY"]
+    assert lines.splitlines()[1].split()[:4] == ["WARNING", "GPU_OVER_TEMPERATURE", "n1/gpu0", "2m05s"]
+    assert lines.splitlines()[2].split()[:3] == ["CRITICAL", "NODE_LOST", "n2"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(render.firing_table([], NOW), "  (no alerts firing)", id="none-firing"),
+        pytest.param(render.alert_history([]), "  (no alerts yet)", id="no-history"),
+    ],
+)
+def test_empty_alert_tables_say_so(text: str, expected: str) -> None:
+    assert text == expected
+
+
+def test_alert_history_marks_firing_and_resolved() -> None:
+    history = render.alert_history([alert("alert.resolved", occurred_at="2026-01-01T00:01:30+00:00"), alert()])
+
+    assert [line.split()[:2] for line in history.splitlines()[1:]] == [["00:01:30", "RESOLVED"], ["00:01:00", "FIRING"]]
+
+
+def test_alerts_report_has_both_parts() -> None:
+    report = render.alerts_report({"firing": [alert()], "recent": [alert()]}, NOW).splitlines()
+
+    assert (report[0], report[3], report[4]) == ("firing (1):", "", "recent:")
+
+
+def top_job(job_id: str, state: str, submitted: str | None = None) -> dict[str, Any]:
+    fields = {"step": 1, "max_steps": 10, "loss": None, "reason": None, "message": "", "submitted_at": submitted}
+    return {"job_id": job_id, "state": state, **fields}
+
+
+def test_top_frame() -> None:
+    hot = {"model": "A100", "tflops": 35.0, "utilization": 1.0, "temperature_c": 88.0}
+    cool = {"model": "A100", "tflops": 35.0, "utilization": 0.0, "temperature_c": 60.0}
+    jobs = [
+        top_job("done", "SUCCEEDED", "2026-01-01T00:00:09+00:00"),
+        top_job("old", "RUNNING", "2026-01-01T00:00:01+00:00"),
+        top_job("new", "READY", "2026-01-01T00:00:05+00:00"),
+    ]
+
+    frame = render.top([node("n1", gpus=[hot, cool]), node("n2", status="LOST")], jobs, [alert()], NOW)
+
+    lines = frame.splitlines()
+    assert lines[0] == ("shardyard top  2026-01-01 00:02:05 UTC  nodes 1/2 alive  jobs 1 running / 3  alerts 1 firing")
+    assert lines[3].split() == ["n1", "ALIVE", "2xA100", "35TF", "1/2", "50%", "25%", "88C"]
+    assert lines[4].split()[-1] == "-"  # no temperature reported
+    assert [line.split()[0] for line in lines[7:10]] == ["new", "old", "done"]  # active first, newest first
+    assert "GPU_OVER_TEMPERATURE" in lines[-1]
+
+
+def test_top_frame_of_an_empty_cluster_and_a_long_job_list() -> None:
+    jobs = [top_job(f"j{i}", "READY") for i in range(5)]
+
+    frame = render.top([], jobs, [], NOW, max_jobs=3)
+
+    assert "  (no nodes have reported)" in frame
+    assert "  ... 2 more (shardyard jobs)" in frame
+    assert frame.endswith("  (no alerts firing)")
+
+
+@pytest.mark.parametrize(
+    ("prefixed", "expected"),
+    [pytest.param(True, "[shard 1 attempt 2] step 5", id="several-logs"), pytest.param(False, "step 5", id="one")],
+)
+def test_log_line(prefixed: bool, expected: str) -> None:
+    assert render.log_line(1, 2, "step 5", prefixed=prefixed) == expected

@@ -4,6 +4,7 @@ import pytest
 
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import (
+    ALERTS,
     ASSIGNMENTS,
     BY_NAME,
     CATALOGUE,
@@ -22,6 +23,10 @@ from shardyard.bus.topics import (
 )
 from shardyard.errors import EventDecodeError
 from shardyard.events import (
+    AlertFiring,
+    AlertResolved,
+    AlertRule,
+    AlertSeverity,
     CapacityRequested,
     Event,
     FailureCause,
@@ -217,6 +222,34 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
         ),
         REDUNDANCY,
         "policy",
+    ),
+    (
+        AlertFiring(
+            occurred_at=at(2),
+            rule=AlertRule.NODE_SUSPECT,
+            subject="node-b",
+            severity=AlertSeverity.WARNING,
+            summary="node-b is SUSPECT: silent for 3.2 s",
+            value=3.2,
+            threshold=0,
+            since=at(1),
+        ),
+        ALERTS,
+        "NODE_SUSPECT/node-b",
+    ),
+    (
+        AlertResolved(
+            occurred_at=at(3),
+            rule=AlertRule.GPU_OVER_TEMPERATURE,
+            subject="node-b/gpu1",
+            severity=AlertSeverity.WARNING,
+            summary="node-b GPU 1 back at 70 C",
+            value=70.0,
+            threshold=85,
+            since=at(1),
+        ),
+        ALERTS,
+        "GPU_OVER_TEMPERATURE/node-b/gpu1",
     ),
 ]
 IDS = [type(event).__name__ for event, _, _ in SAMPLES]

@@ -1,13 +1,20 @@
-"""docker-compose.yml cannot run here (no Docker engine), so check it statically against the code."""
+"""docker-compose.yml cannot run here (no Docker engine), so check it statically against the code: commands and
+flags, ports, topics, the observability stack (Jaeger, Prometheus, Grafana) and every metric the dashboard queries."""
 
 import importlib
 import importlib.util
+import json
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY, CollectorRegistry
 
+import shardyard.metrics  # noqa: F401 - registers the process metrics on the default registry
+from shardyard.bus.topics import BY_NAME
 from shardyard.settings import BOOTSTRAP_ENV, ServiceSettings, load_settings
 
 ROOT = Path(__file__).parents[2]
@@ -21,6 +28,11 @@ SETTINGS = {
     "shardyard.monitor": "shardyard.monitor.app:MonitorSettings",
     "shardyard.node_agent": "shardyard.node_agent.app:AgentSettings",
 }
+PROMETHEUS: dict[str, Any] = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+GRAFANA = ROOT / "deploy" / "grafana"
+DASHBOARD: dict[str, Any] = json.loads((GRAFANA / "dashboards" / "shardyard.json").read_text())
+CLUSTER_JOB = "cluster"
+"""The scrape job of the monitor's cluster metrics (its status API); every other job is one service's processes."""
 
 
 def settings_class(module: str) -> type[ServiceSettings]:
@@ -29,10 +41,16 @@ def settings_class(module: str) -> type[ServiceSettings]:
     return cls
 
 
-def test_every_service_and_two_agents_are_there() -> None:
+def settings_of(name: str) -> ServiceSettings:
+    """The settings compose's command and environment give that container's process."""
+    module, *argv = SHARDYARD[name]["command"]
+    return load_settings(settings_class(module), argv, SHARDYARD[name]["environment"], prog=module)
+
+
+def test_every_service_and_three_agents_are_there() -> None:
     modules = [svc["command"][0] for svc in SHARDYARD.values()]
     assert set(SETTINGS) <= set(modules)
-    assert modules.count("shardyard.node_agent") >= 2
+    assert modules.count("shardyard.node_agent") >= 3
 
 
 @pytest.mark.parametrize(
@@ -61,3 +79,203 @@ def test_command_names_a_real_module_with_valid_flags(name: str) -> None:
 def test_dockerfile_copies_both_source_roots() -> None:
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert "COPY libs" in dockerfile and "COPY services" in dockerfile
+
+
+# --- ports: every process's metrics, the status API -----------------------------------------------------------------
+def scrape_targets() -> dict[str, list[str]]:
+    """Scrape job -> its static targets (``host:port``)."""
+    return {
+        job["job_name"]: [target for config in job.get("static_configs", []) for target in config["targets"]]
+        for job in PROMETHEUS["scrape_configs"]
+    }
+
+
+def published(service: dict[str, Any]) -> set[int]:
+    """The container ports a compose service publishes (``HOST:CONTAINER``)."""
+    return {int(str(entry).split(":")[-1]) for entry in service.get("ports", [])}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> the repository folder bound there (``./SOURCE:TARGET[:ro]``)."""
+    out = {}
+    for entry in service.get("volumes", []):
+        source, target, *_ = entry.split(":")
+        if source.startswith("./"):
+            out[target] = (ROOT / source).resolve()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SHARDYARD), ids=str)
+def test_every_process_serves_metrics_where_prometheus_scrapes_it(name: str) -> None:
+    settings = settings_of(name)
+    scraped = {target for job, targets in scrape_targets().items() if job != CLUSTER_JOB for target in targets}
+
+    assert settings.metrics_port > 0 and settings.metrics_host == "0.0.0.0"
+    assert f"{name}:{settings.metrics_port}" in scraped
+
+
+@pytest.mark.parametrize("job", sorted(set(scrape_targets()) - {CLUSTER_JOB, "prometheus"}), ids=str)
+def test_a_service_scrape_job_names_that_services_processes_on_their_metrics_port(job: str) -> None:
+    for target in scrape_targets()[job]:
+        host, port = target.rsplit(":", 1)
+        assert host in SHARDYARD, f"{target}: no such compose service"
+        assert SHARDYARD[host]["command"][0] == "shardyard." + job.replace("-", "_")
+        assert settings_of(host).metrics_port == int(port)
+
+
+def test_the_cluster_job_scrapes_the_monitors_status_api_and_keeps_the_training_job_label() -> None:
+    [target] = scrape_targets()[CLUSTER_JOB]
+    host, port = target.rsplit(":", 1)
+    settings = settings_of(host)
+    [job] = [job for job in PROMETHEUS["scrape_configs"] if job["job_name"] == CLUSTER_JOB]
+
+    assert SHARDYARD[host]["command"][0] == "shardyard.monitor"
+    assert settings.http_port == int(port) and settings.http_host == "0.0.0.0"  # type: ignore[attr-defined]
+    assert int(port) in published(SHARDYARD[host])
+    assert job["honor_labels"] is True  # per-shard series carry job="<training job>"
+
+
+def test_prometheus_loads_this_config_and_the_alert_rules() -> None:
+    service = COMPOSE["services"]["prometheus"]
+    [config] = [arg.split("=", 1)[1] for arg in service["command"] if arg.startswith("--config.file=")]
+    folder, file = config.rsplit("/", 1)
+
+    assert mounts(service)[folder] == (ROOT / "deploy" / "prometheus").resolve() and file == "prometheus.yml"
+    assert "alerts.yml" in PROMETHEUS["rule_files"]  # resolved next to prometheus.yml, in the same mount
+    assert 9090 in published(service)
+
+
+# --- traces ---------------------------------------------------------------------------------------------------------
+def test_jaeger_takes_otlp_on_the_port_every_process_sends_to() -> None:
+    jaeger = COMPOSE["services"]["jaeger"]
+    assert jaeger["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert {16686, 4317, 4318} <= published(jaeger)
+    for name, service in SHARDYARD.items():
+        environment = service["environment"]
+        endpoint = urlsplit(environment["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        # OTLP over HTTP (the default protocol) is Jaeger's 4318; gRPC would be 4317.
+        assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "jaeger", 4318), name
+        assert environment.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf") == "http/protobuf", name
+        assert "OTEL_SERVICE_NAME" not in environment, f"{name}: the code names each service"
+
+
+# --- topics ---------------------------------------------------------------------------------------------------------
+def _is_module(dotted: str) -> bool:
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_every_topic_compose_names_exists() -> None:
+    # Dotted names not inside a path (``.../shardyard.json``): modules, else topics.
+    dotted = set(re.findall(r"(?<![\w/.-])shardyard(?:\.[a-z_]+)+", (ROOT / "docker-compose.yml").read_text()))
+    topics = {name for name in dotted if not _is_module(name)}
+
+    assert topics, "compose names the submissions topic"
+    assert topics <= set(BY_NAME), f"unknown topics: {sorted(topics - set(BY_NAME))}"
+
+
+# --- Grafana --------------------------------------------------------------------------------------------------------
+def test_grafana_reads_prometheus_and_loads_the_dashboard_folder() -> None:
+    grafana = COMPOSE["services"]["grafana"]
+    bound = mounts(grafana)
+    provisioning = bound["/etc/grafana/provisioning"]
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "shardyard.yml").read_text())["providers"]
+    url = urlsplit(source["url"])
+    dashboards = bound[provider["options"]["path"]]
+
+    assert provisioning == (GRAFANA / "provisioning").resolve()
+    assert url.hostname == "prometheus" and url.port == 9090 and 9090 in published(COMPOSE["services"][url.hostname])
+    assert (dashboards / "shardyard.json").is_file()
+    assert {uid for uid in _walk(DASHBOARD, "uid") if uid != DASHBOARD["uid"]} == {source["uid"]}
+
+
+def test_dashboard_panels_have_distinct_ids_and_do_not_overlap() -> None:
+    taken: dict[tuple[int, int], str] = {}
+    for panel in DASHBOARD["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        for cell in [
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        ]:
+            assert cell not in taken, f"{panel['title']} overlaps {taken[cell]}"
+            taken[cell] = panel["title"]
+    ids = [panel["id"] for panel in DASHBOARD["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def _walk(node: object, key: str) -> list[Any]:
+    """Every value under ``key`` anywhere in a JSON document."""
+    if isinstance(node, dict):
+        found = [node[key]] if key in node else []
+        return found + [value for child in node.values() for value in _walk(child, key)]
+    if isinstance(node, list):
+        return [value for child in node for value in _walk(child, key)]
+    return []
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: panel targets and template variable queries."""
+    templated = [v["query"]["query"] for v in DASHBOARD["templating"]["list"] if v["type"] == "query"]
+    return [*_walk(DASHBOARD, "expr"), *templated]
+
+
+SAMPLE_NAMES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+
+
+def exported_names() -> set[str]:
+    """The sample names both kinds of /metrics serve: the monitor's (a cluster view fed a few events) and a
+    process's (the default registry: Shardyard's process metrics and prometheus-client's collectors)."""
+    from shardyard.monitor.metrics import make_registry
+    from shardyard.monitor.views import ClusterView
+    from tests.unit.builders import heartbeat, node_state, progress
+    from tests.unit.test_monitor_metrics import running
+
+    view = ClusterView()
+    for event in [*running("job-1", 5), node_state("node-a"), heartbeat("node-a"), progress("job-1", syncs=1)]:
+        view.apply(event)
+    monitor, _events = make_registry(view)
+    registries: list[CollectorRegistry] = [monitor, REGISTRY]
+    return {
+        family.name + suffix
+        for registry in registries
+        for family in registry.collect()
+        for suffix in SAMPLE_NAMES.get(family.type, ("",))
+    }
+
+
+def test_every_metric_the_dashboard_queries_is_exported() -> None:
+    exported = exported_names()
+    queried = {name for query in dashboard_queries() for name in re.findall(r"\b(?:shardyard|process)_[a-z_]+", query)}
+
+    assert queried, "the dashboard queries metrics"
+    assert sorted(queried - exported) == []
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [
+        "shardyard_queue_jobs",
+        "shardyard_nodes",
+        "shardyard_gpu_utilization_ratio",
+        "shardyard_gpu_memory_used_bytes",
+        "shardyard_gpu_temperature_celsius",
+        "shardyard_node_cpu_load_ratio",
+        "shardyard_shard_step",
+        "shardyard_shard_loss",
+        "shardyard_shard_samples_per_second",
+        "shardyard_allreduce_seconds_total",
+        "shardyard_allreduce_bytes_total",
+        "shardyard_heartbeat_lag_seconds",
+        "shardyard_node_mean_rtt_seconds",
+        "shardyard_shard_failures_total",
+        "shardyard_spare_ratio",
+        "shardyard_recovery_seconds_bucket",
+        "shardyard_consumer_lag_messages",
+        "shardyard_placement_cycle_seconds_bucket",
+    ],
+)
+def test_the_dashboard_shows_every_s7_figure(metric: str) -> None:
+    assert any(re.search(rf"\b{metric}\b", query) for query in dashboard_queries())

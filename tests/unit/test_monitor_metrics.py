@@ -1,23 +1,33 @@
-"""The monitor's /metrics, computed from the cluster view: queue depth, preemptions, cancellations, drained nodes."""
+"""The monitor's /metrics, computed from the cluster view: queue depth, preemptions, cancellations, drained nodes,
+GPUs, per-shard training and AllReduce figures, heartbeat lag, node RTTs, shard failures and recovery times."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shardyard.events import (
+    FailureCause,
     JobAccepted,
     JobCancelled,
     JobPreempted,
     JobReady,
+    JobRecovering,
     JobRunning,
+    JobSucceeded,
     JobUnschedulable,
     JobWaiting,
+    NodeStatus,
     PendingReason,
 )
-from shardyard.monitor.metrics import make_registry
-from shardyard.monitor.views import ClusterView
-from tests.unit.builders import at, job_spec, node_state, scheduled
+from shardyard.monitor.metrics import make_registry, mean_rtt_ms
+from shardyard.monitor.views import ClusterView, Telemetry
+from shardyard.scheduler.gangs import build_snapshot
+from shardyard.scheduler.model import estimated_rtt_ms
+from tests.unit.builders import at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
 
 
 def accept(job_id: str, priority: int) -> list[object]:
@@ -111,3 +121,157 @@ def test_counters_start_at_zero() -> None:
 
     assert "shardyard_preemptions_total 0.0" in lines
     assert "shardyard_cancellations_total 0.0" in lines
+
+
+# --- figures S7 asks for --------------------------------------------------------------------------------------------
+class FixedClock:
+    def __init__(self, now: datetime) -> None:
+        self._now = now
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """The sample ``name{labels}`` of a scrape (the only one when ``labels`` is empty), or None."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def succeeded(job_id: str) -> JobSucceeded:
+    return JobSucceeded(occurred_at=at(50), job_id=job_id, attempt=1, final_loss=2.0, checkpoint_dir="/c")
+
+
+def recovering(job_id: str, attempt: int, seconds: float) -> JobRecovering:
+    return JobRecovering(
+        occurred_at=at(seconds),
+        job_id=job_id,
+        attempt=attempt,
+        cause=FailureCause.NODE_LOST,
+        message="node-b lost",
+        retry_at=at(seconds),
+        retries_used=attempt,
+        retries_left=3 - attempt,
+    )
+
+
+def test_gpus_carry_node_gpu_and_model_with_memory_used_and_total() -> None:
+    node = node_state("n1", gpus=gpus("V100", count=1, tflops=15.0, memory_gib=16))
+    text = scrape(node)
+    labels = {"node": "n1", "gpu": "0", "model": "V100"}
+
+    assert value(text, "shardyard_gpu_memory_total_bytes", **labels) == 16 * 2**30
+    assert value(text, "shardyard_gpu_memory_used_bytes", **labels) == 0
+    assert value(text, "shardyard_gpu_utilization_ratio", **labels) == 0
+    assert value(text, "shardyard_gpu_healthy", **labels) == 1
+
+
+def test_shard_figures_are_exported_while_the_job_runs_and_end_with_it() -> None:
+    report = progress("a", 1, step=40, loss=3.5, samples_per_s=250.0)
+    live = scrape(*running("a", 5), report)
+    ended = scrape(*running("a", 5), report, succeeded("a"))
+
+    assert value(live, "shardyard_shard_step", job="a", shard="1") == 40
+    assert value(live, "shardyard_shard_loss", job="a", shard="1") == 3.5
+    assert value(live, "shardyard_shard_samples_per_second", job="a", shard="1") == 250.0
+    assert value(ended, "shardyard_shard_step", job="a", shard="1") is None
+
+
+def test_allreduce_counters_sum_every_sync_across_attempts_so_the_transfer_rate_is_derivable() -> None:
+    reports = [
+        progress("a", 0, syncs=1, allreduce_ms=200.0, allreduce_bytes=1000),
+        progress("a", 0, syncs=1, allreduce_ms=200.0, allreduce_bytes=1000),  # a report between syncs
+        progress("a", 0, syncs=3, allreduce_ms=100.0, allreduce_bytes=1000),  # two syncs since the last report
+        progress("a", 0, attempt=2, syncs=1, allreduce_ms=300.0, allreduce_bytes=1000),  # a new runner counts from 0
+        progress("a", 0, attempt=1, syncs=9, allreduce_ms=1.0, allreduce_bytes=1),  # late, from the replaced attempt
+    ]
+    text = scrape(*running("a", 5), *reports)
+    shard = {"job": "a", "shard": "0"}
+
+    assert value(text, "shardyard_allreduce_syncs_total", **shard) == 4
+    assert value(text, "shardyard_allreduce_seconds_total", **shard) == pytest.approx(0.2 + 0.2 + 0.3)
+    assert value(text, "shardyard_allreduce_bytes_total", **shard) == 4000
+
+
+def test_heartbeat_lag_is_arrival_minus_occurred_at_for_nodes_not_lost() -> None:
+    view = ClusterView(telemetry=Telemetry(clock=FixedClock(at(10.25))))
+    for event in [
+        heartbeat("n1", occurred_at=at(10)),
+        heartbeat("n2", occurred_at=at(4)),
+        node_state("n1"),
+        node_state("n2", status=NodeStatus.LOST),
+    ]:
+        view.apply(event)
+    text = generate_latest(make_registry(view)[0]).decode()
+
+    assert value(text, "shardyard_heartbeat_lag_seconds", node="n1") == 0.25
+    assert value(text, "shardyard_heartbeat_lag_seconds", node="n2") is None
+
+
+def topology(node_id: str, zone: str, rack: str) -> object:
+    return node_state(node_id, topology={"zone": zone, "rack": rack})
+
+
+def test_node_rtts_are_the_schedulers_topology_estimates() -> None:
+    text = scrape(topology("n1", "a", "r1"), topology("n2", "a", "r1"), topology("n3", "b", "r1"))
+    rtt = "shardyard_node_rtt_seconds"
+
+    assert value(text, rtt, node="n1", peer="n2", source="topology") == pytest.approx(0.0001)  # same rack
+    assert value(text, rtt, node="n1", peer="n3", source="topology") == pytest.approx(0.005)  # other zone
+    assert value(text, rtt, node="n2", peer="n1") is None  # each pair once
+    assert value(text, "shardyard_node_mean_rtt_seconds", node="n1") == pytest.approx((0.0001 + 0.005) / 2)
+
+
+@pytest.mark.parametrize(
+    "places",
+    [
+        pytest.param([("a", "r1")] * 3, id="one-rack"),
+        pytest.param([("a", "r1"), ("a", "r2"), ("b", "r1"), ("", ""), ("a", "r1")], id="mixed"),
+        pytest.param([("", "")] * 2, id="unlabelled"),
+    ],
+)
+def test_mean_rtt_by_group_equals_the_mean_over_every_pair(places: list[tuple[str, str]]) -> None:
+    states = [node_state(f"n{i}", topology={"zone": z, "rack": r}) for i, (z, r) in enumerate(places)]
+    nodes = build_snapshot(states, ()).nodes
+    expected = {
+        a.node_id: sum(estimated_rtt_ms(a, b, {}) for b in nodes if b is not a) / (len(nodes) - 1) for a in nodes
+    }
+
+    assert mean_rtt_ms(nodes) == pytest.approx(expected)
+
+
+def test_shard_failures_count_each_attempt_once_by_cause_from_zero() -> None:
+    oom = failed("a", 0, cause=FailureCause.OOM)
+    text = scrape(oom, oom, failed("a", 1, cause=FailureCause.OOM), failed("a", 0, attempt=2))
+
+    assert value(text, "shardyard_shard_failures_total", cause="OOM") == 2
+    assert value(text, "shardyard_shard_failures_total", cause="PROCESS_EXIT") == 1
+    assert value(text, "shardyard_shard_failures_total", cause="GPU_FAULT") == 0
+
+
+def test_recovery_time_runs_from_the_first_plan_to_the_new_gangs_first_progress() -> None:
+    text = scrape(
+        *running("a", 5),
+        recovering("a", 1, seconds=10),
+        progress("a", 1, occurred_at=at(11)),  # the failed attempt's last word: not the new gang
+        recovering("a", 2, seconds=14),  # the retry failed too: the outage goes on
+        progress("a", 0, attempt=3, occurred_at=at(17)),
+        progress("a", 1, attempt=3, occurred_at=at(18)),
+    )
+
+    assert value(text, "shardyard_recovery_seconds_count") == 1
+    assert value(text, "shardyard_recovery_seconds_sum") == 7
+    assert value(text, "shardyard_recovery_seconds_bucket", le="5.0") == 0
+    assert value(text, "shardyard_recovery_seconds_bucket", le="10.0") == 1
+
+
+def test_a_job_that_ends_while_recovering_records_no_recovery() -> None:
+    text = scrape(*running("a", 5), recovering("a", 1, seconds=10), succeeded("a"), progress("a", attempt=2))
+
+    assert value(text, "shardyard_recovery_seconds_count") == 0

@@ -6,6 +6,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from shardyard.bus.topics import (
+    ALERTS,
     ASSIGNMENTS,
     ELASTICITY,
     FAILURES,
@@ -20,6 +21,8 @@ from shardyard.bus.topics import (
 )
 from shardyard.errors import EventDecodeError
 from shardyard.events import (
+    AlertFiring,
+    AlertResolved,
     CapacityRequested,
     Event,
     Heartbeat,
@@ -55,6 +58,7 @@ from shardyard.events import (
     ShardStarted,
     ShardStopRequest,
 )
+from shardyard.events.alert import alert_key
 
 _TOPIC_OF: dict[type[Event], Topic] = {
     **dict.fromkeys(
@@ -92,6 +96,8 @@ _TOPIC_OF: dict[type[Event], Topic] = {
     CapacityRequested: ELASTICITY,
     ReclaimCandidate: ELASTICITY,
     RedundancyChanged: REDUNDANCY,
+    AlertFiring: ALERTS,
+    AlertResolved: ALERTS,
 }
 
 
@@ -108,6 +114,8 @@ def key_of(event: Event) -> bytes:
         return str(getattr(event, "service")).encode()  # noqa: B009
     if topic is REDUNDANCY:
         return b"policy"
+    if isinstance(event, AlertFiring | AlertResolved):
+        return alert_key(event.rule, event.subject).encode()
     if topic is ELASTICITY:
         return str(getattr(event, "node_id", None) or getattr(event, "gpu_model")).encode()  # noqa: B009
     return str(getattr(event, "job_id")).encode()  # noqa: B009

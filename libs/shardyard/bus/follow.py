@@ -9,11 +9,12 @@ has been handed over.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
@@ -52,7 +53,13 @@ class Follower:
         await consumer.seek_to_beginning(*partitions)
         self._done = dict.fromkeys(partitions, 0)
         self._consumer = consumer
+        metrics.CONSUMER_LAG.track(self, group=None)
         self._task = asyncio.create_task(self._run(), name=self.name)
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        """The consumer while following (its lag is sampled for ``/metrics``)."""
+        return self._consumer
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -78,21 +85,31 @@ class Follower:
             for tp, records in batches.items():
                 topic = self.topics[tp.topic]
                 for record in records:
-                    await self._hand_over(topic, tp, record.offset, record.value)
+                    await self._hand_over(topic, tp, record.offset, record.value, record.headers)
                     self._done[tp] = record.offset + 1
             for tp in self._done:
                 # The fetch position also passes offsets that hold no record (compacted away): count those done.
                 self._done[tp] = max(self._done[tp], await self._consumer.position(tp))
             self._progress.set()
 
-    async def _hand_over(self, topic: Topic, tp: TopicPartition, offset: int, raw: bytes | None) -> None:
+    async def _hand_over(
+        self,
+        topic: Topic,
+        tp: TopicPartition,
+        offset: int,
+        raw: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
         try:
             event = decode(topic, raw or b"")
         except EventDecodeError as exc:
             log.warning("%s skips %s@%d: %s", self.name, tp, offset, exc)
             return
+        tracing.observe(event, headers)  # what the handler publishes about its job continues the job's trace
+        metrics.CONSUMER_LAG.ensure_sampling()
         try:
-            await self.handle(topic, event)
+            with metrics.handling(topic.name):
+                await self.handle(topic, event)
         except asyncio.CancelledError:
             raise
         except Exception:  # a follower must outlive any one event

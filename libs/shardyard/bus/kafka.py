@@ -4,6 +4,7 @@
 - ``Bus.publish``: encode an event and send it to its topic under its key.
 - ``Bus.subscribe``: commit-after-processing subscriptions; a message that does not decode goes to the dead-letter
   topic and is then acknowledged, a handler that keeps failing does the same: a consumer never dies on a message.
+- Trace context rides in the headers of every event about a job, both ways (see :mod:`shardyard.tracing`).
 """
 
 import asyncio
@@ -15,6 +16,7 @@ from aiokafka import ConsumerRecord
 from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.middlewares import AckPolicy
 
+from shardyard import metrics, tracing
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import DEADLETTER, Topic
 from shardyard.errors import EventDecodeError
@@ -73,7 +75,11 @@ class Bus:
         self.service = service
 
     async def publish(self, event: Event) -> None:
-        await self.broker.publish(encode(event), topic=topic_of(event).name, key=key_of(event))
+        """Send ``event``; an event about a job carries the job's trace context in its headers."""
+        headers = tracing.headers_for(event)
+        await self.broker.publish(encode(event), topic=topic_of(event).name, key=key_of(event), headers=headers)
+        metrics.EVENTS_PUBLISHED.labels(topic_of(event).name).inc()
+        metrics.CONSUMER_LAG.ensure_sampling()
 
     async def publish_all(self, events: Sequence[Event]) -> None:
         for event in events:
@@ -87,6 +93,7 @@ class Bus:
             "x-shardyard-service": self.service,
         }
         await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers)
+        metrics.EVENTS_DEAD_LETTERED.labels(record.topic).inc()
 
     def subscribe(
         self,
@@ -113,17 +120,26 @@ class Bus:
                 log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
                 await self.dead_letter(body, message, str(exc))
                 return
+            tracing.observe(event, source_record(message).headers)  # later publications about its job carry it
             await self._call(routes[topic], event, body, message)
 
+        async def measured(body: bytes, message: KafkaMessage) -> None:
+            # Counted and timed here, once for every service: consumed, handler seconds, and lag sampling.
+            metrics.CONSUMER_LAG.ensure_sampling()
+            with metrics.handling(source_record(message).topic):
+                await on_message(body, message)
+
         options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
-        self.broker.subscriber(
+        subscriber = self.broker.subscriber(
             *by_name,
             group_id=group,
             ack_policy=AckPolicy.ACK if group else AckPolicy.ACK_FIRST,
             auto_offset_reset="earliest" if from_beginning else "latest",
             decoder=_raw_body,
             **options,
-        )(on_message)
+        )
+        subscriber(measured)
+        metrics.CONSUMER_LAG.track(subscriber, group=group)
 
     async def _call(self, handler: Handler, event: Any, raw: bytes, message: KafkaMessage) -> None:
         for attempt in range(1, HANDLER_ATTEMPTS + 1):

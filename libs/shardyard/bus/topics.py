@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shardyard.events import (
+    AlertEvent,
     AssignmentEvent,
     ElasticityEvent,
     HeartbeatEvent,
@@ -43,6 +44,8 @@ LEADERSHIP: Final = Topic("shardyard.leadership", 1, "service name", LeadershipC
 """Leader election: one consumer group per service; the member holding the one partition leads."""
 ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", ElasticityEvent)
 REDUNDANCY: Final = Topic("shardyard.redundancy", 1, "policy", RedundancyChanged, compacted=True)
+ALERTS: Final = Topic("shardyard.alerts", 1, "alert rule/subject", AlertEvent)
+"""The monitor's alerts firing and resolved: one partition, so every replica folds one history in one order."""
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
 
 CATALOGUE: Final = (
@@ -57,6 +60,7 @@ CATALOGUE: Final = (
     LEADERSHIP,
     ELASTICITY,
     REDUNDANCY,
+    ALERTS,
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

@@ -1,19 +1,23 @@
 """Talking to a running cluster: producing submissions and commands to Kafka, reading state from the monitor's
-status API."""
+status API, and reading the shard logs the agents write."""
 
 import asyncio
 import json
+import os
+import re
 import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from shardyard import tracing
 from shardyard.bus.codec import encode, key_of, topic_of
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli.cluster import get_json
@@ -21,6 +25,7 @@ from shardyard.errors import BrokerError, ClusterError
 from shardyard.events import Event, JobCancelRequested, NodeDrain
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"})
+CLI_SERVICE = "shardyard-cli"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ def job_id_of(raw: bytes, partition: int, offset: int) -> str:
     return f"invalid-{partition}-{offset}"
 
 
-async def _produce(bootstrap: str, raw: bytes) -> Submitted:
+async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] | None = None) -> Submitted:
     key = None
     try:
         document = json.loads(raw)
@@ -52,14 +57,20 @@ async def _produce(bootstrap: str, raw: bytes) -> Submitted:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
-        meta = await producer.send_and_wait(SUBMISSIONS.name, raw, key=key)
+        meta = await producer.send_and_wait(SUBMISSIONS.name, raw, key=key, headers=headers or None)
     finally:
         await producer.stop()
     return Submitted(job_id_of(raw, meta.partition, meta.offset), meta.partition, meta.offset)
 
 
 def submit(bootstrap: str, raw: bytes) -> Submitted:
-    return asyncio.run(_produce(bootstrap, raw))
+    """Produce a submission. It starts the job's trace: its ``traceparent`` header makes everything the cluster does
+    for the job (admission to the shards' last sync) one trace, exported when the ``OTEL_*`` variables ask for it."""
+    tracing.configure(CLI_SERVICE, os.environ)
+    with tracing.span("submit", {"messaging.destination.name": SUBMISSIONS.name}) as span:
+        submitted = asyncio.run(_produce(bootstrap, raw, tracing.to_headers(tracing.carrier_of(span))))
+        span.set_attribute(tracing.JOB_ID, submitted.job_id)
+    return submitted
 
 
 async def _publish(bootstrap: str, event: Event) -> None:
@@ -154,3 +165,65 @@ def wait_node(
         time.sleep(poll_s)
     want = "draining" if draining else "undrained"
     raise ClusterError(f"node {node_id} was not shown {want} within {timeout_s:.0f}s")
+
+
+# --- shard logs ---------------------------------------------------------------------------------------------------
+LOG_NAME = re.compile(r"^shard-(\d+)-attempt-(\d+)\.log$")
+"""How agents name a shard's log under ``<log-dir>/<job>/`` (``--log-dir``; ``RUN_DIR/logs/shards`` for ``up``)."""
+
+
+@dataclass(frozen=True)
+class ShardLog:
+    shard: int
+    attempt: int
+    path: Path
+
+
+def shard_logs(log_dir: Path, job_id: str, *, shard: int | None = None, attempt: int | None = None) -> list[ShardLog]:
+    """The job's shard logs by shard index: each shard's newest attempt, or the attempt named."""
+    newest: dict[int, ShardLog] = {}
+    folder = log_dir / job_id
+    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+        match = LOG_NAME.match(path.name)
+        if match is None:
+            continue
+        log = ShardLog(int(match[1]), int(match[2]), path)
+        if (shard is not None and log.shard != shard) or (attempt is not None and log.attempt != attempt):
+            continue
+        if log.shard not in newest or log.attempt > newest[log.shard].attempt:
+            newest[log.shard] = log
+    return [newest[index] for index in sorted(newest)]
+
+
+class LogTail:
+    """Reads a job's shard logs as they grow. Each ``poll`` returns the whole lines written since the last one. When
+    a shard's newer attempt appears (a gang re-formed after a failure) the older log's last lines come first, then
+    the newer one is followed."""
+
+    def __init__(self, log_dir: Path, job_id: str, *, shard: int | None = None, attempt: int | None = None) -> None:
+        self.log_dir, self.job_id, self.shard, self.attempt = log_dir, job_id, shard, attempt
+        self.offsets: dict[Path, int] = {}
+        self.current: dict[int, ShardLog] = {}
+
+    def poll(self, *, final: bool = False) -> list[tuple[ShardLog, str]]:
+        """New lines of every followed log; ``final`` also returns a last line not ended yet."""
+        out: list[tuple[ShardLog, str]] = []
+        for log in shard_logs(self.log_dir, self.job_id, shard=self.shard, attempt=self.attempt):
+            previous = self.current.get(log.shard)
+            if previous is not None and previous != log:
+                out.extend(self._read(previous, final=True))  # that attempt is over: all of it
+            self.current[log.shard] = log
+            out.extend(self._read(log, final=final))
+        return out
+
+    def _read(self, log: ShardLog, *, final: bool) -> list[tuple[ShardLog, str]]:
+        offset = self.offsets.get(log.path, 0)
+        try:
+            with log.path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except OSError:
+            return []  # removed meanwhile: nothing to show
+        taken = data if final else data[: data.rfind(b"\n") + 1]
+        self.offsets[log.path] = offset + len(taken)
+        return [(log, line) for line in taken.decode(errors="replace").splitlines()]

@@ -42,6 +42,8 @@ class ClusterInfo:
     pids: dict[str, int] = field(default_factory=dict)
     monitor_urls: list[str] = field(default_factory=list)
     """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    """Each process's own Prometheus metrics port on 127.0.0.1 (``--metrics-port``), by process name."""
 
     def live(self) -> "ClusterInfo":
         """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
@@ -144,6 +146,7 @@ def up(
         started_at=time.time(),
         pids=pids,
     )
+    metrics_ports = info.metrics_ports
     info.save()
     try:
         asyncio.run(ensure_topics(bootstrap))
@@ -154,6 +157,8 @@ def up(
                 argv = [sys.executable, "-m", _module(service), "--instance", name]
                 if service == "monitor":
                     argv += ["--http-port", str(monitor_ports[replica])]
+                metrics_ports[name] = free_port()
+                argv += ["--metrics-port", str(metrics_ports[name])]
                 pids[name] = _spawn(name, argv, logs, env)
         for index, gpus in enumerate(nodes):
             node_id = f"node-{index}"
@@ -183,6 +188,8 @@ def up(
             ]
             for gpu in gpus.split("+"):
                 argv += ["--gpus", gpu]
+            metrics_ports[node_id] = free_port()
+            argv += ["--metrics-port", str(metrics_ports[node_id])]
             pids[node_id] = _spawn(node_id, argv, logs, env)
         info.save()
         _wait_ready(info, expected_nodes=len(nodes), timeout_s=timeout_s)

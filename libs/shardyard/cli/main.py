@@ -4,13 +4,16 @@ import argparse
 import getpass
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from shardyard.cli import client, cluster, render
-from shardyard.errors import ShardyardError
+from shardyard.errors import ClusterError, ShardyardError
+from shardyard.events.submission import JOB_ID_PATTERN
 from shardyard.sim import cli as sim_cli
 
 DEFAULT_RUN_DIR = ".shardyard"
@@ -136,6 +139,72 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    answer = client.listing(_info(args).monitor_url, "alerts")
+    print(json.dumps(answer, indent=2) if args.json else render.alerts_report(answer, datetime.now(UTC)))
+    return 0
+
+
+def _top_frame(monitor_url: str) -> str:
+    nodes = client.listing(monitor_url, "nodes")["nodes"]
+    jobs = client.listing(monitor_url, "jobs")["jobs"]
+    firing = client.listing(monitor_url, "alerts")["firing"]
+    return render.top(nodes, jobs, firing, datetime.now(UTC))
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    info = _info(args)
+    if args.once:
+        print(_top_frame(info.monitor_url))
+        return 0
+    tty = sys.stdout.isatty()
+    while True:
+        try:
+            frame = _top_frame(info.monitor_url)
+        except ClusterError as exc:  # a monitor replica went away: say so, try the others next second
+            frame = f"shardyard top: {exc}"
+            info = info.live()
+        # On a terminal the frame redraws in place; in a log, frames follow each other.
+        sys.stdout.write(("\x1b[H\x1b[2J" if tty else "\n") + frame + "\n")
+        sys.stdout.flush()
+        time.sleep(args.interval)
+
+
+def _job_ended(args: argparse.Namespace, job_id: str) -> bool:
+    """Whether the local cluster's monitor shows the job ended; False when there is no cluster to ask."""
+    try:
+        found = client.job(_info(args).monitor_url, job_id)
+    except ClusterError:
+        return False
+    return found is not None and found["state"] in client.TERMINAL_STATES
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    if not re.fullmatch(JOB_ID_PATTERN, args.job):
+        return _fail(f"{args.job!r} is not a job id")
+    log_dir = Path(args.log_dir) if args.log_dir else _run_dir(args) / "logs" / "shards"
+    tail = client.LogTail(log_dir, args.job, shard=args.shard, attempt=args.attempt)
+    if not client.shard_logs(log_dir, args.job, shard=args.shard, attempt=args.attempt):
+        which = "".join(f" {k} {v}" for k, v in (("shard", args.shard), ("attempt", args.attempt)) if v is not None)
+        if not args.follow:
+            return _fail(f"no logs of job {args.job}{which} under {log_dir} (a shard writes one once it starts)")
+        print(f"waiting for logs of job {args.job}{which} under {log_dir}", file=sys.stderr)
+    several = args.shard is None
+
+    def show(lines: list[tuple[client.ShardLog, str]]) -> None:
+        for log, line in lines:
+            print(render.log_line(log.shard, log.attempt, line, prefixed=several), flush=True)
+
+    show(tail.poll(final=not args.follow))
+    while args.follow:
+        time.sleep(args.interval)
+        ended = _job_ended(args, args.job)  # asked before reading, so the last lines are read after it ended
+        show(tail.poll(final=ended))
+        if ended:
+            break
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from shardyard.training.artifacts import create_demo_artifacts
 
@@ -202,6 +271,24 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
     sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)
+
+    alerts = sub.add_parser("alerts", help="alerts firing now and the recent history")
+    alerts.add_argument("--json", action="store_true", help="print the monitor's JSON (/api/alerts)")
+    alerts.set_defaults(func=cmd_alerts)
+
+    top_ = sub.add_parser("top", help="a live view of nodes, jobs and alerts firing, redrawn every second")
+    top_.add_argument("--once", action="store_true", help="print one frame and exit")
+    top_.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    top_.set_defaults(func=cmd_top)
+
+    logs = sub.add_parser("logs", help="a job's shard logs (each shard's newest attempt unless --attempt)")
+    logs.add_argument("job")
+    logs.add_argument("--shard", type=int, help="only this shard (by index)")
+    logs.add_argument("--attempt", type=int, help="this attempt instead of the newest")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    logs.add_argument("--log-dir", help="the agents' shard log folder (default RUN_DIR/logs/shards)")
+    logs.add_argument("--interval", type=float, default=0.25, help="seconds between reads with --follow")
+    logs.set_defaults(func=cmd_logs)
 
     sim_cli.add_parser(sub)
 

@@ -177,3 +177,128 @@ class ProgressLine:
         if self.tty and self.last_text:
             self.stream.write("\n")
             self.stream.flush()
+
+
+# --- alerts and `shardyard top` ------------------------------------------------------------------------------------
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"})
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h01m``: how long, at a glance."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _since(alert: dict[str, Any], now: datetime) -> str:
+    return duration((now - datetime.fromisoformat(alert["since"])).total_seconds())
+
+
+def firing_table(firing: list[dict[str, Any]], now: datetime) -> str:
+    """Alerts firing now, longest-firing first (the order the monitor gives)."""
+    if not firing:
+        return "  (no alerts firing)"
+    rows = [[a["severity"], a["rule"], a["subject"], _since(a, now), a["summary"]] for a in firing]
+    return table(rows, ["SEVERITY", "RULE", "SUBJECT", "FOR", "SUMMARY"])
+
+
+def alert_history(recent: list[dict[str, Any]]) -> str:
+    """Transitions, newest first: when, FIRING or RESOLVED, which alert, and what it said."""
+    if not recent:
+        return "  (no alerts yet)"
+    rows = [
+        [
+            datetime.fromisoformat(e["occurred_at"]).strftime("%H:%M:%S"),
+            "FIRING" if e["type"] == "alert.firing" else "RESOLVED",
+            e["rule"],
+            e["subject"],
+            e["summary"],
+        ]
+        for e in recent
+    ]
+    return table(rows, ["AT", "EVENT", "RULE", "SUBJECT", "SUMMARY"])
+
+
+def alerts_report(answer: dict[str, Any], now: datetime) -> str:
+    """``shardyard alerts``: what fires now, then the recent history."""
+    firing, recent = answer.get("firing") or [], answer.get("recent") or []
+    return "\n".join([f"firing ({len(firing)}):", firing_table(firing, now), "", "recent:", alert_history(recent)])
+
+
+def _top_nodes(nodes: list[dict[str, Any]]) -> str:
+    rows = []
+    for n in nodes:
+        gpus = n["gpus"]
+        temperatures = [g["temperature_c"] for g in gpus if g.get("temperature_c") is not None]
+        utilization = sum(g.get("utilization", 0.0) for g in gpus) / len(gpus) if gpus else None
+        rows.append(
+            [
+                n["node_id"],
+                str(n["status"]) + (" DRAIN" if n.get("draining") else ""),
+                _gpus(gpus) or "-",
+                f"{len(n['allocated_gpus'])}/{len(gpus)}",
+                "-" if utilization is None else f"{utilization:.0%}",
+                f"{n['cpu_load']:.0%}",
+                f"{max(temperatures):.0f}C" if temperatures else "-",
+            ]
+        )
+    return table(rows, ["NODE", "STATUS", "GPUS", "IN USE", "GPU UTIL", "LOAD", "TEMP"])
+
+
+def _top_jobs(jobs: list[dict[str, Any]], limit: int) -> str:
+    """Jobs that have not ended first (newest submission first within each group), at most ``limit`` rows."""
+    ordered = sorted(jobs, key=lambda j: (j["state"] in TERMINAL, -_submitted(j)))
+    rows = [
+        [
+            j["job_id"],
+            str(j["state"]),
+            f"{j['step']}/{_fmt(j['max_steps'])}",
+            _fmt(j["loss"]),
+            (f"{j['reason']}: " if j["reason"] else "") + (j["message"] or ""),
+        ]
+        for j in ordered[:limit]
+    ]
+    text = table(rows, ["JOB", "STATE", "STEP", "LOSS", "REASON"])
+    return text + (f"\n  ... {len(ordered) - limit} more (shardyard jobs)" if len(ordered) > limit else "")
+
+
+def _submitted(job: dict[str, Any]) -> float:
+    at = job.get("submitted_at")
+    return datetime.fromisoformat(at).timestamp() if at else 0.0
+
+
+def top(
+    nodes: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    firing: list[dict[str, Any]],
+    now: datetime,
+    *,
+    max_jobs: int = 20,
+) -> str:
+    """One frame of ``shardyard top``: a header line, then nodes, jobs and the alerts firing."""
+    alive = sum(1 for n in nodes if n["status"] == "ALIVE")
+    running = sum(1 for j in jobs if j["state"] == "RUNNING")
+    header = (
+        f"shardyard top  {now.strftime('%Y-%m-%d %H:%M:%S %Z')}  nodes {alive}/{len(nodes)} alive  "
+        f"jobs {running} running / {len(jobs)}  alerts {len(firing)} firing"
+    )
+    return "\n".join(
+        [
+            header,
+            "",
+            _top_nodes(nodes) if nodes else "  (no nodes have reported)",
+            "",
+            _top_jobs(jobs, max_jobs) if jobs else "  (no jobs)",
+            "",
+            "alerts:",
+            firing_table(firing, now),
+        ]
+    )
+
+
+def log_line(shard: int, attempt: int, line: str, *, prefixed: bool) -> str:
+    """A shard log's line; with several logs interleaved, prefixed with whose it is."""
+    return f"[shard {shard} attempt {attempt}] {line}" if prefixed else line

@@ -1,5 +1,6 @@
 """Every event on Shardyard's bus, as strict pydantic models."""
 
+from shardyard.events.alert import AlertEvent, AlertFiring, AlertResolved, AlertRule, AlertSeverity
 from shardyard.events.base import Event, Model, new_event_id
 from shardyard.events.elastic import CapacityRequested, ElasticityEvent, ReclaimCandidate, RedundancyChanged
 from shardyard.events.job import (
@@ -56,6 +57,11 @@ from shardyard.events.shard import (
 from shardyard.events.submission import JobSubmission
 
 __all__ = [
+    "AlertEvent",
+    "AlertFiring",
+    "AlertResolved",
+    "AlertRule",
+    "AlertSeverity",
     "ArtifactPlace",
     "AssignmentEvent",
     "CapacityRequested",

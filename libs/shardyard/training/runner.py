@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from shardyard import tracing
 from shardyard.training import exitcodes
 from shardyard.training.checkpoint import (
     Checkpoint,
@@ -49,6 +50,8 @@ from shardyard.training.progress import ProgressReporter
 from shardyard.training.sync import ParamSync, SyncStats
 
 _PREFIX = "shardyard.training"
+SERVICE = "shardyard-shard"
+"""``service.name`` of a shard process's spans (``shard``, ``rendezvous``, one ``sync`` per parameter sync)."""
 
 
 class UserError(Exception):
@@ -228,9 +231,11 @@ class _Syncs:
     def run(self, step: int, *, stop: bool) -> bool:
         """Average the parameters at ``step``; True when the gang agreed to stop here."""
         last = step == self.cfg.max_steps
-        with _sync_comm(f"parameter AllReduce at step {step}", self.cfg.sync_timeout_s):
-            # At the last step the run is complete: finishing beats checkpointing.
-            self.stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
+        with tracing.span("sync", {"shardyard.step": step, "shardyard.sync": self.count + 1}) as span:
+            with _sync_comm(f"parameter AllReduce at step {step}", self.cfg.sync_timeout_s):
+                # At the last step the run is complete: finishing beats checkpointing.
+                self.stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
+            span.set_attribute("shardyard.allreduce_bytes", self.stats.bytes)
         self.count += 1
         previous = self.pacer.interval
         if self.pacer.observe(self.stats.ms, agreed_slow=self.stats.slow) is not None:
@@ -257,7 +262,9 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
     start = 0 if resumed is None else resumed.state.step
     if resumed is not None:
         print(f"{_PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
-    syncs = _Syncs(cfg, model, _init_process_group(cfg), start)
+    with tracing.span("rendezvous", {"shardyard.master": f"{cfg.master_addr}:{cfg.master_port}"}):
+        group = _init_process_group(cfg)
+    syncs = _Syncs(cfg, model, group, start)
     reporter.started(world_size=cfg.world_size, rank=cfg.rank)
 
     model.train()
@@ -324,10 +331,15 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None) -> 
         print(f"{_PREFIX}: {exc}", file=sys.stderr)
         return exitcodes.USER_ERROR
     where = f"{_PREFIX}[rank {cfg.rank}/{cfg.world_size}]"
-    start_watchdog(os.environ if env is None else env)  # stop at once if the agent goes silent
+    source = os.environ if env is None else env
+    start_watchdog(source)  # stop at once if the agent goes silent
     reporter = ProgressReporter(cfg.progress_fd)
+    # The shard continues its job's trace from the agent's launch span (TRACEPARENT); the provider flushes at exit.
+    tracing.configure(SERVICE, source, instance=f"{source.get('SHARDYARD_JOB_ID', '')}/rank-{cfg.rank}")
+    shard: tracing.Attributes = {"shardyard.job_id": source.get("SHARDYARD_JOB_ID", ""), "shardyard.rank": cfg.rank}
     try:
-        outcome = train(cfg, reporter, stop)
+        with tracing.span("shard", shard, parent=tracing.extract(tracing.from_env(source))):
+            outcome = train(cfg, reporter, stop)
     except UserError as exc:
         print(f"{where}: user error: {exc}", file=sys.stderr)
         return exitcodes.USER_ERROR

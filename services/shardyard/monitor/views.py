@@ -1,11 +1,16 @@
 """The monitor's picture of the cluster, folded from every topic. Pure: events in, JSON-ready views out."""
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shardyard.clock import Clock, SystemClock
 from shardyard.events import (
+    AlertFiring,
+    AlertResolved,
     CapacityRequested,
+    FailureCause,
     Heartbeat,
     JobAccepted,
     JobCancelled,
@@ -25,6 +30,7 @@ from shardyard.events import (
     NodeDrain,
     NodeLost,
     NodeState,
+    NodeStatus,
     ReclaimCandidate,
     RedundancyChanged,
     RejectReason,
@@ -37,9 +43,54 @@ from shardyard.events import (
     ShardStarted,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.monitor.alerts import AlertLog, SyncPace
 
 MAX_TIMELINE = 500
 MAX_SERIES = 2000
+SERIES_POINTS = 512
+"""Points of a job's progress series: about a chart's width in pixels, small enough to poll every second."""
+ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})
+"""Shard states whose last throughput no longer counts towards the gang's."""
+
+SeriesPoint = tuple[int, float, float, float]
+"""(step, seconds since the job's first step, rank 0's loss, samples/s of the whole gang)."""
+
+
+@dataclass
+class ProgressSeries:
+    """A job's loss and throughput over steps and time, for the dashboard's curves.
+
+    Bounded without losing the run's shape: when full, every other point goes and from then on only every
+    ``stride``-th report is kept, so a long run shows its whole curve at a coarser grain instead of stopping at its
+    first ``limit`` reports. The newest report is always shown, so the curve ends where the job is. A report whose
+    step goes back (a gang re-formed from an earlier checkpoint) drops the points past it: that work was lost.
+    """
+
+    limit: int = SERIES_POINTS
+    points: list[SeriesPoint] = field(default_factory=list)
+    latest: SeriesPoint | None = None
+    stride: int = 1
+    reports: int = 0
+
+    def add(self, point: SeriesPoint) -> None:
+        if self.latest is not None and point[0] < self.latest[0]:
+            self.points = [p for p in self.points if p[0] < point[0]]
+        self.latest = point
+        self.reports += 1
+        if (self.reports - 1) % self.stride:
+            return
+        self.points.append(point)
+        if len(self.points) >= self.limit:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def columns(self) -> dict[str, Any]:
+        """Column arrays (``step``, ``t_s``, ``loss``, ``samples_per_s``): the shape a chart walks, and compact."""
+        points = list(self.points)
+        if self.latest is not None and (not points or points[-1] != self.latest):
+            points.append(self.latest)
+        step, t_s, loss, rate = (list(column) for column in zip(*points, strict=True)) if points else ([], [], [], [])
+        return {"stride": self.stride, "step": step, "t_s": t_s, "loss": _finite(loss), "samples_per_s": _finite(rate)}
 
 
 @dataclass
@@ -68,8 +119,17 @@ class JobView:
     """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
+    series: ProgressSeries = field(default_factory=ProgressSeries)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # What the alert rules (monitor/alerts.py) read beside the above:
+    reason_since: datetime | None = None
+    """When the scheduler first gave the current pending reason (set by job.unschedulable only)."""
+    running_at: datetime | None = None
+    """When the current attempt's gang was last seen RUNNING."""
+    sync_timeout: ShardFailed | None = None
+    """The newest shard failure of this job by SYNC_TIMEOUT."""
+    sync_pace: SyncPace = field(default_factory=SyncPace)
 
     def pending(self, reason: str | None, message: str, *, node_counts: dict[str, int], waiting_for: list[str]) -> None:
         """Set the current reason (None: none) with its details; every other detail of the last one goes."""
@@ -119,6 +179,11 @@ class JobView:
             "timeline": self.timeline,
         }
 
+    def series_json(self) -> dict[str, Any]:
+        """The dashboard's curves, apart from ``detail()`` so that polling them does not resend the timeline."""
+        max_steps = self.spec.get("max_steps") if self.spec else None
+        return {"job_id": self.job_id, "state": self.state, "max_steps": max_steps, **self.series.columns()}
+
 
 def _waiting(view: JobView, event: JobWaiting) -> None:
     waiting_for = list(event.waiting_for)
@@ -145,6 +210,85 @@ def _scheduled(view: JobView, event: JobScheduled) -> None:
     view.note(event.occurred_at, "scheduled", detail)
 
 
+def _finite(values: list[float]) -> list[float | None]:
+    """A diverged run's NaN or inf as null: JSON has no such numbers, and one would break the whole response."""
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def _series_point(view: JobView, event: ShardProgress) -> SeriesPoint:
+    """Rank 0's step and loss (every rank trains the same averaged model), with the gang's summed throughput."""
+    gang = [s for s in view.shards.values() if s.get("attempt") == event.attempt and s["state"] not in ENDED_SHARD]
+    rate = sum(s.get("samples_per_s", 0.0) for s in gang)
+    since = (event.occurred_at - view.first_step_at).total_seconds() if view.first_step_at else 0.0
+    return (event.step, round(since, 3), event.loss, round(rate, 3))
+
+
+@dataclass
+class SyncTotals:
+    """One shard's parameter syncs summed from its progress reports: counters, so ``rate()`` gives time and bytes
+    per second. Agents report at every sync, so the rare sync between two reports is counted at the later one's
+    figures."""
+
+    attempt: int = 0
+    syncs: int = 0
+    """The last report's count, of this attempt (each attempt's runner counts from 0)."""
+    count: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+@dataclass
+class Telemetry:
+    """What the monitor's metrics need beyond the cluster picture: heartbeat lag, shard failures by cause, recovery
+    times and AllReduce totals. The clock reads arrival times only; every other figure uses the events' own times."""
+
+    clock: Clock = field(default_factory=SystemClock, repr=False)
+    heartbeat_lag_s: dict[str, float] = field(default_factory=dict)
+    """Per node: the monitor's receipt of its last heartbeat minus the heartbeat's ``occurred_at``."""
+    shard_failures: dict[str, int] = field(default_factory=dict)
+    """Failed shard attempts by cause, each (job, shard, attempt) once."""
+    recovery_s: list[float] = field(default_factory=list)
+    """Per recovery: from the first plan (``job.recovering``) to the re-formed gang's first training progress."""
+    syncs: dict[tuple[str, int], SyncTotals] = field(default_factory=dict)
+    _failed: set[tuple[str, int, int]] = field(default_factory=set)
+    _recovering: dict[str, tuple[int, datetime]] = field(default_factory=dict)
+    """Job -> (attempt that failed last, when its recovery began)."""
+
+    def fold(self, event: object) -> None:
+        match event:
+            case Heartbeat():
+                self.heartbeat_lag_s[event.node_id] = (self.clock.now() - event.occurred_at).total_seconds()
+            case ShardFailed() if (event.job_id, event.shard_index, event.attempt) not in self._failed:
+                self._failed.add((event.job_id, event.shard_index, event.attempt))
+                self.shard_failures[event.cause] = self.shard_failures.get(event.cause, 0) + 1
+            case JobRecovering():
+                began = self._recovering.get(event.job_id, (0, event.occurred_at))[1]  # a retry extends the outage
+                self._recovering[event.job_id] = (event.attempt, began)
+            case ShardProgress():
+                self._synced(event)
+                failed = self._recovering.get(event.job_id)
+                if failed is not None and event.attempt > failed[0]:
+                    del self._recovering[event.job_id]
+                    self.recovery_s.append((event.occurred_at - failed[1]).total_seconds())
+            case JobSucceeded() | JobFailed() | JobCancelled():
+                self._recovering.pop(event.job_id, None)
+                for key in [k for k in self.syncs if k[0] == event.job_id]:
+                    del self.syncs[key]
+
+    def _synced(self, event: ShardProgress) -> None:
+        totals = self.syncs.setdefault((event.job_id, event.shard_index), SyncTotals())
+        if event.attempt < totals.attempt:
+            return  # a late report of an attempt already replaced
+        if event.attempt > totals.attempt:
+            totals.attempt, totals.syncs = event.attempt, 0
+        new = event.syncs - totals.syncs
+        if new > 0:
+            totals.count += new
+            totals.seconds += new * event.allreduce_ms / 1000.0
+            totals.bytes += new * event.allreduce_bytes
+            totals.syncs = event.syncs
+
+
 @dataclass
 class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
@@ -162,11 +306,17 @@ class ClusterView:
     """Recovery plans (JobRecovering), each counted once."""
     spare_ratio: float = 0.0
     failure_rate: float = 0.0
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    alerts: AlertLog = field(default_factory=AlertLog)
+    """Alerts as the alerts topic says (every monitor replica's evaluator publishes there)."""
+    consumer_lag: dict[str, int] = field(default_factory=dict)
+    """Messages between this replica's position and each watched topic's end, as last measured (empty: not yet)."""
 
     def job(self, job_id: str) -> JobView:
         return self.jobs.setdefault(job_id, JobView(job_id))
 
     def apply(self, event: object) -> None:
+        self.telemetry.fold(event)
         match event:
             case NodeState():
                 self.nodes[event.node_id] = event
@@ -191,6 +341,8 @@ class ClusterView:
                 pass  # shown through the job's preemption events; elasticity signals are for autoscalers
             case ShardStarted() | ShardProgress() | ShardCompleted() | ShardFailed():
                 self._shard(event)
+            case AlertFiring() | AlertResolved():
+                self.alerts.apply(event)
             case _:
                 self._lifecycle(event)  # type: ignore[arg-type]
 
@@ -227,11 +379,14 @@ class ClusterView:
                 view.pending(None, "", node_counts={}, waiting_for=[])
                 view.note(event.occurred_at, "ready", "dependencies met; waiting for placement")
             case JobUnschedulable():
+                if view.reason != event.reason:
+                    view.reason_since = event.occurred_at
                 view.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
                 view.note(event.occurred_at, "unschedulable", event.message)
             case JobScheduled():
                 _scheduled(view, event)
             case JobRunning():
+                view.running_at = event.occurred_at
                 view.note(event.occurred_at, "running", "every shard started")
             case JobPreempting():
                 if view.preempting != (event.attempt, event.by_job):
@@ -311,6 +466,9 @@ class ClusterView:
                     view.first_step_at = event.occurred_at
                 if event.shard_index == 0 and len(view.loss) < MAX_SERIES:
                     view.loss.append((event.step, event.loss))
+                if event.shard_index == 0:
+                    view.series.add(_series_point(view, event))
+                    view.sync_pace.observe(event.attempt, event.step, event.syncs)
                 if event.shard_index == 0 and event.syncs > previous_syncs:
                     view.note(
                         event.occurred_at,
@@ -325,6 +483,8 @@ class ClusterView:
             case ShardFailed():
                 shard["state"] = "FAILED"
                 shard["cause"] = event.cause
+                if event.cause is FailureCause.SYNC_TIMEOUT:
+                    view.sync_timeout = event
                 view.note(
                     event.occurred_at, "shard failed", f"shard {event.shard_index}: {event.cause}: {event.message}"
                 )
@@ -363,3 +523,25 @@ class ClusterView:
 
     def active_jobs(self) -> int:
         return sum(1 for v in self.jobs.values() if v.state is not None and v.state not in TERMINAL)
+
+    def summary_json(self) -> dict[str, Any]:
+        """The cluster at a glance, for the dashboard's header: one request instead of folding every node and job
+        in the browser each second."""
+        nodes = list(self.nodes.values())
+        gpus = [gpu for node in nodes for gpu in node.gpus]
+        return {
+            "jobs": self.counts(),
+            "active_jobs": self.active_jobs(),
+            "nodes": {status.value: sum(1 for n in nodes if n.status is status) for status in NodeStatus},
+            "draining": sum(1 for n in nodes if n.draining),
+            "gpus": len(gpus),
+            "gpus_allocated": sum(len(n.allocated_gpus) for n in nodes),
+            "gpus_unhealthy": sum(1 for gpu in gpus if not gpu.healthy),
+            "gpu_utilization": sum(gpu.utilization for gpu in gpus) / len(gpus) if gpus else None,
+            "spare_ratio": self.spare_ratio,
+            "failure_rate": self.failure_rate,
+            "preemptions": self.preemptions,
+            "recoveries": self.recoveries,
+            "cancellations": self.cancellations,
+            "dead_letters": self.dead_letters,
+        }

@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry.trace import Span
+
+from shardyard import tracing
 from shardyard.clock import Clock
 from shardyard.events import (
     FailureCause,
@@ -115,14 +118,20 @@ class AgentHandlers:
             return
         if not isinstance(event, ShardAssignment):
             return
+        with tracing.job_span("assignment", event.job_id, attributes=tracing.event_attributes(event)) as span:
+            await self._on_assignment(event, span)
+
+    async def _on_assignment(self, event: ShardAssignment, span: Span) -> None:
         verdict = self.book.on_assignment(event)
+        span.set_attribute("shardyard.verdict", verdict.name)
         if verdict is Verdict.STALE_TERM:
             log.warning("refusing %s: term %d is older than %d", key_of(event), event.term, self.book.max_term)
         if verdict is Verdict.HOLD_SPARE:
             log.info("holding GPUs %s as a spare for %s", event.gpu_indices, key_of(event))
         if verdict is not Verdict.LAUNCH:
             return
-        await self._launch(event)
+        with tracing.job_span("launch", event.job_id, attributes=tracing.event_attributes(event)):
+            await self._launch(event)  # the shard process continues the trace from the launch span
 
     async def _launch(self, assignment: ShardAssignment) -> None:
         key = key_of(assignment)
@@ -137,7 +146,9 @@ class AgentHandlers:
         log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
         spec = LaunchSpec(
             argv=(self.me.python, "-m", "shardyard.training.runner"),
-            env=shard_env(assignment, paths, base_env=self.me.base_env, options=self.me.runner),
+            env=tracing.child_env(
+                shard_env(assignment, paths, base_env=self.me.base_env, options=self.me.runner), assignment.job_id
+            ),
             cwd=Path.cwd(),
             log_path=log_path,
         )

@@ -10,8 +10,10 @@ message. The periodic tick also reports elasticity signals.
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from shardyard import tracing
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
@@ -22,13 +24,20 @@ from shardyard.events import (
     JobPreempted,
     JobReady,
     JobRecovering,
+    JobScheduled,
+    JobSucceeded,
     NodeState,
     RedundancyChanged,
 )
 from shardyard.lifecycle import LifecycleFact
+from shardyard.metrics import observe_cycle
 from shardyard.scheduler.book import SchedulerBook
 
 log = logging.getLogger(__name__)
+
+PLACEMENT_SPANS: Mapping[type[Event], str] = {JobScheduled: "placement"}
+"""A gang's placement decision is one span of its job's trace (from the cycle's start to its publication)."""
+COMPLETION_SPANS: Mapping[type[Event], str] = {JobSucceeded: "completion"}
 
 
 async def _always() -> bool:
@@ -77,7 +86,9 @@ class SchedulerHandlers:
             await self.publish(self.book.on_cancel(event, now))
             return
         if isinstance(event, JobRecovering):
-            await self.publish(self.book.on_recovering(event, now))
+            attributes = tracing.event_attributes(event)
+            with tracing.job_span("re-placement", event.job_id, attributes=attributes):
+                await self.publish(self.book.on_recovering(event, now), spans=PLACEMENT_SPANS)
             self.request_cycle()
             return
         self.book.apply(event)
@@ -95,12 +106,15 @@ class SchedulerHandlers:
     async def on_shard_event(self, event: object) -> None:
         self.book.apply(event)
         if self.leading:
-            await self.publish(self.book.on_shard_event(self.clock.now()))
+            await self.publish(self.book.on_shard_event(self.clock.now()), spans=COMPLETION_SPANS)
             self.request_cycle()
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(
+        self, events: Sequence[Event], *, spans: Mapping[type[Event], str] | None = None, started: int | None = None
+    ) -> None:
         """Publish the leader's decisions, once its lease is confirmed. Decisions already applied to the book that
-        cannot go out leave the book ahead of the log: the replica stops leading and rebuilds."""
+        cannot go out leave the book ahead of the log: the replica stops leading and rebuilds. ``spans`` names the
+        decisions that are a span of their job's trace, begun at ``started`` (ns)."""
         if not events:
             return
         if not self.leading or not await self._confirm():
@@ -108,14 +122,14 @@ class SchedulerHandlers:
             self.leading = False
             self._on_diverged()
             return
-        await self.bus.publish_all(events)
+        await tracing.publish_spanned(self.bus, events, spans or {}, start_time=started)
 
     async def take_over(self, term: int) -> None:
         """Start leading under ``term`` (the book has caught up with the log): carry out what the log says is due
         and was never published (a previous leader may have died between a fact and its consequence)."""
         self.book.term = term
         self.leading = True
-        await self.publish(self.book.on_shard_event(self.clock.now()))
+        await self.publish(self.book.on_shard_event(self.clock.now()), spans=COMPLETION_SPANS)
         await self.cycle()
 
     def request_cycle(self) -> None:
@@ -138,7 +152,11 @@ class SchedulerHandlers:
 
     async def cycle(self) -> None:
         if self.leading:
-            await self.publish(self.book.cycle(self.clock.now()))
+            started = time.time_ns()
+            began = self.clock.monotonic()
+            decided = self.book.cycle(self.clock.now())
+            observe_cycle(self.clock.monotonic() - began, decided)  # the decision's own latency, not publishing's
+            await self.publish(decided, spans=PLACEMENT_SPANS, started=started)
 
     async def tick(self) -> None:
         """The periodic cycle (time-based rules: aging, max_wait, preemption deadlines) and elasticity signals."""

@@ -1,0 +1,81 @@
+"""Alerts: the monitor's rules over the cluster view start (``alert.firing``) and end (``alert.resolved``).
+
+Both go to the one-partition alerts topic keyed by ``RULE/subject``, so every monitor replica folds the same alert
+history in the same order. One alert is one (rule, subject) pair; ``since`` names its episode: a resolution ends the
+episode whose ``since`` it carries, and an event id made from (rule, subject, since, kind) lets any consumer drop the
+duplicate that two replicas deciding the same transition at the same moment may publish.
+"""
+
+from datetime import datetime
+from enum import StrEnum
+from hashlib import sha256
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from shardyard.events.base import AwareDatetime, Event
+
+
+class AlertRule(StrEnum):
+    """What an alert watches; each has a Prometheus twin in ``deploy/prometheus/alerts.yml``."""
+
+    RESOURCE_SHORTAGE = "RESOURCE_SHORTAGE"
+    """A job has waited for capacity (no fit, GPU model, free GPUs...) longer than the limit."""
+    SYNC_TIMEOUT = "SYNC_TIMEOUT"
+    """A shard of the job failed a parameter sync that exceeded the sync timeout, recently."""
+    SLOW_SYNC = "SLOW_SYNC"
+    """Slow parameter syncs widened the job's sync interval beyond the one it asked for."""
+    NODE_SUSPECT = "NODE_SUSPECT"
+    NODE_LOST = "NODE_LOST"
+    GPU_OVER_TEMPERATURE = "GPU_OVER_TEMPERATURE"
+    HEARTBEAT_LAG = "HEARTBEAT_LAG"
+    """A node's newest heartbeat is older than the limit (before or beside SUSPECT: a slow agent or bus)."""
+    CONSUMER_LAG = "CONSUMER_LAG"
+    """A monitor replica reads the topics too far behind their ends: everything it shows is late."""
+    NO_PROGRESS = "NO_PROGRESS"
+    """A running job reported no training step for longer than the limit."""
+
+
+class AlertSeverity(StrEnum):
+    WARNING = "WARNING"
+    CRITICAL = "CRITICAL"
+
+
+def alert_key(rule: AlertRule, subject: str) -> str:
+    """``RULE/subject``: the alert's identity and its partition key."""
+    return f"{rule}/{subject}"
+
+
+def alert_event_id(kind: str, rule: AlertRule, subject: str, since: datetime) -> str:
+    """The same for the same transition decided by any replica, so duplicates are recognisable."""
+    return sha256(f"{kind}|{rule}|{subject}|{since.isoformat()}".encode()).hexdigest()[:32]
+
+
+class AlertFiring(Event):
+    """A rule's condition holds (for its ``for`` duration, where it has one) for ``subject``."""
+
+    type: Literal["alert.firing"] = "alert.firing"
+    rule: AlertRule
+    subject: str = Field(min_length=1, description="what the alert is about: a node id, a job id, node/gpu, a replica")
+    severity: AlertSeverity
+    summary: str = Field(description="one line for people: what is wrong and by how much")
+    value: float = Field(description="the measure the rule compared: seconds, degrees, messages, a ratio")
+    threshold: float = Field(description="the limit ``value`` passed")
+    since: AwareDatetime = Field(description="when the condition began (data time where the data says)")
+
+
+class AlertResolved(Event):
+    """The condition of the alert that has fired since ``since`` no longer holds."""
+
+    type: Literal["alert.resolved"] = "alert.resolved"
+    rule: AlertRule
+    subject: str = Field(min_length=1)
+    severity: AlertSeverity
+    summary: str
+    value: float | None = Field(default=None, description="the measure now, when there still is one")
+    threshold: float
+    since: AwareDatetime = Field(description="the ``since`` of the firing this resolves")
+
+
+AlertEvent = Annotated[AlertFiring | AlertResolved, Field(discriminator="type")]
+"""What the alerts topic carries."""

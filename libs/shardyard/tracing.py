@@ -1,0 +1,430 @@
+"""Traces: one job is one trace, carried from process to process in Kafka headers (W3C trace context).
+
+Services talk only through Kafka, so the trace context travels with the messages: every event about a job (an event
+with a ``job_id``) is published with ``traceparent`` / ``tracestate`` headers, and every consumer records the context
+it read for that job. That record (:class:`JobTraces`, one per process) is what later publications about the job
+carry, also those decided long after the message that brought the context (a scheduler cycle, a periodic tick, a
+shard that ends minutes later). The trace is fixed when a job is admitted: facts with another trace for the same job
+(the rejection of a duplicate submission) do not move it, a new acceptance of the id does.
+
+Spans mark the decisions, not the traffic: ``submit`` (CLI), ``admission`` (queue), ``placement``,
+``re-placement`` and ``completion`` (scheduler), ``recovery-plan`` (fault manager), ``assignment`` and ``launch``
+(agent), ``shard``, ``rendezvous`` and ``sync`` (each shard process). Heartbeats, node states and progress reports
+start none. A shard process continues the trace from ``TRACEPARENT`` in its environment.
+
+Why not FastStream's ``KafkaTelemetryMiddleware``: it starts a span for every message published and consumed (one a
+second per node for heartbeats alone) and knows nothing of jobs; it also does not cover the follower (plain
+aiokafka) or the shard processes.
+
+Export is off unless the standard variables ask for it (:func:`export_plan`); without a provider the API's no-op
+tracer still hands the incoming context on, so a process without export keeps a trace connected at almost no cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol
+
+from opentelemetry import context, trace
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+if TYPE_CHECKING:  # the SDK loads only where export is on; the events only for typing (shards do not import them)
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from shardyard.events import Event
+
+log = logging.getLogger(__name__)
+
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+HEADER_NAMES: Final = frozenset({TRACEPARENT, TRACESTATE})
+ENV_NAMES: Final = {TRACEPARENT: "TRACEPARENT", TRACESTATE: "TRACESTATE"}
+"""A child process's environment carries the context under these names (the OTel environment-carrier convention)."""
+
+NAMESPACE: Final = "shardyard"
+ACCEPTED: Final = "job.accepted"
+"""The type of the event that (re)starts a job's trace: its admission."""
+JOB_ID: Final = "shardyard.job_id"
+DEFAULT_CAPACITY: Final = 10_000
+
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+_TRACER: Final = trace.get_tracer("shardyard")
+_JOB_KEY: Final = context.create_key("shardyard-job")
+"""The job the current span belongs to: a publication about that job carries the current span, others do not."""
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What the standard OpenTelemetry variables ask this process to export."""
+
+    exporters: tuple[str, ...]
+    """``otlp`` and/or ``console``."""
+    protocol: str
+    """``http/protobuf`` or ``grpc`` (OTLP only)."""
+    endpoint: str
+    """The OTLP traces endpoint (for http/protobuf: the full URL, ``.../v1/traces``)."""
+
+
+def export_plan(env: Mapping[str, str]) -> ExportPlan | None:
+    """None (export nothing) unless the environment asks for traces: ``OTEL_TRACES_EXPORTER`` names exporters, or an
+    OTLP endpoint is set (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``). Unlike the SDK's
+    own default (``otlp`` to localhost), nothing is exported by default: a laptop cluster has no collector."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    named = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if named:
+        exporters = tuple(dict.fromkeys(part.strip() for part in named.split(",") if part.strip() != "none"))
+    else:
+        exporters = ("otlp",) if signal_endpoint or base_endpoint else ()
+    exporters = tuple(name for name in exporters if name)
+    if not exporters:
+        return None
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    ).strip()
+    if signal_endpoint:
+        endpoint = signal_endpoint
+    elif protocol == "grpc":
+        endpoint = base_endpoint or "http://localhost:4317"
+    else:
+        endpoint = (base_endpoint or "http://localhost:4318").rstrip("/") + "/v1/traces"
+    return ExportPlan(exporters=exporters, protocol=protocol, endpoint=endpoint)
+
+
+_provider: TracerProvider | None = None
+
+
+def configure(service: str, env: Mapping[str, str], *, instance: str | None = None) -> bool:
+    """Install this process's tracer provider (``service.name`` = ``service``) when ``env`` asks for export; True
+    when it did. Once per process: later calls change nothing. The provider flushes and shuts down at exit (the
+    SDK's exit hook), so a short-lived process (a shard, the CLI) still delivers its spans."""
+    global _provider
+    if _provider is not None:
+        return True
+    plan = export_plan(env)
+    if plan is None:
+        return False
+    exporters = [exporter for name in plan.exporters if (exporter := _exporter(name, plan)) is not None]
+    if not exporters:
+        return False
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create(
+        {
+            "service.name": service,
+            "service.namespace": NAMESPACE,
+            "service.instance.id": instance or f"{socket.gethostname()}-{os.getpid()}",
+            "process.pid": os.getpid(),
+        }
+    )
+    provider = TracerProvider(resource=resource)  # the sampler follows OTEL_TRACES_SAMPLER (default: parent-based)
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_* tune the batching
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    log.info("exporting traces of %s to %s (%s)", service, plan.endpoint, ", ".join(plan.exporters))
+    return True
+
+
+def _exporter(name: str, plan: ExportPlan) -> SpanExporter | None:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported (otlp, console): ignored", name)
+        return None
+    if plan.protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            log.warning("OTLP over grpc needs opentelemetry-exporter-otlp-proto-grpc; no traces are exported")
+            return None
+        grpc_exporter: SpanExporter = GrpcExporter(endpoint=plan.endpoint)
+        return grpc_exporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=plan.endpoint)
+
+
+def flush(timeout_ms: int = 5000) -> bool:
+    """Export what is buffered now (True when it all went out, or there is no provider)."""
+    return _provider.force_flush(timeout_ms) if _provider is not None else True
+
+
+# --- carriers ----------------------------------------------------------------------------------------------------
+
+
+def inject(span_context: SpanContext) -> dict[str, str]:
+    """``traceparent`` (and ``tracestate`` when there is one) for ``span_context``."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(span_context)))
+    return carrier
+
+
+def extract(carrier: Mapping[str, str]) -> SpanContext | None:
+    """The span context in a ``traceparent`` / ``tracestate`` carrier; None when there is none or it is malformed."""
+    if TRACEPARENT not in carrier:
+        return None
+    found = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return found if found.is_valid else None
+
+
+def carrier_of(current_span: Span) -> dict[str, str]:
+    """The carrier that makes a receiver's spans children of ``current_span``; empty when it is not sampled into a
+    trace (no provider and no parent)."""
+    span_context = current_span.get_span_context()
+    return inject(span_context) if span_context.is_valid else {}
+
+
+def from_headers(headers: Iterable[tuple[str, bytes]] | None) -> dict[str, str]:
+    """The trace-context entries of Kafka record headers, decoded."""
+    return {name: value.decode("latin-1") for name, value in headers or () if name in HEADER_NAMES and value}
+
+
+def to_headers(carrier: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """A carrier as Kafka record headers (what aiokafka's producer takes)."""
+    return [(name, value.encode("latin-1")) for name, value in carrier.items()]
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The carrier a parent process left in ``TRACEPARENT`` / ``TRACESTATE``."""
+    return {name: env[var] for name, var in ENV_NAMES.items() if env.get(var)}
+
+
+def child_env(env: Mapping[str, str], job_id: str, traces: JobTraces | None = None) -> dict[str, str]:
+    """``env`` for a child process that continues ``job_id``'s trace: the job's current context, never one the
+    parent inherited."""
+    out = {name: value for name, value in env.items() if name not in ENV_NAMES.values()}
+    span_context = current(job_id, traces or JOBS)
+    if span_context is not None:
+        out.update({ENV_NAMES[name]: value for name, value in inject(span_context).items()})
+    return out
+
+
+# --- the job -> trace record -------------------------------------------------------------------------------------
+
+
+class JobTraces:
+    """Per job, the newest span context this process knows of that job's trace; bounded (least recently recorded
+    jobs are forgotten first), because a long-running service sees an unbounded number of jobs."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._contexts: OrderedDict[str, SpanContext] = OrderedDict()
+
+    def record(self, job_id: str, span_context: SpanContext, *, restart: bool = False) -> None:
+        """Remember ``span_context`` for ``job_id``; a context of another trace replaces the job's only with
+        ``restart`` (the job was admitted anew) or when the job has none."""
+        if not span_context.is_valid:
+            return
+        known = self._contexts.get(job_id)
+        if known is not None and known.trace_id != span_context.trace_id and not restart:
+            return
+        self._contexts[job_id] = span_context
+        self._contexts.move_to_end(job_id)
+        while len(self._contexts) > self.capacity:
+            self._contexts.popitem(last=False)
+
+    def get(self, job_id: str) -> SpanContext | None:
+        return self._contexts.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+
+JOBS: Final = JobTraces()
+"""This process's record. Process-wide like the tracer provider itself: the bus layer and the handlers share it."""
+
+
+_NAMES_A_JOB: dict[type, bool] = {}
+
+
+def _may_name_a_job(kind: type) -> bool:
+    """False for event models without a ``job_id`` field (heartbeats, node states): no attribute lookup per message."""
+    known = _NAMES_A_JOB.get(kind)
+    if known is None:
+        fields = getattr(kind, "model_fields", None)
+        known = _NAMES_A_JOB[kind] = "job_id" in fields if isinstance(fields, dict) else True
+    return known
+
+
+def job_of(event: object) -> str | None:
+    """The job an event is about (any event with a ``job_id``), else None."""
+    if not _may_name_a_job(type(event)):
+        return None
+    job_id = getattr(event, "job_id", None)
+    return job_id if isinstance(job_id, str) and job_id else None
+
+
+def observe(event: object, headers: Iterable[tuple[str, bytes]] | None, traces: JobTraces = JOBS) -> None:
+    """A consumed message: record the trace context it carries for its job. An acceptance (re)starts the job's
+    trace; any other fact only moves it along within that trace."""
+    job_id = job_of(event)
+    if job_id is None or not headers:
+        return
+    span_context = extract(from_headers(headers))
+    if span_context is not None:
+        traces.record(job_id, span_context, restart=getattr(event, "type", None) == ACCEPTED)
+
+
+def current(job_id: str, traces: JobTraces = JOBS) -> SpanContext | None:
+    """The context a publication about ``job_id`` carries: the current span when it belongs to that job, else the
+    job's recorded context."""
+    if context.get_value(_JOB_KEY) == job_id:
+        span_context = trace.get_current_span().get_span_context()
+        if span_context.is_valid:
+            return span_context
+    return traces.get(job_id)
+
+
+def headers_for(event: Event, traces: JobTraces = JOBS) -> dict[str, str] | None:
+    """Kafka headers for publishing ``event``: its job's trace context, or None (not about a job, or no trace)."""
+    job_id = job_of(event)
+    if job_id is None:
+        return None
+    span_context = current(job_id, traces)
+    return inject(span_context) if span_context is not None else None
+
+
+# --- spans -------------------------------------------------------------------------------------------------------
+
+Attributes = Mapping[str, AttributeValue]
+
+
+def event_attributes(event: object) -> dict[str, AttributeValue]:
+    """The identifying fields of an event, as span attributes."""
+    out: dict[str, AttributeValue] = {}
+    for name in ("job_id", "attempt", "shard_index", "node_id", "cause"):
+        value = getattr(event, name, None)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            out[f"shardyard.{name}"] = str(value) if isinstance(value, str) else value
+    return out
+
+
+def _rooted(parent: SpanContext | None) -> context.Context:
+    """A fresh context (nothing of the caller's current one) whose span is ``parent``; empty: a new trace."""
+    empty = context.Context()
+    return empty if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), empty)
+
+
+def _start(
+    name: str,
+    job_id: str,
+    parent: SpanContext | None,
+    *,
+    start_time: int | None,
+    attributes: Attributes | None,
+    kind: SpanKind,
+) -> Span:
+    return _TRACER.start_span(
+        name,
+        context=_rooted(parent),
+        kind=kind,
+        start_time=start_time,
+        attributes={JOB_ID: job_id, **(attributes or {})},
+    )
+
+
+@contextmanager
+def _within(job_id: str, span: Span) -> Iterator[None]:
+    """Make ``span`` current, as ``job_id``'s (publications about that job inside carry it)."""
+    token = context.attach(context.set_value(_JOB_KEY, job_id, trace.set_span_in_context(span)))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+@contextmanager
+def job_span(
+    name: str,
+    job_id: str,
+    *,
+    parent: SpanContext | None = None,
+    restart: bool = False,
+    start_time: int | None = None,
+    attributes: Attributes | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    traces: JobTraces = JOBS,
+) -> Iterator[Span]:
+    """A span of ``job_id``'s trace: a child of ``parent``, by default the job's recorded context (a new trace when
+    there is none). Inside it, publications about the job are its children, and it stays the job's recorded context
+    afterwards. An exception marks it failed."""
+    origin = parent if parent is not None else traces.get(job_id)
+    started = _start(name, job_id, origin, start_time=start_time, attributes=attributes, kind=kind)
+    traces.record(job_id, started.get_span_context(), restart=restart)
+    with trace.use_span(started, end_on_exit=True), _within(job_id, started):
+        yield started
+
+
+@contextmanager
+def span(name: str, attributes: Attributes | None = None, *, parent: SpanContext | None = None) -> Iterator[Span]:
+    """A span in the current context (or under ``parent``): for code that is not about one job's events, such as a
+    shard process's own work."""
+    base = None if parent is None else _rooted(parent)
+    with _TRACER.start_as_current_span(name, context=base, attributes=attributes) as current_span:
+        yield current_span
+
+
+class Publisher(Protocol):
+    async def publish(self, event: Event) -> None: ...
+
+
+async def publish_spanned(
+    bus: Publisher,
+    events: Sequence[Event],
+    names: Mapping[type[Event], str],
+    *,
+    start_time: int | None = None,
+    traces: JobTraces = JOBS,
+) -> None:
+    """Publish ``events`` in order. The first event of a type in ``names`` opens that span for its job (from
+    ``start_time``: when the decision began), and it and the job's later events in the batch are published inside
+    it; the spans end once the batch is out. Order is kept across jobs: per-node assignment order matters."""
+    opened: dict[str, Span] = {}
+    try:
+        for event in events:
+            job_id = job_of(event)
+            name = names.get(type(event))
+            if job_id is not None and name is not None and job_id not in opened:
+                started = _start(
+                    name,
+                    job_id,
+                    traces.get(job_id),
+                    start_time=start_time,
+                    attributes=event_attributes(event),
+                    kind=SpanKind.INTERNAL,
+                )
+                traces.record(job_id, started.get_span_context())
+                opened[job_id] = started
+            if job_id is not None and job_id in opened:
+                with _within(job_id, opened[job_id]):
+                    await bus.publish(event)
+            else:
+                await bus.publish(event)
+    except Exception as exc:
+        for failed in opened.values():
+            failed.record_exception(exc)
+            failed.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        for done in opened.values():
+            done.end()
