@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from shardyard.bus.replay import replay
-from shardyard.bus.topics import REDUNDANCY
+from shardyard.bus.topics import ALERTS, REDUNDANCY
 from shardyard.cli import client
 from shardyard.cli.cluster import ClusterInfo, get_json
-from shardyard.events import RedundancyChanged
+from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
 
@@ -267,7 +267,12 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
     assert any(attempt > 1 for (_job, _rank, attempt, _pid) in watch.seen), "no fault reached a running gang"
 
     ratios: list[RedundancyChanged] = []
+    alerts: list[AlertFiring | AlertResolved] = []
     asyncio.run(replay(info.bootstrap, [REDUNDANCY], lambda _topic, event: ratios.append(event)))
+    asyncio.run(replay(info.bootstrap, [ALERTS], lambda _topic, event: alerts.append(event)))
+    # The paused node's suspicion was an alert that fired, and resolved once it heartbeat again.
+    suspected = [type(a).__name__ for a in alerts if a.rule is AlertRule.NODE_SUSPECT and a.subject == paused]
+    assert "AlertFiring" in suspected and "AlertResolved" in suspected, [(a.rule, a.subject) for a in alerts]
     before = [e.ratio for e in ratios if e.occurred_at < first_fault]
     after = [e.ratio for e in ratios if e.occurred_at >= first_fault]
     assert max(after, default=0.0) > (before[-1] if before else 0.0), f"the spare ratio did not rise: {ratios}"

@@ -314,13 +314,29 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
         return Outcome(steps=step, loss=loss_value, preempted=True)
 
     if cfg.rank == 0:
-        save_pretrained(model, cfg.output_dir)  # replaces the output directory, the last checkpoint with it
+        _save_final(model, cfg.output_dir)
     with _comm("final barrier"):
         dist.barrier()
     dist.destroy_process_group()
     checkpoint_dir = cfg.output_dir if cfg.rank == 0 else None
     reporter.finished(final_loss=loss_value, steps=cfg.max_steps, checkpoint_dir=checkpoint_dir)
     return Outcome(steps=cfg.max_steps, loss=loss_value, preempted=False)
+
+
+def _save_final(model: TinyGPT, output_dir: Path) -> None:
+    """The final model replaces the output directory, and the last checkpoint is carried into the new one. A gang can
+    be re-formed after this shard finished (its agent was paused or cut off before the end reached the bus, and the
+    node was suspected): the new attempt then resumes from that checkpoint instead of failing on a missing one."""
+    checkpoint = output_dir / CHECKPOINT_SUBDIR
+    parked = output_dir.with_name(f".{output_dir.name}.{CHECKPOINT_SUBDIR}-{os.getpid()}")
+    carried = checkpoint.is_dir()
+    if carried:
+        os.replace(checkpoint, parked)
+    try:
+        save_pretrained(model, output_dir)  # replaces the output directory atomically
+    finally:
+        if carried:
+            os.replace(parked, output_dir / CHECKPOINT_SUBDIR)
 
 
 def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None) -> int:
