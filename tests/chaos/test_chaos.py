@@ -65,7 +65,7 @@ def job_document(index: int) -> dict[str, Any]:
         "dependencies": {"pretrained_model": "/data/models/gpt2_pretrained", "dataset": "/data/datasets/wikitext"},
         "shard_count": shards,
         "sync_interval": 10,
-        "training": {"max_steps": 120, "batch_size": 2, "seed": index},
+        "training": {"max_steps": 100, "batch_size": 2, "seed": index},
     }
 
 
@@ -78,7 +78,7 @@ class Seen:
 
 @dataclass
 class ProcessWatch:
-    """Samples the process table: every live ``shardyard.training.runner`` process of a chaos job."""
+    """Samples the process table: every live shard process (``shardyard.training.shard``) of a chaos job."""
 
     seen: dict[tuple[str, int, int, int], Seen] = field(default_factory=dict)
     """(job, rank, attempt, pid) -> when the process was first and last seen alive, and its agent."""
@@ -113,7 +113,7 @@ class ProcessWatch:
                 continue
             try:
                 cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-                if b"shardyard.training.runner" not in cmdline:
+                if b"shardyard.training." not in cmdline:
                     continue
                 stat = Path(f"/proc/{name}/stat").read_text()
                 state, ppid = stat.rsplit(")", 1)[1].split()[:2]

@@ -6,12 +6,14 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.training.artifacts import create_demo_artifacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
@@ -177,3 +179,48 @@ def test_an_independent_kafka_client_submits_like_the_cli(cluster: Path) -> None
     produce_with_kafka_python(ClusterInfo.load(cluster).bootstrap, "kafka-python-job")
     view = wait_for_end(cluster, "kafka-python-job")
     assert view.get("state") == "SUCCEEDED", view
+
+
+S7_METRICS = {
+    # S7 item -> (metric family, labels a sample must carry; "{job}" stands for the running job's id)
+    "job state": ("shardyard_jobs", {"state": "RUNNING"}),
+    "training step": ("shardyard_shard_step", {"job": "{job}"}),
+    "loss": ("shardyard_shard_loss", {"job": "{job}"}),
+    "GPU utilisation": ("shardyard_gpu_utilization_ratio", {}),
+    "GPU memory (resource use)": ("shardyard_gpu_memory_used_bytes", {}),
+    "CPU utilisation": ("shardyard_shard_cpu_ratio", {"job": "{job}"}),
+    "node CPU load": ("shardyard_node_cpu_load_ratio", {}),
+    "data-transfer rate (bytes)": ("shardyard_allreduce_bytes", {"job": "{job}"}),
+    "data-transfer rate (seconds)": ("shardyard_allreduce_seconds", {"job": "{job}"}),
+    "AllReduce time": ("shardyard_allreduce_last_seconds", {"job": "{job}"}),
+    "network latency": ("shardyard_node_mean_rtt_seconds", {}),
+    "node health": ("shardyard_node_status", {"status": "ALIVE"}),
+    "throughput": ("shardyard_shard_samples_per_second", {"job": "{job}"}),
+}
+
+
+def test_a_running_job_shows_every_s7_metric(cluster: Path) -> None:
+    submitted = cli("submit", "-", run_dir=cluster, stdin=job("s7-metrics", max_steps=20000, batch_size=2))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    info = ClusterInfo.load(cluster).live()
+    deadline = time.monotonic() + 180
+    while True:
+        found = get_json(f"{info.monitor_url}/api/jobs/s7-metrics")
+        if found.get("state") == "RUNNING" and all(s.get("syncs", 0) >= 1 for s in found["shards"].values()):
+            break
+        assert time.monotonic() < deadline, f"s7-metrics did not sync in time: {found.get('state')}"
+        time.sleep(0.25)
+    with urllib.request.urlopen(f"{info.monitor_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    missing = []
+    for item, (name, wanted) in S7_METRICS.items():
+        labels = {k: v.replace("{job}", "s7-metrics") for k, v in wanted.items()}
+        if not any(
+            s.name.removesuffix("_total") == name and all(s.labels.get(k) == v for k, v in labels.items())
+            for s in samples
+        ):
+            missing.append(f"{item}: {name}{labels}")
+    assert missing == [], missing
+    cancelled = cli("cancel", "s7-metrics", run_dir=cluster)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr

@@ -339,7 +339,7 @@ def _save_final(model: TinyGPT, output_dir: Path) -> None:
             os.replace(parked, output_dir / CHECKPOINT_SUBDIR)
 
 
-def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None) -> int:
+def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, watch_lease: bool = True) -> int:
     stop = StopFlag.install() if stop is None else stop  # first: a stop request must never kill the shard
     try:
         cfg = RunConfig.from_env(os.environ if env is None else env)

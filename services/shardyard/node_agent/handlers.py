@@ -145,7 +145,7 @@ class AgentHandlers:
         job, shard, attempt = key
         log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
         spec = LaunchSpec(
-            argv=(self.me.python, "-m", "shardyard.training.runner"),
+            argv=(self.me.python, "-m", "shardyard.training.shard"),
             env=tracing.child_env(
                 shard_env(assignment, paths, base_env=self.me.base_env, options=self.me.runner), assignment.job_id
             ),
