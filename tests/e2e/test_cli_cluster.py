@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,7 +206,10 @@ def test_a_running_job_shows_every_s7_metric(cluster: Path) -> None:
     info = ClusterInfo.load(cluster).live()
     deadline = time.monotonic() + 180
     while True:
-        found = get_json(f"{info.monitor_url}/api/jobs/s7-metrics")
+        try:
+            found = get_json(f"{info.monitor_url}/api/jobs/s7-metrics")
+        except urllib.error.URLError:  # 404 until the monitor has seen the job accepted
+            found = {}
         if found.get("state") == "RUNNING" and all(s.get("syncs", 0) >= 1 for s in found["shards"].values()):
             break
         assert time.monotonic() < deadline, f"s7-metrics did not sync in time: {found.get('state')}"
