@@ -23,7 +23,7 @@ EXAMPLE = json.loads((ROOT / "examples" / "fine_tune_gpt2.json").read_text())
 
 
 def cli(
-    *args: str, run_dir: Path, stdin: bytes | None = None, timeout: float = 300
+    *args: str, run_dir: Path, stdin: bytes | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "shardyard.cli.main", "--run-dir", str(run_dir), *args],
@@ -31,7 +31,7 @@ def cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
 

@@ -8,10 +8,8 @@ import math
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -23,7 +21,7 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
 from shardyard.embedded import free_port
 from shardyard.events import GpuStatus, JobAccepted, JobReady, JobRunning, JobSucceeded, ServiceReady
-from tests.support.events import Producer, Watcher
+from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service
 from tests.unit.builders import GIB, completed, job_spec, node_state, progress, scheduled, started
 
@@ -121,20 +119,6 @@ def get(url: str) -> Any:
         return json.loads(response.read())
 
 
-async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:
-    """``probe``'s first truthy answer within the deadline; HTTP errors (404 before the event lands) mean not yet."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            found = await probe()
-            if found:
-                return found
-        except OSError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the monitor never showed {what} within {timeout_s}s")
-
-
 def gpus(node: int) -> tuple[GpuStatus, ...]:
     return tuple(
         GpuStatus(
@@ -201,7 +185,7 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
                 shown = {n["node_id"] for n in nodes["nodes"]}
                 return len(series["step"]) == STEPS and set(NODES) <= shown and series["state"] == "RUNNING"
 
-            await until(curve_complete, f"every node and all {STEPS} points of {JOB}'s curve")
+            await eventually(curve_complete, f"every node and all {STEPS} points of {JOB}'s curve")
 
             folder = artefacts()
             screenshot = folder / "dashboard.png"
@@ -239,6 +223,6 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             async def succeeded() -> bool:
                 return bool((await asyncio.to_thread(get, f"{base}/api/jobs/{JOB}"))["state"] == "SUCCEEDED")
 
-            await until(succeeded, f"{JOB} SUCCEEDED")
+            await eventually(succeeded, f"{JOB} SUCCEEDED")
             ended = Dom(render(page, "--dump-dom", tmp_path / "profile-end")).all_text()
             assert "SUCCEEDED" in ended and "succeeded" in ended  # the badge, and the timeline's entry

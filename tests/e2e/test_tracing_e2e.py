@@ -6,8 +6,6 @@ import asyncio
 import gzip
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -27,7 +25,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.training.artifacts import create_demo_artifacts
-from tests.e2e.test_cli_cluster import EXAMPLE
+from tests.e2e.test_cli_cluster import EXAMPLE, cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -119,19 +117,6 @@ class OtlpReceiver:
     def __exit__(self, *_exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def cli(
-    *args: str, run_dir: Path, env: dict[str, str], stdin: bytes | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardyard.cli.main", "--run-dir", str(run_dir), *args],
-        input=stdin.decode() if stdin is not None else None,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ fires and resolves on the alerts topic, and both replicas show the same in /api/
 import asyncio
 import json
 import urllib.request
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import ALERTS, DEADLETTER, SERVICES
 from shardyard.embedded import free_port
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, NodeStatus, ServiceReady
-from tests.support.events import Producer, Watcher
+from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service
 from tests.unit.builders import node_state
 
@@ -27,20 +26,6 @@ NODE = "alerts-n1"
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read())
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:
-    """``probe``'s first truthy answer within ``timeout_s``; an HTTP error (not listening yet) counts as not yet."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        try:
-            found = await probe()
-            if found:
-                return found
-        except OSError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 async def alerts_of(port: int) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 import asyncio
 import json
 import urllib.request
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from shardyard.events import (
     RejectReason,
     ServiceReady,
 )
-from tests.support.events import Producer, Watcher
+from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service
 
 pytestmark = pytest.mark.broker
@@ -38,19 +37,6 @@ pytestmark = pytest.mark.broker
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read())
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, attempts: int = 200) -> Any:
-    """``probe``'s first truthy answer; HTTP errors (a 404 before the event arrived) count as not yet."""
-    for _ in range(attempts):
-        try:
-            found = await probe()
-            if found:
-                return found
-        except OSError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the monitor never showed {what}")
 
 
 async def test_status_api_and_metrics(bootstrap: str, log_dir: Path) -> None:

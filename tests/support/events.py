@@ -4,7 +4,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -90,6 +90,21 @@ class Watcher:
     async def first(self, kind: type, *, timeout_s: float = 30.0, **fields: Any) -> Any:
         found = await self.until(lambda: self.of(kind, **fields), timeout_s=timeout_s, what=f"{kind.__name__} {fields}")
         return found[0]
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:
+    """``probe``'s first truthy answer within ``timeout_s``; an HTTP error (a 404 before the event arrived, a server
+    not listening yet) counts as not yet."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            found = await probe()
+            if found:
+                return found
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def dumps(document: Any) -> bytes:
