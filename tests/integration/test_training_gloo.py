@@ -17,6 +17,7 @@ from shardyard.training.artifacts import DemoArtifacts, create_demo_artifacts
 from shardyard.training.checkpoint import OPTIMIZER_FILE
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.model import TinyGPTConfig, load_pretrained
+from shardyard.training.runner import TERMINATED_EXIT
 from tests.support.runners import Launcher, runners, until
 from tests.support.runners import train_env as _train_env
 from tests.support.runners import wait_exit as _wait
@@ -152,8 +153,9 @@ def test_sigterm_ends_a_shard_promptly_and_its_peer_exits_comm_error(
         assert shard.got_line.wait(timeout=60), f"rank {shard.rank} never reported:\n{shard.stderr()}"
     t_kill = time.monotonic()
     rank1.proc.send_signal(signal.SIGTERM)
-    assert _wait(rank1, 10) == -signal.SIGTERM
+    assert _wait(rank1, 10) == TERMINATED_EXIT, rank1.stderr()
     assert classify_exit(rank1.proc.returncode) is ExitCause.KILLED
+    assert "terminated after step" in rank1.stderr()
     assert _wait(rank0, 30) == exitcodes.COMM_ERROR, rank0.stderr()
     assert classify_exit(rank0.proc.returncode) is ExitCause.COMM_ERROR
     assert "communication error" in rank0.stderr()
@@ -172,7 +174,7 @@ def _sync_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[
     return _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_SYNC_INTERVAL="10", **extra)
 
 
-def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_from_it(
+def test_a_killed_ranks_peer_leaves_its_state_and_the_gang_resumes_from_it(
     artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
 ) -> None:
     output_dir = tmp_path / "out"
@@ -185,16 +187,19 @@ def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_
     assert _wait(rank0, 60) == exitcodes.COMM_ERROR, rank0.stderr()
 
     syncs = rank0.sync_lines()
-    checkpoints = rank0.of("checkpointed")
-    assert [c["step"] for c in checkpoints] == [s["step"] for s in syncs]  # one per sync, in order, none lost
-    assert all(c["checkpoint_dir"] == str(checkpoint) for c in checkpoints)
-    last = syncs[-1]["step"]
+    *periodic, rescue = rank0.of("checkpointed")
+    assert [c["step"] for c in periodic] == [s["step"] for s in syncs]  # one per sync, in order, none lost
+    # The sync after the kill failed: rank 0 had completed that step, and left it (its own parameters) as the rescue.
+    assert rescue["step"] == syncs[-1]["step"] + 10
+    assert "the gang broke" in rank0.stderr()
+    assert all(c["checkpoint_dir"] == str(checkpoint) for c in (*periodic, rescue))
+    last = rescue["step"]
     state = json.loads((checkpoint / "state.json").read_text())
     assert state["step"] == last and last % 10 == 0
     assert load_pretrained(checkpoint).config == TEST_MODEL
-    assert sorted(p.name for p in output_dir.iterdir()) == ["checkpoint"]  # no temp or old copies left behind
-    snapshot = sorted(c["snapshot_ms"] for c in checkpoints)
-    write = sorted(c["write_ms"] for c in checkpoints)
+    assert sorted(p.name for p in output_dir.iterdir()) == [".checkpoint.lock", "checkpoint"]  # no temp or old copies
+    snapshot = sorted(c["snapshot_ms"] for c in periodic)
+    write = sorted(c["write_ms"] for c in periodic)
 
     resumed = launch(
         2,
@@ -212,7 +217,7 @@ def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_
     for shard in resumed:
         assert shard.progress()[0]["step"] == last + 1 and shard.lines[-1]["steps"] == last + 30
     print(
-        f"\nrank 1 killed after {len(checkpoints)} checkpoints; resumed from step {last}; checkpoint cost (median,"
+        f"\nrank 1 killed after {len(periodic)} checkpoints; resumed from step {last}; checkpoint cost (median,"
         f" test model): {snapshot[len(snapshot) // 2]:.2f} ms snapshot on the training thread,"
         f" {write[len(write) // 2]:.2f} ms write in the background"
     )

@@ -20,6 +20,7 @@ from shardyard.training.checkpoint import (
     optimizer_bytes,
     rank_optimizer_file,
     save_checkpoint,
+    write_if_newer,
 )
 from shardyard.training.model import (
     CONFIG_FILE,
@@ -63,7 +64,7 @@ def test_round_trip(tmp_path: Path) -> None:
     fresh.load_state_dict(loaded.optimizer)
     for saved, restored in zip(optimizer.state.values(), fresh.state.values(), strict=True):
         torch.testing.assert_close(restored["exp_avg"], saved["exp_avg"])
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint"]  # no temp leftovers
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".checkpoint.lock", "checkpoint"]  # no temp
 
 
 def test_each_rank_resumes_with_its_own_optimizer_state(tmp_path: Path) -> None:
@@ -89,6 +90,32 @@ def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "ckpt", model, optimizer, TrainingState(80, None, 2, 7, 10))
 
     assert load_checkpoint(tmp_path / "ckpt").state.step == 80
+
+
+def test_a_rescue_never_replaces_a_later_checkpoint(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    files = lambda step: checkpoint_files(model, optimizer, TrainingState(step, 1.0, 2, 7, 10))  # noqa: E731
+
+    assert write_if_newer(tmp_path / "ckpt", files(35), 35)  # nothing there yet
+    assert not write_if_newer(tmp_path / "ckpt", files(30), 30)  # older: the periodic one that landed late
+    assert not write_if_newer(tmp_path / "ckpt", files(35), 35)  # the same step from another survivor
+    assert load_checkpoint(tmp_path / "ckpt").state.step == 35
+    assert write_if_newer(tmp_path / "ckpt", files(40), 40)
+    assert load_checkpoint(tmp_path / "ckpt").state.step == 40
+
+
+def test_the_writer_skips_a_checkpoint_older_than_the_one_in_place(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, TrainingState(35, 1.0, 2, 7, 10))  # a peer's rescue
+    written: list[int] = []
+    writer = CheckpointWriter(tmp_path / "ckpt", lambda step, d, ms: written.append(step))
+
+    for step in (30, 40):
+        writer.submit(step, checkpoint_files(model, optimizer, TrainingState(step, 1.0, 2, 7, 10)))
+    writer.close()
+
+    assert written == [40]
+    assert load_checkpoint(tmp_path / "ckpt").state.step == 40
 
 
 def test_a_non_finite_loss_is_stored_as_null(tmp_path: Path) -> None:
@@ -180,7 +207,7 @@ def test_the_writer_writes_in_order_in_the_background(tmp_path: Path) -> None:
     ]
     assert all(name.startswith("checkpoint-writer") for _, _, name in written)
     assert load_checkpoint(tmp_path / "ckpt").state.step == 30
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.lock", "ckpt"]
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint_and_training_goes_on(
@@ -213,7 +240,7 @@ def test_leftovers_of_a_writer_that_died_mid_write_are_tidied(tmp_path: Path) ->
 
     CheckpointWriter(tmp_path / "ckpt", lambda step, d, ms: None).close()
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.lock", "ckpt"]
     assert load_checkpoint(tmp_path / "ckpt").state == STATE
 
 
@@ -225,5 +252,5 @@ def test_a_death_between_the_fallback_renames_is_recovered(tmp_path: Path) -> No
 
     recover_leftovers(tmp_path / "ckpt")
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.lock", "ckpt"]
     assert load_checkpoint(tmp_path / "ckpt").state == STATE

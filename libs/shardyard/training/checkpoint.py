@@ -12,17 +12,23 @@ on request (preemption). Layout of ``<SHARDYARD_OUTPUT_DIR>/checkpoint/``, writt
 
 ``state.json`` is what makes the directory a training checkpoint; ``step`` is the last completed (and synced) step.
 An ``optimizer.pt`` (``torch.save`` of a state_dict, written by earlier versions) is still read.
+
+A surviving rank of a gang that lost a peer also writes the state it holds (a *rescue* checkpoint, see the runner),
+so several processes may write one directory: every write holds ``.<name>.lock`` (``flock``) and a periodic or
+rescue write never replaces a checkpoint of a later step (:func:`write_if_newer`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,7 +110,41 @@ def save_checkpoint(
     ranks: Mapping[int, bytes] | None = None,
 ) -> Path:
     """Write weights, optimizer state and ``state.json`` to ``directory`` atomically, replacing what is there."""
-    return write_dir_atomic(directory, checkpoint_files(model, optimizer, state, ranks))
+    with directory_lock(directory):
+        return write_dir_atomic(directory, checkpoint_files(model, optimizer, state, ranks))
+
+
+@contextlib.contextmanager
+def directory_lock(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of checkpoint ``directory`` (a sibling ``.<name>.lock``; released when the holder
+    dies)."""
+    target = Path(directory).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def checkpoint_step(directory: str | os.PathLike[str]) -> int | None:
+    """The step of the checkpoint in ``directory``; None when there is none (or it cannot be read)."""
+    try:
+        return _read_state(Path(directory) / STATE_FILE).step
+    except CheckpointError:
+        return None
+
+
+def write_if_newer(directory: str | os.PathLike[str], files: Mapping[str, bytes], step: int) -> bool:
+    """Put ``files`` (a checkpoint of ``step``) in place unless ``directory`` already holds one of ``step`` or later;
+    True when written."""
+    with directory_lock(directory):
+        held = checkpoint_step(directory)
+        if held is not None and held >= step:
+            return False
+        write_dir_atomic(directory, files)
+        return True
 
 
 Written = Callable[[int, Path, float], None]
@@ -123,7 +163,8 @@ class CheckpointWriter:
     def __init__(self, directory: Path, on_written: Written) -> None:
         self.directory = directory
         self._on_written = on_written
-        recover_leftovers(directory)
+        with directory_lock(directory):  # not under a rescue write of a shard of an earlier attempt
+            recover_leftovers(directory)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future[None] | None = None
 
@@ -144,11 +185,12 @@ class CheckpointWriter:
     def _write(self, step: int, files: dict[str, bytes]) -> None:
         t0 = time.perf_counter()
         try:
-            write_dir_atomic(self.directory, files)
+            written = write_if_newer(self.directory, files, step)
         except (OSError, CheckpointError) as exc:
             print(f"shardyard.training: checkpoint of step {step} not written: {exc}", file=sys.stderr)
             return
-        self._on_written(step, self.directory, (time.perf_counter() - t0) * 1000.0)
+        if written:
+            self._on_written(step, self.directory, (time.perf_counter() - t0) * 1000.0)
 
 
 def load_checkpoint(directory: str | os.PathLike[str], *, rank: int = 0) -> Checkpoint:

@@ -7,7 +7,11 @@ PREEMPTED (stopped on request after checkpointing, see :mod:`shardyard.training.
 (anything else).
 
 Rank 0 checkpoints the gang every ``SHARDYARD_CHECKPOINT_EVERY`` syncs to ``<output>/checkpoint`` (in the background,
-see :class:`CheckpointWriter`), so a gang that fails resumes having lost at most that many sync intervals.
+see :class:`CheckpointWriter`). When the gang breaks (a peer is gone: a failed collective; or the agent stops this
+shard with SIGTERM because the gang is re-formed without it), every surviving rank writes the state it holds there
+too, unless a later one is already in place (a *rescue* checkpoint): the re-formed gang resumes from its surviving
+peers' parameters, and loses at most the steps since the last sync, or since the last checkpoint when no peer
+survives.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -39,6 +44,7 @@ from shardyard.training.checkpoint import (
     load_checkpoint,
     optimizer_bytes,
     save_checkpoint,
+    write_if_newer,
 )
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.data import ByteDataset, DatasetError
@@ -64,6 +70,32 @@ class CommError(Exception):
 
 class SyncTimeoutError(CommError):
     """A parameter sync did not complete within its timeout: exit SYNC_TIMEOUT."""
+
+
+class Terminated(Exception):
+    """The agent asked this shard to end now (SIGTERM: revoked, fenced, or the agent shuts down)."""
+
+
+TERMINATED_EXIT = 128 + signal.SIGTERM
+"""The exit status of a shard that ended on SIGTERM, as if the signal had killed it (the agent's cause: KILLED)."""
+
+
+class TermFlag:
+    """Raised by SIGTERM; the training loop reads it between steps, so the shard ends with its state consistent."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @classmethod
+    def install(cls) -> TermFlag:
+        flag = cls()
+
+        def handler(_signum: int, _frame: object) -> None:
+            flag.requested = True
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.siginterrupt(signal.SIGTERM, False)
+        return flag
 
 
 @contextlib.contextmanager
@@ -198,6 +230,28 @@ class _Checkpoints:
             self.writer.wait()
             save_checkpoint(self.directory, model, optimizer, self._state(step, loss), ranks)
 
+    def rescue(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
+        """The gang broke after this rank completed ``step``: leave the state it holds (its parameters, its own
+        optimizer state) as the gang's checkpoint, unless one of ``step`` or later is in place. Best effort: the
+        rank is failing anyway, and the last periodic checkpoint stays when this cannot be written."""
+        if self.cfg.checkpoint_every == 0:
+            return
+        if self.writer is not None:
+            self.writer.wait()  # the periodic checkpoint in flight lands first (it is older)
+        t0 = time.perf_counter()
+        files = checkpoint_files(model, optimizer, self._state(step, loss))
+        snapshot_ms = (time.perf_counter() - t0) * 1000.0
+        where = f"{_PREFIX}[rank {self.cfg.rank}]"
+        try:
+            written = write_if_newer(self.directory, files, step)
+        except (OSError, CheckpointError) as exc:
+            print(f"{where}: rescue checkpoint of step {step} not written: {exc}", file=sys.stderr)
+            return
+        if written:
+            print(f"{where}: the gang broke; the state of step {step} is in {self.directory}", file=sys.stderr)
+            write_ms = (time.perf_counter() - t0) * 1000.0 - snapshot_ms
+            self.reporter.checkpointed(step, self.directory, snapshot_ms=snapshot_ms, write_ms=write_ms)
+
     def close(self) -> None:
         """Waits for the checkpoint being written: a failing rank 0 still leaves its last sync behind."""
         if self.writer is not None:
@@ -248,12 +302,25 @@ class _Syncs:
         return self.stats.stop
 
 
-def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome:
+def _agree_on_start(cfg: RunConfig, start: int) -> None:
+    """Every rank resumed from the same step. A rank that read the checkpoint while a member of the broken gang was
+    still leaving its rescue there can differ: the gang then fails (and is retried) instead of diverging."""
+    if cfg.world_size == 1:
+        return
+    starts: list[object] = [None] * cfg.world_size
+    with _comm("start step all_gather"):
+        dist.all_gather_object(starts, start)
+    if len(set(starts)) > 1:
+        raise CommError(f"the ranks resumed from different steps {starts}: the checkpoint changed while they read it")
+
+
+def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: TermFlag | None = None) -> Outcome:
     """Load (or resume), train to ``max_steps`` with periodic parameter averaging and save on rank 0.
 
     After every ``checkpoint_every`` syncs rank 0 checkpoints the gang to ``<output>/checkpoint``. When ``stop`` is
     raised on any rank, the gang stops at its next sync before ``max_steps``: rank 0 writes a checkpoint there and
-    every rank reports ``preempted`` at that step. Slow syncs widen the sync interval (:mod:`.pacing`).
+    every rank reports ``preempted`` at that step. Slow syncs widen the sync interval (:mod:`.pacing`). A failed
+    collective or ``term`` (SIGTERM) ends the run after a rescue checkpoint (:meth:`_Checkpoints.rescue`).
     """
     _check_progress_fd(cfg.progress_fd)
     torch.set_num_threads(1)
@@ -264,6 +331,7 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
         print(f"{_PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
     with tracing.span("rendezvous", {"shardyard.master": f"{cfg.master_addr}:{cfg.master_port}"}):
         group = _init_process_group(cfg)
+        _agree_on_start(cfg, start)
     syncs = _Syncs(cfg, model, group, start)
     reporter.started(world_size=cfg.world_size, rank=cfg.rank)
 
@@ -274,9 +342,12 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
     stream = dataset.batches(cfg.rank, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.seed, start_step=start)
     loss_value = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
     step, stopped = start, False
+    done = start  # the last step whose update is complete
     checkpoints = _Checkpoints(cfg, reporter)
     try:
         for step in range(start + 1, cfg.max_steps + 1):
+            if term is not None and term.requested:
+                raise Terminated(f"terminated after step {done}")
             inputs, targets = next(stream)
             logits = model(inputs)
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
@@ -284,6 +355,7 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
             torch.autograd.backward(loss)
             optimizer.step()
             loss_value = float(loss.item())
+            done = step
             is_sync = syncs.due(step)
             if is_sync:
                 stopped = syncs.run(step, stop=stop.requested)
@@ -303,6 +375,9 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> Outcome
             if stopped:
                 checkpoints.write_now(step, loss_value, model, optimizer)
                 break
+    except (CommError, Terminated):
+        checkpoints.rescue(done, loss_value, model, optimizer)
+        raise
     finally:
         checkpoints.close()
 
@@ -341,6 +416,7 @@ def _save_final(model: TinyGPT, output_dir: Path) -> None:
 
 def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, watch_lease: bool = True) -> int:
     stop = StopFlag.install() if stop is None else stop  # first: a stop request must never kill the shard
+    term = TermFlag.install() if env is None else None
     try:
         cfg = RunConfig.from_env(os.environ if env is None else env)
     except ConfigError as exc:
@@ -355,10 +431,13 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, 
     shard: tracing.Attributes = {"shardyard.job_id": source.get("SHARDYARD_JOB_ID", ""), "shardyard.rank": cfg.rank}
     try:
         with tracing.span("shard", shard, parent=tracing.extract(tracing.from_env(source))):
-            outcome = train(cfg, reporter, stop)
+            outcome = train(cfg, reporter, stop, term)
     except UserError as exc:
         print(f"{where}: user error: {exc}", file=sys.stderr)
         return exitcodes.USER_ERROR
+    except Terminated as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return TERMINATED_EXIT
     except Exception as exc:
         return _failure(where, exc)
     finally:
