@@ -1,11 +1,59 @@
 """Job lifecycle events, published on the lifecycle topic keyed by job id, and the normalised job spec."""
 
+import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
 
 from shardyard.events.base import AwareDatetime, Event, Model
+
+RESERVED_ENV: Final = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
+"""Variables of the torchrun environment the runtime sets for a user's command; a job's ``env`` cannot set them."""
+RESERVED_ENV_PREFIXES: Final = ("MASTER_", "SHARDYARD_")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_'; not a digit first)")
+    if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        raise ValueError(
+            f"{name} is set by the runtime (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*, SHARDYARD_*)"
+        )
+    return name
+
+
+_NoNul = Field(pattern=r"^[^\x00]*$")  # exec refuses NUL bytes in arguments, variables and paths
+Argument = Annotated[str, Field(min_length=1, max_length=65_536), _NoNul]
+EnvName = Annotated[
+    str,
+    Field(min_length=1, max_length=256),
+    AfterValidator(_env_name),
+    WithJsonSchema({"type": "string", "pattern": _ENV_NAME.pattern, "maxLength": 256}),
+]
+EnvValue = Annotated[str, Field(max_length=65_536), _NoNul]
+
+
+class Entrypoint(Model):
+    """A user's own training command, run once per shard instead of the built-in runner (see
+    :mod:`shardyard.training.entry` for the environment it gets and what its exit status means).
+
+    ``command`` is an argv list, executed directly (never through a shell); its first element is looked up on the
+    agent's ``PATH``. ``env`` is added to the agent's environment; the torchrun variables and ``SHARDYARD_*`` are the
+    runtime's. ``working_dir`` is a job path (mapped through the agent's mounts); relative paths and the default are
+    the agent's working directory.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    command: list[Argument] = Field(min_length=1, max_length=4096, description="argv, run without a shell")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=1024, description="extra environment variables (not RANK, MASTER_*, ...)"
+    )
+    working_dir: Annotated[str, Field(min_length=1, max_length=4096), _NoNul] | None = Field(
+        default=None, description="directory the command runs in (a job path); default: the agent's"
+    )
 
 
 class JobSpec(Model):
@@ -34,6 +82,7 @@ class JobSpec(Model):
     min_match: float | None = Field(default=None, description="degraded placement floor; None: full match only")
     max_wait_s: float = 0.0
     preemptible: bool = True
+    entrypoint: Entrypoint | None = Field(default=None, description="the user's own command; None: built-in runner")
 
     @property
     def memory_per_shard(self) -> int:

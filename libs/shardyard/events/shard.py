@@ -5,11 +5,12 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from shardyard.events.base import Event, Model
-from shardyard.events.job import FailureCause
+from shardyard.events.job import Entrypoint, FailureCause
 
 
 class Workload(Model):
-    """What a shard runs: the built-in fine-tune runner and its inputs (paths as the job wrote them)."""
+    """What a shard runs: the built-in fine-tune runner and its inputs (paths as the job wrote them), or the job's own
+    ``entrypoint`` command with the same inputs in its environment."""
 
     model_path: str
     dataset_path: str
@@ -21,6 +22,7 @@ class Workload(Model):
     lr: float
     seed: int
     resume_from: str | None = Field(default=None, description="checkpoint directory to resume from (job path)")
+    entrypoint: Entrypoint | None = Field(default=None, description="the job's own command; None: the built-in runner")
 
 
 class ShardAssignment(Event):

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
+from shardyard.events.job import Entrypoint
 from shardyard.units import parse_bytes
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -89,6 +90,9 @@ class JobSubmission(_UserModel):
     )
     placement: PlacementOptions | None = Field(default=None, description="degraded placement, off unless given")
     preemptible: bool = Field(default=True, description="a higher-priority job may checkpoint and requeue this one")
+    entrypoint: Entrypoint | None = Field(
+        default=None, description="run this command once per shard (torchrun environment), not the built-in runner"
+    )
 
     @model_validator(mode="after")
     def _one_gpu_per_shard(self) -> "JobSubmission":

@@ -1,6 +1,7 @@
 """The agent's decisions, pure: which assignments to run, hold (spares) and stop, which shards a lost lease fences,
-the environment a shard gets, what its reports mean (checkpointed) and what its end means (completed, failed with a
-cause, or preempted with a checkpoint)."""
+the command and environment a shard gets (the built-in runner, or the job's own entrypoint under the supervisor of
+:mod:`shardyard.training.entry`), what its reports mean (checkpointed) and what its end means (completed, failed with
+a cause, or preempted with a checkpoint)."""
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.node_agent.mounts import resolve
+from shardyard.training import entry
 from shardyard.training.config import (
     CHECKPOINT_EVERY_ENV,
     DEFAULT_CHECKPOINT_EVERY,
@@ -31,12 +33,16 @@ from shardyard.training.config import (
 )
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
-from shardyard.training.preemption import RESUME_DIR_ENV, checkpoint_job_path
+from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV, checkpoint_job_path
 
 ShardKey = tuple[str, int, int]
 """(job id, shard index, attempt): a shard attempt runs at most once."""
 
-PROGRESS_FD_ENV = "SHARDYARD_PROGRESS_FD"
+PROGRESS_FD_ENV = entry.PROGRESS_FD_ENV
+RUNNER_MODULE = "shardyard.training.shard"
+ENTRY_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""What an entrypoint's environment holds unless the job's ``env`` says otherwise (the built-in runner's threads;
+print() lines reach the shard log as they are written, not when a buffer fills)."""
 
 _CAUSE = {
     ExitCause.USER_ERROR: FailureCause.USER_ERROR,
@@ -68,6 +74,8 @@ class ShardPaths:
     dataset: Path
     output: Path
     resume: Path | None = None
+    workdir: Path | None = None
+    """An entrypoint's ``working_dir`` on this node; None: the agent's working directory."""
 
     def missing(self) -> list[str]:
         inputs = [("model", self.model), ("dataset", self.dataset)]
@@ -223,6 +231,9 @@ class AgentBook:
             dataset=resolve(workload.dataset_path, mounts),
             output=resolve(workload.output_path, mounts),
             resume=None if workload.resume_from is None else resolve(workload.resume_from, mounts),
+            workdir=None
+            if workload.entrypoint is None or workload.entrypoint.working_dir is None
+            else resolve(workload.entrypoint.working_dir, mounts),
         )
 
     def finished(
@@ -294,37 +305,61 @@ class AgentBook:
         )
 
 
+def shard_argv(assignment: ShardAssignment, paths: ShardPaths, *, python: str) -> tuple[str, ...]:
+    """What a shard runs: the built-in runner, or the job's own command (verbatim, no shell) under the supervisor."""
+    entrypoint = assignment.workload.entrypoint
+    if entrypoint is None:
+        return (python, "-m", RUNNER_MODULE)
+    cwd = () if paths.workdir is None else ("--cwd", str(paths.workdir))
+    return (python, "-m", entry.MODULE, *cwd, "--", *entrypoint.command)
+
+
 def shard_env(
     assignment: ShardAssignment,
     paths: ShardPaths,
     *,
     base_env: Mapping[str, str],
     options: RunnerOptions = RunnerOptions(),
+    local_world_size: int = 1,
 ) -> dict[str, str]:
     """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
 
     Every GPU of the node stays visible and LOCAL_RANK is the shard's GPU index, so a script that does
     ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` (as torchrun scripts do) lands on its assigned GPU.
+
+    An entrypoint's environment is the agent's, then :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the
+    runtime's variables, which nothing overrides: these, ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU
+    count, so that LOCAL_RANK < LOCAL_WORLD_SIZE) and ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``).
     """
     workload = assignment.workload
+    local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
+    if workload.entrypoint is None:
+        first: dict[str, str] = {**base_env, "OMP_NUM_THREADS": "1"}
+        last: dict[str, str] = {}
+    else:
+        first = {**base_env, **ENTRY_DEFAULTS, **workload.entrypoint.env}
+        last = {
+            "LOCAL_WORLD_SIZE": str(max(local_world_size, local_rank + 1)),
+            entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
+        }
     return {
-        **base_env,
+        **first,
         "RANK": str(assignment.shard_index),
-        "LOCAL_RANK": str(assignment.gpu_indices[0] if assignment.gpu_indices else 0),
+        "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(assignment.world_size),
         "MASTER_ADDR": assignment.master_addr,
         "MASTER_PORT": str(assignment.master_port),
-        "OMP_NUM_THREADS": "1",
         "SHARDYARD_JOB_ID": assignment.job_id,
         "SHARDYARD_ATTEMPT": str(assignment.attempt),
         "SHARDYARD_MODEL_DIR": str(paths.model),
         "SHARDYARD_DATASET_DIR": str(paths.dataset),
         "SHARDYARD_OUTPUT_DIR": str(paths.output),
-        "SHARDYARD_SYNC_INTERVAL": str(workload.sync_interval),
+        entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
         "SHARDYARD_MAX_STEPS": str(workload.max_steps),
         "SHARDYARD_BATCH_SIZE": str(workload.batch_size),
         "SHARDYARD_SEQ_LEN": str(workload.seq_len),
         "SHARDYARD_LR": repr(workload.lr),
         "SHARDYARD_SEED": str(workload.seed),
         **options.env(),
+        **last,
     } | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})

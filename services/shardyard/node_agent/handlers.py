@@ -40,6 +40,7 @@ from shardyard.node_agent.book import (
     ShardKey,
     Verdict,
     key_of,
+    shard_argv,
     shard_env,
 )
 from shardyard.node_agent.fencing import DEFAULT_LEASE_S, fence_message, lease_expired
@@ -144,11 +145,14 @@ class AgentHandlers:
             return
         job, shard, attempt = key
         log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
+        # An entrypoint sees every GPU of the node (LOCAL_RANK is its own): LOCAL_WORLD_SIZE is their number.
+        local_world_size = len(self.gpus.uuids()) if assignment.workload.entrypoint is not None else 1
+        env = shard_env(
+            assignment, paths, base_env=self.me.base_env, options=self.me.runner, local_world_size=local_world_size
+        )
         spec = LaunchSpec(
-            argv=(self.me.python, "-m", "shardyard.training.shard"),
-            env=tracing.child_env(
-                shard_env(assignment, paths, base_env=self.me.base_env, options=self.me.runner), assignment.job_id
-            ),
+            argv=shard_argv(assignment, paths, python=self.me.python),
+            env=tracing.child_env(env, assignment.job_id),
             cwd=Path.cwd(),
             log_path=log_path,
         )

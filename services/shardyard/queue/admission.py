@@ -127,5 +127,6 @@ def admit(
         min_match=submission.placement.min_match if submission.placement else None,
         max_wait_s=submission.placement.max_wait_s if submission.placement else 0.0,
         preemptible=submission.preemptible,
+        entrypoint=submission.entrypoint,
     )
     return Admitted(spec)

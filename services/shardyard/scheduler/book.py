@@ -269,6 +269,7 @@ class SchedulerBook:
             lr=spec.lr,
             seed=spec.seed,
             resume_from=resume_from,
+            entrypoint=spec.entrypoint,
         )
         assignments = [
             ShardAssignment(

@@ -1,0 +1,140 @@
+"""What the agent starts for a job's own command: the supervisor and the argv verbatim, in the job's working
+directory, with the torchrun environment the runtime owns; a job without entrypoint starts exactly what it did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardyard.events import ShardAssignment, ShardCompleted, ShardStarted
+from shardyard.events.job import Entrypoint
+from shardyard.node_agent.book import AgentBook, RunnerOptions, ShardPaths, shard_argv, shard_env
+from shardyard.training.preemption import RESUME_DIR_ENV
+from tests.unit.builders import assignment, workload
+from tests.unit.test_agent_handlers import Agent
+
+MOUNTS = {"/data": "/srv/data"}
+RUNTIME = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _assignment(entrypoint: Entrypoint | None = None, **overrides: object) -> ShardAssignment:
+    return assignment(shard_index=1, gpu_indices=(1,), workload=workload(entrypoint=entrypoint, **overrides))
+
+
+def _paths(entrypoint: Entrypoint | None = None, **overrides: object) -> ShardPaths:
+    return AgentBook("node-a").paths(_assignment(entrypoint, **overrides), MOUNTS)
+
+
+def _env(entrypoint: Entrypoint | None, base: dict[str, str] | None = None, **overrides: object) -> dict[str, str]:
+    job = _assignment(entrypoint, **overrides)
+    paths = AgentBook("node-a").paths(job, MOUNTS)
+    options = RunnerOptions(lease_file="/run/node-a.lease")
+    return shard_env(job, paths, base_env=base or {"PATH": "/usr/bin"}, options=options, local_world_size=4)
+
+
+def test_without_entrypoint_the_built_in_runner_starts() -> None:
+    assert shard_argv(_assignment(), _paths(), python="/venv/bin/python") == (
+        "/venv/bin/python",
+        "-m",
+        "shardyard.training.shard",
+    )
+
+
+def test_without_entrypoint_the_environment_is_the_runners() -> None:
+    env = _env(None)
+
+    assert "LOCAL_WORLD_SIZE" not in env and "SHARDYARD_CHECKPOINT_DIR" not in env and "PYTHONUNBUFFERED" not in env
+    assert (env["RANK"], env["LOCAL_RANK"], env["OMP_NUM_THREADS"]) == ("1", "1", "1")
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "argv"),
+    [
+        pytest.param(
+            Entrypoint(command=["python", "train.py", "--lr", "0.1"]),
+            ("py", "-m", "shardyard.training.entry", "--", "python", "train.py", "--lr", "0.1"),
+            id="agent-working-dir",
+        ),
+        pytest.param(
+            Entrypoint(command=["./run.sh", "a b", "$HOME;"], working_dir="/data/code"),
+            ("py", "-m", "shardyard.training.entry", "--cwd", "/srv/data/code", "--", "./run.sh", "a b", "$HOME;"),
+            id="mounted-working-dir-and-verbatim-args",
+        ),
+        pytest.param(
+            Entrypoint(command=["--", "-x"], working_dir="jobs/a"),
+            ("py", "-m", "shardyard.training.entry", "--cwd", "jobs/a", "--", "--", "-x"),
+            id="relative-working-dir-and-dashes",
+        ),
+    ],
+)
+def test_an_entrypoint_runs_under_the_supervisor(entrypoint: Entrypoint, argv: tuple[str, ...]) -> None:
+    assert shard_argv(_assignment(entrypoint), _paths(entrypoint), python="py") == argv
+
+
+def test_the_entrypoint_environment() -> None:
+    entrypoint = Entrypoint(command=["python", "train.py"], env={"HF_HOME": "/cache", "OMP_NUM_THREADS": "4"})
+
+    env = _env(entrypoint, resume_from="/data/checkpoints/job-1/checkpoint")
+
+    assert {name: env[name] for name in RUNTIME} == {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    assert env["SHARDYARD_CHECKPOINT_DIR"] == "/srv/data/checkpoints/job-1/checkpoint"
+    assert env["SHARDYARD_OUTPUT_DIR"] == "/srv/data/checkpoints/job-1"
+    assert env[RESUME_DIR_ENV] == "/srv/data/checkpoints/job-1/checkpoint"
+    assert (env["SHARDYARD_SYNC_INTERVAL"], env["SHARDYARD_JOB_ID"], env["SHARDYARD_ATTEMPT"]) == ("100", "job-1", "1")
+    assert env["SHARDYARD_AGENT_LEASE_FILE"] == "/run/node-a.lease"
+    assert (env["HF_HOME"], env["OMP_NUM_THREADS"], env["PYTHONUNBUFFERED"], env["PATH"]) == (
+        "/cache",
+        "4",
+        "1",
+        "/usr/bin",
+    )
+
+
+def test_the_runtime_wins_over_the_agents_environment() -> None:
+    entrypoint = Entrypoint(command=["train"])
+
+    env = _env(entrypoint, base={"RANK": "7", "MASTER_PORT": "1", "PYTHONUNBUFFERED": "", "LANG": "C"})
+
+    assert (env["RANK"], env["MASTER_PORT"], env["PYTHONUNBUFFERED"], env["LANG"]) == ("1", "29500", "1", "C")
+
+
+def test_local_world_size_covers_the_local_rank() -> None:
+    job = assignment(gpu_indices=(5,), workload=workload(entrypoint=Entrypoint(command=["train"])))
+    paths = AgentBook("node-a").paths(job, MOUNTS)
+
+    env = shard_env(job, paths, base_env={}, local_world_size=2)
+
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("5", "6")
+
+
+async def test_the_agent_launches_the_entrypoint_with_the_shard_log(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    (agent.root / "code").mkdir()
+    entrypoint = Entrypoint(command=["python", "train.py"], env={"A": "1"}, working_dir="/data/code")
+
+    await agent.handlers.on_assignment(assignment(workload=workload(entrypoint=entrypoint)))
+    await agent.until(lambda: agent.bus.of(ShardStarted))
+
+    (spec,) = agent.launcher.specs
+    assert spec.argv == (
+        "python",
+        "-m",
+        "shardyard.training.entry",
+        "--cwd",
+        str(agent.root / "code"),
+        "--",
+        *entrypoint.command,
+    )
+    assert (spec.env["A"], spec.env["LOCAL_WORLD_SIZE"], spec.env["RANK"]) == ("1", "2", "0")
+    assert spec.log_path == tmp_path / "logs" / "job-1" / "shard-0-attempt-1.log"
+    agent.launcher.processes[0].end(0)
+    await agent.until(lambda: agent.bus.of(ShardCompleted))
