@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from shardyard.training import checkpoint as checkpoint_mod
 from shardyard.training.checkpoint import (
@@ -22,6 +23,7 @@ from shardyard.training.checkpoint import (
     save_checkpoint,
     write_if_newer,
 )
+from shardyard.training.gpt2 import CONV1D_WEIGHTS
 from shardyard.training.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -254,3 +256,35 @@ def test_a_death_between_the_fallback_renames_is_recovered(tmp_path: Path) -> No
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.lock", "ckpt"]
     assert load_checkpoint(tmp_path / "ckpt").state == STATE
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_with_its_moments_transposed(tmp_path: Path) -> None:
+    """Earlier versions stored the linear weights as nn.Linear ([out, in]); their optimizer moments were too."""
+    model, optimizer = _trained()
+    target = save_checkpoint(tmp_path / "ckpt", model, optimizer, STATE)
+    names = [name for name, _ in model.named_parameters()]
+    legacy = {
+        key.removeprefix("transformer."): tensor.t() if key.endswith(CONV1D_WEIGHTS) else tensor
+        for key, tensor in load_file(str(target / WEIGHTS_FILE)).items()
+    }
+    save_file({k: v.contiguous() for k, v in legacy.items()}, str(target / WEIGHTS_FILE), {"format": "pt"})
+    fields = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+    config = {"model_type": "shardyard-tinygpt", **{name: getattr(SMALL, name) for name in fields}}
+    (target / CONFIG_FILE).write_text(json.dumps(config))
+    old = optimizer.state_dict()
+    moments = {
+        i: {k: v.t() if names[i].endswith(CONV1D_WEIGHTS) and k != "step" else v for k, v in entries.items()}
+        for i, entries in old["state"].items()
+    }
+    (target / OPTIMIZER_FILE).write_bytes(checkpoint_mod._optimizer_bytes({**old, "state": moments}))
+
+    loaded = load_checkpoint(target)
+
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.model.state_dict()[key], tensor, rtol=0, atol=0)
+    fresh = torch.optim.AdamW(loaded.model.parameters(), lr=1e-2)
+    assert loaded.optimizer is not None
+    fresh.load_state_dict(loaded.optimizer)
+    for saved, restored in zip(optimizer.state.values(), fresh.state.values(), strict=True):
+        torch.testing.assert_close(restored["exp_avg"], saved["exp_avg"], rtol=0, atol=0)
+        torch.testing.assert_close(restored["exp_avg_sq"], saved["exp_avg_sq"], rtol=0, atol=0)

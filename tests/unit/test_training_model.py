@@ -62,13 +62,13 @@ def test_round_trip_gives_identical_logits_and_tied_weights(tmp_path: Path) -> N
 
     loaded = load_pretrained(target)
     assert loaded.config == SMALL
-    assert loaded.weights_tied and loaded.lm_head.weight is loaded.wte.weight
+    assert loaded.weights_tied and loaded.lm_head.weight is loaded.transformer.wte.weight
     idx = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         assert torch.equal(loaded(idx), model(idx))
     with torch.no_grad():  # still tied after load: changing the embedding changes the head
-        loaded.wte.weight[0, 0] += 1.0
-    assert loaded.lm_head.weight[0, 0] == loaded.wte.weight[0, 0]
+        loaded.transformer.wte.weight[0, 0] += 1.0
+    assert loaded.lm_head.weight[0, 0] == loaded.transformer.wte.weight[0, 0]
 
 
 def test_save_replaces_an_existing_directory_atomically(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_save_replaces_an_existing_directory_atomically(tmp_path: Path) -> None:
     second = _model(2)
     save_pretrained(second, target)
     assert not (target / "stale.txt").exists()
-    assert torch.equal(load_pretrained(target).wte.weight, second.wte.weight)
+    assert torch.equal(load_pretrained(target).transformer.wte.weight, second.transformer.wte.weight)
     assert _leftovers(tmp_path) == []
 
 
@@ -93,7 +93,7 @@ def test_failed_save_leaves_the_old_checkpoint_intact(tmp_path: Path, monkeypatc
     monkeypatch.setattr(model_mod, "tensor_bytes", boom)
     with pytest.raises(OSError, match="disk full"):
         save_pretrained(_model(2), target)
-    assert torch.equal(load_pretrained(target).wte.weight, first.wte.weight)
+    assert torch.equal(load_pretrained(target).transformer.wte.weight, first.transformer.wte.weight)
     assert _leftovers(tmp_path) == []
 
 
@@ -110,15 +110,15 @@ def _corrupt(path: Path, how: str) -> None:
     elif how == "bad-json":
         (path / CONFIG_FILE).write_text("{not json")
     elif how == "wrong-model-type":
-        (path / CONFIG_FILE).write_text(json.dumps({"model_type": "gpt2"}))
+        (path / CONFIG_FILE).write_text(json.dumps({"model_type": "llama"}))
     elif how == "garbage-weights":
         (path / WEIGHTS_FILE).write_bytes(b"\x00" * 64)
     elif how in ("missing-tensor", "wrong-shape"):
         state = load_file(str(path / WEIGHTS_FILE))
         if how == "missing-tensor":
-            del state["ln_f.weight"]
+            del state["transformer.ln_f.weight"]
         else:
-            state["ln_f.weight"] = torch.zeros(3)
+            state["transformer.ln_f.weight"] = torch.zeros(3)
         save_file(state, str(path / WEIGHTS_FILE))
 
 
@@ -157,5 +157,5 @@ def test_without_the_exchange_replacing_takes_two_renames(tmp_path: Path, monkey
 
     save_pretrained(second, target)
 
-    assert torch.equal(load_pretrained(target).wte.weight, second.wte.weight)
+    assert torch.equal(load_pretrained(target).transformer.wte.weight, second.transformer.wte.weight)
     assert _leftovers(tmp_path) == []

@@ -1,4 +1,5 @@
-"""Demo inputs for local runs and tests: a freshly initialised TinyGPT and a generated English-like corpus."""
+"""Demo inputs for local runs and tests: a freshly initialised small GPT-2 with a byte-level vocabulary (a Hugging
+Face checkpoint directory, made here: nothing is downloaded) and a generated English-like corpus."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from pathlib import Path
 
 import torch
 
-from shardyard.training.model import CheckpointError, TinyGPT, TinyGPTConfig, load_pretrained, save_pretrained
+from shardyard.training.model import (
+    CheckpointError,
+    TinyGPT,
+    TinyGPTConfig,
+    is_legacy_layout,
+    load_pretrained,
+    save_pretrained,
+)
 
 DEMO_MODEL = Path("models/gpt2_pretrained")
 DEMO_DATASET = Path("datasets/wikitext")
@@ -62,8 +70,10 @@ def create_demo_artifacts(
 ) -> DemoArtifacts:
     """Create (idempotently) ``data_root/models/gpt2_pretrained`` and ``data_root/datasets/wikitext/train.txt``.
 
-    The model is a seeded, freshly initialised TinyGPT (default config unless ``model_config`` is given); an
-    existing model directory is kept if it loads and has that config. An existing text file is kept as it is.
+    The model is a seeded, freshly initialised GPT-2 (``config.json`` + ``model.safetensors``, as transformers saves
+    a GPT2LMHeadModel) of 256 byte tokens, 128 positions, 2 layers of width 64 and 4 heads, unless ``model_config``
+    says otherwise. An existing model directory is kept if it loads, has that config and is in the GPT-2 layout (one
+    written by an earlier version is replaced). An existing text file is kept as it is.
     """
     data_root = Path(data_root)
     model_dir = data_root / DEMO_MODEL
@@ -114,7 +124,7 @@ def _a(word: str) -> str:
 
 def _loads(model_dir: Path, config: TinyGPTConfig) -> bool:
     try:
-        return load_pretrained(model_dir).config == config
+        return load_pretrained(model_dir).config == config and not is_legacy_layout(model_dir)
     except CheckpointError:
         return False
 

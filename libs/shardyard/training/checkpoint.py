@@ -5,17 +5,19 @@ on request (preemption). Layout of ``<SHARDYARD_OUTPUT_DIR>/checkpoint/``, writt
 ``write_dir_atomic``)::
 
     config.json            the model config                  } exactly what save_pretrained writes, so the
-    model.safetensors      the weights, averaged at the sync } directory also loads as a pretrained model
+    model.safetensors      the weights, averaged at the sync } directory also loads as a pretrained model, here
+                                                               and with transformers (a Hugging Face GPT-2)
     optimizer.safetensors  rank 0's optimizer state: tensors as ``<param id>.<name>``, ``param_groups`` and
                            non-tensor values as JSON in the metadata (no pickle)
     state.json             {"format": 1, "step": S, "loss": L, "world_size": W, "seed": ..., "sync_interval": ...}
 
 ``state.json`` is what makes the directory a training checkpoint; ``step`` is the last completed (and synced) step.
-An ``optimizer.pt`` (``torch.save`` of a state_dict, written by earlier versions) is still read.
+An ``optimizer.pt`` (``torch.save`` of a state_dict, written by earlier versions) is still read, and so is a checkpoint
+whose model is in the layout of earlier versions (its linear weights' moments are transposed as the weights are).
 
-A surviving rank of a gang that lost a peer also writes the state it holds (a *rescue* checkpoint, see the runner),
-so several processes may write one directory: every write holds ``.<name>.lock`` (``flock``) and a periodic or
-rescue write never replaces a checkpoint of a later step (:func:`write_if_newer`).
+Rank 0 of a broken gang may still be writing while rank 0 of its re-formed gang starts, so two processes may write
+one directory: every write holds ``.<name>.lock`` (``flock``) and a periodic write never replaces a checkpoint of a
+later step (:func:`write_if_newer`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from shardyard.training.gpt2 import CONV1D_WEIGHTS
 from shardyard.training.model import (
     CheckpointError,
     TinyGPT,
+    is_legacy_layout,
     load_pretrained,
     pretrained_files,
     recover_leftovers,
@@ -206,7 +210,21 @@ def load_checkpoint(directory: str | os.PathLike[str], *, rank: int = 0) -> Chec
         optimizer = _read_optimizer(root / OPTIMIZER_FILE)
     elif (root / LEGACY_OPTIMIZER_FILE).is_file():
         optimizer = _read_legacy_optimizer(root / LEGACY_OPTIMIZER_FILE)
+    if optimizer is not None and is_legacy_layout(root):
+        _transpose_linear_moments(model, optimizer)
     return Checkpoint(model=model, state=state, optimizer=optimizer)
+
+
+def _transpose_linear_moments(model: TinyGPT, optimizer: dict[str, Any]) -> None:
+    """Earlier versions stored the linear weights as ``nn.Linear`` (``[out, in]``), GPT-2 as Conv1D (``[in, out]``):
+    the loader transposed the weights, and their optimizer moments follow. The state's parameter ids are the
+    positions in ``model.parameters()`` (the runner's one parameter group), the same order in both layouts."""
+    names = [name for name, _ in model.named_parameters()]
+    for param_id, entries in optimizer["state"].items():
+        if isinstance(param_id, int) and 0 <= param_id < len(names) and names[param_id].endswith(CONV1D_WEIGHTS):
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor) and value.dim() == 2:
+                    entries[key] = value.t().contiguous()
 
 
 def _optimizer_bytes(state_dict: dict[str, Any]) -> bytes:

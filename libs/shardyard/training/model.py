@@ -1,4 +1,23 @@
-"""A small GPT-2-style causal language model over bytes, with atomic safetensors checkpoints."""
+"""Hugging Face GPT-2 checkpoint directories: read and write them, atomically.
+
+A pretrained model (the job's ``pretrained_model``), the runner's final output and every training checkpoint are a
+Hugging Face directory: ``config.json`` (``model_type`` "gpt2") and ``model.safetensors`` with GPT2LMHeadModel's
+tensor names, so ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` loads them, and directories that
+``transformers`` saved load here, without importing it (:mod:`shardyard.training.gpt2` computes what it does).
+
+What :func:`load_pretrained` reads:
+
+- ``model.safetensors``, or the shards listed by ``model.safetensors.index.json``; float32, bfloat16 or float16
+  (trained in float32);
+- tensor names with or without the ``transformer.`` prefix (GPT2LMHeadModel's or GPT2Model's, as on the hub), with
+  or without ``lm_head.weight`` when the embeddings are tied (a stored copy is ignored, as transformers does), and
+  the ``attn.bias`` mask buffers older transformers versions stored (ignored);
+- the layout earlier Shardyard versions wrote (``model_type`` "shardyard-tinygpt": no prefix, ``nn.Linear`` weights),
+  converted on load; it is saved back as GPT-2.
+
+Anything else (another ``model_type``, ``pytorch_model.bin`` only, missing or misshapen tensors) is a
+:class:`CheckpointError`.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +26,47 @@ import errno
 import functools
 import glob
 import json
-import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.numpy import save as safetensors_numpy_bytes
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
-from torch import nn
 
-MODEL_TYPE = "shardyard-tinygpt"
+from shardyard.training.gpt2 import CONV1D_WEIGHTS, MODEL_TYPE, TinyGPT, TinyGPTConfig
+
+__all__ = [
+    "CONFIG_FILE",
+    "MODEL_TYPE",
+    "WEIGHTS_FILE",
+    "WEIGHTS_INDEX_FILE",
+    "CheckpointError",
+    "TinyGPT",
+    "TinyGPTConfig",
+    "is_legacy_layout",
+    "load_pretrained",
+    "pretrained_files",
+    "recover_leftovers",
+    "save_pretrained",
+    "tensor_bytes",
+    "write_dir_atomic",
+]
+
+LEGACY_MODEL_TYPE = "shardyard-tinygpt"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-_TIED_KEY = "lm_head.weight"  # shares storage with "wte.weight"; only the latter is stored
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+_PICKLED_WEIGHTS = "pytorch_model.bin"
+_PREFIX = "transformer."
+_HEAD_KEY = "lm_head.weight"  # tied: shares storage with "transformer.wte.weight", only the latter is stored
+_MASK_BUFFER = re.compile(r"h\.\d+\.(attn|crossattention)\.(bias|masked_bias)")
+_LEGACY_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
 _AT_FDCWD = -100
@@ -47,117 +87,7 @@ _NUMPY_DTYPES = frozenset(
 
 
 class CheckpointError(Exception):
-    """A checkpoint directory is missing, incomplete or does not hold a TinyGPT."""
-
-
-@dataclass(frozen=True)
-class TinyGPTConfig:
-    vocab_size: int = 256
-    n_positions: int = 128
-    n_embd: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TinyGPTConfig.{f.name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model_type": MODEL_TYPE, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> TinyGPTConfig:
-        """Build from a ``config.json`` mapping; unknown keys are ignored, missing ones take defaults."""
-        if raw.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
-        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: TinyGPTConfig) -> None:
-        super().__init__()
-        self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, e = x.shape
-        q, k, v = self.c_attn(x).split(e, dim=2)
-        shape = (b, t, self.n_head, e // self.n_head)
-        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out: torch.Tensor = self.c_proj(y.transpose(1, 2).reshape(b, t, e))
-        return out
-
-
-class MLP(nn.Module):
-    def __init__(self, config: TinyGPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-        return out
-
-
-class Block(nn.Module):
-    def __init__(self, config: TinyGPTConfig) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = MLP(config)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        out: torch.Tensor = x + self.mlp(self.ln_2(x))
-        return out
-
-
-class TinyGPT(nn.Module):
-    """Token + learned position embeddings, pre-LN blocks, final LN, LM head tied to the token embedding."""
-
-    def __init__(self, config: TinyGPTConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
-        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        self.lm_head.weight = self.wte.weight
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    @property
-    def weights_tied(self) -> bool:
-        return self.lm_head.weight is self.wte.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """``idx``: LongTensor ``[batch, seq]`` of byte ids; returns logits ``[batch, seq, vocab]``."""
-        t = idx.shape[1]
-        if t > self.config.n_positions:
-            raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
-        logits: torch.Tensor = self.lm_head(self.ln_f(x))
-        return logits
+    """A checkpoint directory is missing, incomplete, or holds no GPT-2 model this runner can load."""
 
 
 def save_pretrained(
@@ -170,16 +100,23 @@ def save_pretrained(
     """
     extra = dict(extra_files or {})
     for name in extra:
-        if name in (CONFIG_FILE, WEIGHTS_FILE) or not name or name != Path(name).name or name.startswith("."):
+        if (
+            name in (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE)
+            or not name
+            or name != Path(name).name
+            or name.startswith(".")
+        ):
             raise ValueError(f"extra checkpoint file name {name!r} is not a plain, free file name")
     return write_dir_atomic(directory, {**pretrained_files(model), **extra})
 
 
 def pretrained_files(model: TinyGPT) -> dict[str, bytes]:
-    """The bytes of ``config.json`` and ``model.safetensors``: a snapshot of the model as it is now."""
-    if not model.weights_tied:
+    """The bytes of ``config.json`` and ``model.safetensors``: a snapshot of the model as it is now, as
+    ``transformers``' ``save_pretrained`` writes a GPT2LMHeadModel (float32, the tied head not stored)."""
+    tied = model.config.tie_word_embeddings
+    if tied and not model.weights_tied:
         raise CheckpointError("the LM head is not tied to the token embedding; refusing to save a single copy")
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != _TIED_KEY}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not (tied and k == _HEAD_KEY)}
     return {
         WEIGHTS_FILE: tensor_bytes(state, {"format": "pt"}),
         CONFIG_FILE: (json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n").encode(),
@@ -236,38 +173,120 @@ def recover_leftovers(directory: str | os.PathLike[str]) -> None:
 
 
 def load_pretrained(directory: str | os.PathLike[str]) -> TinyGPT:
-    """Load a checkpoint written by :func:`save_pretrained` (returned in eval mode, weights re-tied)."""
+    """Load a GPT-2 checkpoint directory (see the module's docstring for what it reads), in eval mode, float32."""
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist or is not a directory")
-    config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {root} has no {path.name}")
+    raw = _read_config(root)
+    legacy = raw.get("model_type") == LEGACY_MODEL_TYPE
+    if raw.get("model_type") not in (MODEL_TYPE, LEGACY_MODEL_TYPE):
+        raise CheckpointError(
+            f"{root / CONFIG_FILE}: model_type {raw.get('model_type')!r} is not supported: the fine-tune runner"
+            f" loads GPT-2 checkpoints (model_type {MODEL_TYPE!r}, GPT2LMHeadModel)"
+        )
     try:
-        raw = json.loads(config_path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError("config.json is not a JSON object")
-        config = TinyGPTConfig.from_dict(raw)
-    except (ValueError, TypeError, OSError) as exc:
-        raise CheckpointError(f"invalid {config_path}: {exc}") from exc
+        config = (
+            TinyGPTConfig(**{k: raw[k] for k in _LEGACY_FIELDS if k in raw}) if legacy else TinyGPTConfig.from_dict(raw)
+        )
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"invalid {root / CONFIG_FILE}: {exc}") from exc
+    model = TinyGPT(config, init_weights=False)  # every tensor comes from the file
+    state = _model_state(_read_weights(root), model, legacy=legacy, where=root)
+    model.load_state_dict(state, strict=False, assign=True)  # _model_state checked the names and shapes
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+def is_legacy_layout(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` holds a model in the layout of earlier Shardyard versions (``nn.Linear`` weights)."""
     try:
-        state = load_file(str(weights_path))
-    except Exception as exc:  # safetensors raises its own SafetensorError, plus OSError
-        raise CheckpointError(f"cannot read {weights_path}: {exc}") from exc
-    model = TinyGPT(config)
-    expected = {k: v for k, v in model.state_dict().items() if k != _TIED_KEY}
+        return _read_config(Path(directory)).get("model_type") == LEGACY_MODEL_TYPE
+    except CheckpointError:
+        return False
+
+
+def _read_config(root: Path) -> dict[str, Any]:
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {root} has no {CONFIG_FILE}")
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"invalid {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"invalid {path}: not a JSON object")
+    return raw
+
+
+def _read_weights(root: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model.safetensors``, or of the shards ``model.safetensors.index.json`` lists."""
+    index = root / WEIGHTS_INDEX_FILE
+    if (root / WEIGHTS_FILE).is_file():
+        files = [root / WEIGHTS_FILE]
+    elif index.is_file():
+        files = _index_files(index)
+    elif (root / _PICKLED_WEIGHTS).is_file():
+        raise CheckpointError(
+            f"checkpoint {root} has {_PICKLED_WEIGHTS} but no {WEIGHTS_FILE}: only safetensors weights are read"
+            " (no pickle); save it again with transformers' save_pretrained(directory, safe_serialization=True)"
+        )
+    else:
+        raise CheckpointError(f"checkpoint {root} has no {WEIGHTS_FILE}")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            part = load_file(str(path))
+        except Exception as exc:  # safetensors raises its own SafetensorError, plus OSError
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        if twice := sorted(part.keys() & tensors.keys()):
+            raise CheckpointError(f"{path}: tensors {twice} are also in another shard")
+        tensors.update(part)
+    return tensors
+
+
+def _index_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"invalid {index}: {exc!r}") from exc
+    for name in names:
+        if not isinstance(name, str) or name != Path(name).name or not (index.parent / name).is_file():
+            raise CheckpointError(f"{index} lists the shard {name!r}, which is not a file beside it")
+    return [index.parent / name for name in names]
+
+
+def _model_state(
+    tensors: Mapping[str, torch.Tensor], model: TinyGPT, *, legacy: bool, where: Path
+) -> dict[str, torch.Tensor]:
+    """The file's tensors under ``model``'s names, float32, checked against its names and shapes."""
+    config = model.config
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        name = key.removeprefix(_PREFIX)
+        if _MASK_BUFFER.fullmatch(name) or (name == _HEAD_KEY and config.tie_word_embeddings):
+            continue  # a causal-mask buffer; a copy of the tied embedding (transformers ties it to wte)
+        if legacy and name.endswith(CONV1D_WEIGHTS):
+            tensor = tensor.t()  # nn.Linear's [out, in] -> GPT-2's Conv1D [in, out]
+        name = name if name == _HEAD_KEY else _PREFIX + name
+        if name in state:
+            raise CheckpointError(f"{where}: {name} is stored twice (with and without the {_PREFIX!r} prefix)")
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{where}: {key} is {tensor.dtype}, not a floating-point tensor")
+        state[name] = tensor.to(torch.float32).contiguous()
+    expected = model.state_dict()
+    if config.tie_word_embeddings:
+        del expected[_HEAD_KEY]
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
     if missing or unexpected:
-        raise CheckpointError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
-    for key, tensor in state.items():
-        if tensor.shape != expected[key].shape:
+        raise CheckpointError(f"{where}: missing tensors {missing}, unexpected tensors {unexpected}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
             raise CheckpointError(
-                f"{weights_path}: {key} has shape {tuple(tensor.shape)}, config implies {tuple(expected[key].shape)}"
+                f"{where}: {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
             )
-    model.load_state_dict(state, strict=False)  # only the tied lm_head.weight is absent
-    model.lm_head.weight = model.wte.weight
-    return model.eval()
+    return state
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:
