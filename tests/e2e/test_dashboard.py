@@ -1,17 +1,14 @@
-"""The dashboard in a real browser: a monitor process on a real broker is fed node states and a job's whole run, and
-headless Chromium renders its page. The DOM must show the nodes, the job and its loss curve; the screenshot is kept as
-a test artefact (``SHARDYARD_TEST_ARTEFACTS``, default ``.artefacts/``) for a person to look at."""
+"""The dashboard following a live job, in a real browser: a monitor process on a real broker is fed node states and a
+job's run step by step, and headless Chromium renders its page while the job runs (every point of its loss curve,
+its GPUs in use) and again once it has ended. The page over a whole real cluster, and its screenshot, are the
+observability demo's (``test_observability_demo.py``)."""
 
 import asyncio
 import json
 import math
-import os
-import shutil
-import subprocess
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -21,97 +18,18 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
 from shardyard.embedded import free_port
 from shardyard.events import GpuStatus, JobAccepted, JobReady, JobRunning, JobSucceeded, ServiceReady
+from tests.support.browser import Dom, browser, render
 from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service
 from tests.unit.builders import GIB, completed, job_spec, node_state, progress, scheduled, started
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
-ROOT = Path(__file__).parents[2]
 RUN = uuid.uuid4().hex[:6]
 """Ids unique to this run: an outside broker (``SHARDYARD_KAFKA_BOOTSTRAP``) keeps earlier runs' events."""
 JOB = f"dash-job-{RUN}"
 NODES = (f"dash-a-{RUN}", f"dash-b-{RUN}")
 STEPS = 40
 """Progress reports per shard: the loss curve must carry them all."""
-BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
-
-
-def browser() -> str:
-    """Chromium's path. Missing, the test fails rather than skips: a skipped browser test would pass CI unseen."""
-    for name in BROWSER_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail(
-        "no Chromium on PATH (tried " + ", ".join(BROWSER_NAMES) + "): the dashboard test renders the page in a real "
-        "browser. Install the Debian package `chromium` (`./dev setup` does when apt-get is available).",
-        pytrace=False,
-    )
-
-
-def artefacts() -> Path:
-    folder = Path(os.environ.get("SHARDYARD_TEST_ARTEFACTS") or ROOT / ".artefacts")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def render(url: str, mode: str, profile: Path) -> str:
-    """Load ``url`` headless and give the page 4 s of virtual time (about four polls of the API); Chromium waits for
-    the page's fetches before it lets that time run, so the budget costs no wall time waiting on the monitor."""
-    command = [
-        browser(),
-        "--headless",
-        "--disable-gpu",
-        "--no-sandbox",  # tests run as root in CI containers
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-        "--virtual-time-budget=4000",
-        mode,
-        url,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
-class Dom(HTMLParser):
-    """The dumped DOM as a flat list of (tag, attributes, ids of the open ancestors), and its visible text."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.elements: list[tuple[str, dict[str, str], tuple[str, ...]]] = []
-        self.text: list[str] = []
-        self._open: list[tuple[str, str]] = []
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        found = {name: value or "" for name, value in attrs}
-        self.elements.append((tag, found, tuple(i for _, i in self._open if i)))
-        if tag not in VOID:
-            self._open.append((tag, found.get("id", "")))
-
-    def handle_endtag(self, tag: str) -> None:
-        while self._open:
-            if self._open.pop()[0] == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        if not self._open or self._open[-1][0] not in ("style", "script"):
-            self.text.append(data)
-
-    def find(self, tag: str, *, inside: str | None = None, **attrs: str) -> list[dict[str, str]]:
-        return [
-            found
-            for name, found, ancestors in self.elements
-            if name == tag
-            and (inside is None or inside in ancestors)
-            and all(found.get(k.replace("_", "-")) == v for k, v in attrs.items())
-        ]
-
-    def all_text(self) -> str:
-        return " ".join(" ".join(self.text).split())
 
 
 def get(url: str) -> Any:
@@ -187,14 +105,7 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
 
             await eventually(curve_complete, f"every node and all {STEPS} points of {JOB}'s curve")
 
-            folder = artefacts()
-            screenshot = folder / "dashboard.png"
-            screenshot.unlink(missing_ok=True)
-            render(page, f"--screenshot={screenshot}", tmp_path / "profile-shot")
-            html = render(page, "--dump-dom", tmp_path / "profile-dom")
-            (folder / "dashboard.html").write_text(html)
-
-            dom = Dom(html)
+            dom = Dom(render(page, "--dump-dom", tmp_path / "profile-dom"))
             for node_id in NODES:
                 assert dom.find("div", data_node_id=node_id), f"node {node_id} not drawn"
             assert dom.find("tr", data_job_id=JOB), "the job is missing from the job list"
@@ -208,9 +119,6 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             assert JOB in text and "RUNNING" in text and "live · updated" in text
             assert "A100" in text and "in use" in text
             assert "loading…" not in text  # every panel drew, alerts too (firing, none, or not served yet)
-
-            assert screenshot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-            assert screenshot.stat().st_size > 30_000, "the screenshot looks blank"
 
             # The page follows the job to its end.
             end = datetime.now(UTC)
