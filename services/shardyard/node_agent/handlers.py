@@ -117,8 +117,8 @@ class AgentHandlers:
         if isinstance(event, ShardStopRequest):
             self._stop(event)
             return
-        if not isinstance(event, ShardAssignment):
-            return
+        if not isinstance(event, ShardAssignment) or event.node_id != self.book.node_id:
+            return  # another node's assignment: no span in the job's trace for a node that does nothing with it
         with tracing.job_span("assignment", event.job_id, attributes=tracing.event_attributes(event)) as span:
             await self._on_assignment(event, span)
 
