@@ -131,9 +131,13 @@ async def test_pending_reasons_drain_and_queue_metrics(bootstrap: str, log_dir: 
     base = f"http://127.0.0.1:{port}"
     now = datetime.now(UTC)
     counts = {"GPU model mismatch": 2, "no free GPU": 1}
-    with service("shardyard.monitor", ["--http-port", str(port)], bootstrap=bootstrap, log_dir=log_dir):
+    async with Producer(bootstrap) as send:
+        await send.event(heartbeat("mon-n0", now))  # before the monitor starts: past heartbeats are not replayed
+    args = ["--http-port", str(port), "--instance", "mon-pending"]
+    with service("shardyard.monitor", args, bootstrap=bootstrap, log_dir=log_dir):
         async with Watcher(bootstrap, [SERVICES]) as watch, Producer(bootstrap) as send:
-            await watch.first(ServiceReady, service="monitor", timeout_s=60)
+            # This replica's own announcement (the module's broker holds the previous test's): it reads from here on.
+            await watch.first(ServiceReady, service="monitor", instance="mon-pending", timeout_s=60)
             # Operators' drain requests share the heartbeats topic with the agents' heartbeats: both are folded in.
             await send.event(NodeDrain(occurred_at=now, node_id="mon-n1", draining=True))
             await send.event(heartbeat("mon-n1", now))
@@ -204,5 +208,5 @@ async def test_pending_reasons_drain_and_queue_metrics(bootstrap: str, log_dir: 
             async def both_folded() -> bool:
                 return folded in (await asyncio.to_thread(get, f"{base}/metrics")).decode().splitlines()
 
-            await eventually(both_folded, "the drain request and the heartbeat folded in")
+            await eventually(both_folded, "the drain request and the heartbeat folded in, not the earlier heartbeat")
             assert await records_in(bootstrap, DEADLETTER.name) == 0

@@ -24,10 +24,13 @@ from shardyard.events import (
     NodeStatus,
     PendingReason,
 )
-from shardyard.monitor.alerts import RESEND_AFTER_S, AlertBook, AlertPolicy, CatchUp, SyncPace
+from shardyard.monitor.alerts import RESEND_AFTER_S, AlertBook, CatchUp
 from shardyard.monitor.app import MonitorSettings
+from shardyard.monitor.jobs import SyncPace
 from shardyard.monitor.metrics import make_registry
-from shardyard.monitor.views import ClusterView, Telemetry
+from shardyard.monitor.rules import AlertPolicy
+from shardyard.monitor.telemetry import Telemetry
+from shardyard.monitor.views import ClusterView
 from tests.unit.builders import GIB, at, failed, heartbeat, job_spec, node_state, progress, scheduled
 
 POLICY = AlertPolicy(instance="m1")
@@ -187,9 +190,15 @@ CASES = {
     "hot-gpu-cool": Case(R.GPU_OVER_TEMPERATURE, [hot(85)], (0, 30), None),
     "hot-gpu-of-lost-node": Case(R.GPU_OVER_TEMPERATURE, [hot(95, NodeStatus.LOST)], (0, 30), None),
     "hot-gpu-resolves": Case(R.GPU_OVER_TEMPERATURE, [hot(90)], (0, 30, 31), RESOLVE, later=[hot(70, t=31)]),
+    "hot-gpu-resolves-when-readings-stop": Case(
+        R.GPU_OVER_TEMPERATURE, [hot(90)], (0, 30, 31), RESOLVE, later=[node_state(occurred_at=at(31))]
+    ),
     # HEARTBEAT_LAG: the newest heartbeat over 2 s old, LOST nodes aside.
     "heartbeat-lag-fires": Case(R.HEARTBEAT_LAG, [node_state(), heartbeat()], (2.5,), FIRE),
     "heartbeat-fresh": Case(R.HEARTBEAT_LAG, [node_state(), heartbeat()], (1.5,), None),
+    "heartbeat-newest-of-pool-and-agent": Case(
+        R.HEARTBEAT_LAG, [heartbeat(occurred_at=at(2)), node_state(last_heartbeat_at=at(1))], (3.5,), None
+    ),
     "heartbeat-of-lost-node": Case(R.HEARTBEAT_LAG, [node_state(status=NodeStatus.LOST)], (30,), None),
     "heartbeat-lag-resolves": Case(
         R.HEARTBEAT_LAG, [heartbeat()], (2.5, 3), RESOLVE, later=[heartbeat(occurred_at=at(3))]

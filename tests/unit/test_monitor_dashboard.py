@@ -9,8 +9,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from shardyard.events import GpuStatus, JobAccepted, JobReady, NodeStatus
 from shardyard.monitor.http import build_http, dashboard_files
-from shardyard.monitor.metrics import make_registry
-from shardyard.monitor.views import ClusterView, ProgressSeries
+from shardyard.monitor.jobs import ProgressSeries
+from shardyard.monitor.metrics import MonitorMetrics
+from shardyard.monitor.views import ClusterView
 from tests.unit.builders import GIB, at, job_spec, node_state, progress, scheduled, started
 
 
@@ -139,8 +140,7 @@ def test_the_dashboard_ships_in_the_package() -> None:
 async def test_the_monitor_serves_the_page_its_script_and_the_series() -> None:
     view = running_job()
     view.apply(progress(JOB, 0, step=5, loss=4.0, occurred_at=at(10)))
-    registry, _ = make_registry(view)
-    async with TestClient(TestServer(build_http(view, registry))) as client:
+    async with TestClient(TestServer(build_http(view, MonitorMetrics(view)))) as client:
         page = await client.get("/")
         assert page.status == 200 and page.content_type == "text/html"
         assert "<title>Shardyard</title>" in await page.text()
@@ -151,3 +151,26 @@ async def test_the_monitor_serves_the_page_its_script_and_the_series() -> None:
         assert (await client.get("/api/jobs/nobody/series")).status == 404
         summary = await (await client.get("/api/summary")).json()
         assert summary["jobs"]["SCHEDULED"] == 1
+
+
+async def test_cluster_wide_answers_are_kept_until_the_view_changes() -> None:
+    view = running_job()
+    view.apply(node_state("node-a"))
+    metrics = MonitorMetrics(view)
+    async with TestClient(TestServer(build_http(view, metrics))) as client:
+        first = await (await client.get("/metrics")).read()
+        assert first == metrics.exposition()
+        metrics.events.labels("t").inc()  # a change the view does not count: the kept answer is served
+        assert await (await client.get("/metrics")).read() == first
+        nodes = await (await client.get("/api/nodes")).json()
+
+        view.apply(node_state("node-b", draining=True))
+        view.apply(progress(JOB, 0, step=5, loss=float("nan"), occurred_at=at(10)))
+
+        assert await (await client.get("/metrics")).read() == metrics.exposition() != first
+        (node_a,) = nodes["nodes"]
+        assert (node_a["node_id"], node_a["status"], node_a["artifact_count"]) == ("node-a", "ALIVE", 2)
+        shown = await (await client.get("/api/nodes")).json()
+        assert [(n["node_id"], n["draining"]) for n in shown["nodes"]] == [("node-a", False), ("node-b", True)]
+        jobs = await (await client.get("/api/jobs")).json()
+        assert jobs["jobs"][0]["loss"] is None  # a diverged run's NaN: JSON has no such number

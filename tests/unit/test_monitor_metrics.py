@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardyard.events import (
     FailureCause,
+    GpuStatus,
     JobAccepted,
     JobCancelled,
     JobPreempted,
@@ -23,11 +24,12 @@ from shardyard.events import (
     NodeStatus,
     PendingReason,
 )
-from shardyard.monitor.metrics import make_registry, mean_rtt_ms
-from shardyard.monitor.views import ClusterView, Telemetry
+from shardyard.monitor.metrics import MonitorMetrics, make_registry, mean_rtt_ms
+from shardyard.monitor.telemetry import Telemetry
+from shardyard.monitor.views import ClusterView
 from shardyard.scheduler.gangs import build_snapshot
 from shardyard.scheduler.model import estimated_rtt_ms
-from tests.unit.builders import at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
+from tests.unit.builders import GIB, at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
 
 
 def accept(job_id: str, priority: int) -> list[object]:
@@ -63,11 +65,11 @@ def preempted(job_id: str) -> JobPreempted:
 
 
 def scrape(*events: object) -> str:
+    """What ``/metrics`` serves after ``events``."""
     view = ClusterView()
     for event in events:
         view.apply(event)
-    registry, _ = make_registry(view)
-    return generate_latest(registry).decode()
+    return MonitorMetrics(view).exposition().decode()
 
 
 @pytest.mark.parametrize(
@@ -243,7 +245,7 @@ def test_mean_rtt_by_group_equals_the_mean_over_every_pair(places: list[tuple[st
         a.node_id: sum(estimated_rtt_ms(a, b, {}) for b in nodes if b is not a) / (len(nodes) - 1) for a in nodes
     }
 
-    assert mean_rtt_ms(nodes) == pytest.approx(expected)
+    assert mean_rtt_ms(states) == pytest.approx(expected)
 
 
 def test_shard_failures_count_each_attempt_once_by_cause_from_zero() -> None:
@@ -275,3 +277,49 @@ def test_a_job_that_ends_while_recovering_records_no_recovery() -> None:
     text = scrape(*running("a", 5), recovering("a", 1, seconds=10), succeeded("a"), progress("a", attempt=2))
 
     assert value(text, "shardyard_recovery_seconds_count") == 0
+
+
+# --- the exposition ---------------------------------------------------------------------------------------------
+def busy_view() -> ClusterView:
+    """A view with every family in use: jobs queued and running, GPUs of several kinds, heartbeats, alerts' figures,
+    and label values that need escaping."""
+    view = ClusterView(telemetry=Telemetry(clock=FixedClock(at(10.25))))
+    hot = GpuStatus(index=3, model="H100", tflops=60.0, memory_bytes=80 * GIB, temperature_c=91.5, healthy=False)
+    events: list[object] = [
+        *running("a", 5),
+        progress("a", 0, step=40, loss=3.5, syncs=2, allreduce_ms=12.5),
+        *unschedulable("b", 7, PendingReason.NO_FIT),
+        *waiting("c", 0),
+        recovering("a", 1, seconds=10),
+        node_state("n1", topology={"zone": "z1", "rack": "r1"}),
+        node_state("n2", gpus=(hot,), topology={"zone": "z2"}, draining=True),
+        node_state('odd"node\\with\nlines', status=NodeStatus.SUSPECT),
+        node_state("gone", status=NodeStatus.LOST),
+        heartbeat("n1", occurred_at=at(10)),
+    ]
+    for event in events:
+        view.apply(event)
+    view.consumer_lag = {"shardyard.nodes.heartbeats": 3, "a \\ topic": 1}
+    return view
+
+
+def test_the_exposition_is_what_prometheus_client_writes() -> None:
+    metrics = MonitorMetrics(busy_view())
+    metrics.events.labels("shardyard.nodes.state").inc(4)
+
+    assert metrics.exposition().decode() == generate_latest(metrics.registry).decode()
+
+
+def test_label_values_are_escaped() -> None:
+    text = MonitorMetrics(busy_view()).exposition().decode()
+
+    assert 'shardyard_node_cpu_load_ratio{node="odd\\"node\\\\with\\nlines"} 0.1' in text.splitlines()
+    assert value(text, "shardyard_node_cpu_load_ratio", node='odd"node\\with\nlines') == pytest.approx(0.1)
+    assert value(text, "shardyard_monitor_consumer_lag_messages", topic="a \\ topic") == 1
+
+
+def test_make_registry_serves_the_same_families() -> None:
+    view = busy_view()
+    registry, _events = make_registry(view)
+
+    assert generate_latest(registry) == MonitorMetrics(view).exposition()

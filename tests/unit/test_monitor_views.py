@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
 import pytest
 
 from shardyard.events import (
@@ -29,7 +32,7 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import JobState
 from shardyard.monitor.views import ClusterView
-from tests.unit.builders import GIB, at, completed, job_spec, node_state, progress, scheduled, started
+from tests.unit.builders import GIB, at, completed, heartbeat, job_spec, node_state, progress, scheduled, started
 
 SPEC = job_spec(priority=5, max_steps=20)
 
@@ -186,12 +189,27 @@ def test_resubmission_after_rejection_is_shown() -> None:
 def test_nodes_json() -> None:
     view = view_of([node_state("node-b", status=NodeStatus.SUSPECT, allocated_gpus=(1,)), node_state("node-a")])
 
-    nodes = view.nodes_json()
+    nodes = json.loads(view.nodes_body())["nodes"]
 
     assert [(n["node_id"], n["status"], n["allocated_gpus"]) for n in nodes] == [
         ("node-a", NodeStatus.ALIVE, []),
         ("node-b", NodeStatus.SUSPECT, [1]),
     ]
+
+
+@pytest.mark.parametrize(
+    ("pool_received", "agent_sent", "shown"),
+    [
+        pytest.param(at(2), at(1), at(2), id="the-pools-receipt"),
+        pytest.param(at(2), at(3), at(3), id="a-heartbeat-the-pool-has-not-answered-yet"),
+    ],
+)
+def test_a_node_shows_its_newest_sign_of_life(pool_received: datetime, agent_sent: datetime, shown: datetime) -> None:
+    view = view_of([node_state("n1", last_heartbeat_at=pool_received), heartbeat("n1", occurred_at=agent_sent)])
+
+    (node,) = json.loads(view.nodes_body())["nodes"]
+
+    assert datetime.fromisoformat(node["last_heartbeat_at"]) == shown
 
 
 # --- waiting, degraded placement, preemption, cancellation, drain -------------------------------------------------
@@ -374,7 +392,7 @@ def test_nodes_show_drain_topology_artifacts_and_tflops() -> None:
     )
     view = view_of([state, NodeDrain(occurred_at=at(1), node_id="node-a", draining=True)])
 
-    (node,) = view.nodes_json()
+    (node,) = json.loads(view.nodes_body())["nodes"]
 
     assert (node["draining"], node["topology"], node["artifact_count"]) == (True, {"zone": "z1", "rack": "r2"}, 2)
     assert (node["gpus"][0]["tflops"], node["gpus"][0]["tflops_source"]) == (31.5, "measured")

@@ -104,6 +104,31 @@ async def test_consumers_not_started_and_partitions_revoked_or_not_positioned_ad
     assert await lag.sample() == {("a", "g"): 6}
 
 
+class ArrivingConsumer(FakeConsumer):
+    """A position that arrives when the test says so (as a sampler is being stopped)."""
+
+    def __init__(self, ends: dict[TopicPartition, int], arrival: asyncio.Future[int]) -> None:
+        super().__init__(ends, {})
+        self.arrival = arrival
+
+    async def position(self, partition: TopicPartition) -> int:
+        return await self.arrival
+
+
+async def test_a_sampler_stopped_as_a_position_arrives_stops() -> None:
+    arrival: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    lag = ConsumerLag()
+    lag.track(FakeSubscription(ArrivingConsumer({A0: 10}, arrival)), group="g")
+    sampling = asyncio.create_task(lag.sample())
+    await asyncio.sleep(0.01)  # waiting for the position
+
+    arrival.set_result(3)
+    sampling.cancel()
+
+    with pytest.raises(asyncio.CancelledError):  # not swallowed: a periodic sampler would outlive its stop()
+        await sampling
+
+
 async def test_sampling_starts_once_enabled_reports_the_latest_sample_and_survives_a_failure() -> None:
     consumer = FakeConsumer({A0: 10}, {A0: 2})
     consumer.failures.append(KafkaConnectionError())

@@ -86,7 +86,10 @@ class Bus:
             await self.publish(event)
 
     async def dead_letter(self, raw: bytes, message: KafkaMessage, error: str) -> None:
-        record = source_record(message)
+        await self.dead_letter_record(raw, source_record(message), error)
+
+    async def dead_letter_record(self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str) -> None:
+        """Dead-letter a record read without FastStream (the monitor reads its topics in batches)."""
         headers = {
             "x-shardyard-error": error[:2000],
             "x-shardyard-source": f"{record.topic}/{record.partition}/{record.offset}",

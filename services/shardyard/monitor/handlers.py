@@ -1,25 +1,60 @@
-"""Monitor handlers: every event folds into the cluster view."""
+"""Monitor handlers: every record the feed reads is decoded and folded into the cluster view.
 
-from collections.abc import Awaitable, Callable
+A record that is not an event of its topic goes to the dead-letter topic, as a FastStream subscription of the bus
+would send it, and the records after it are folded. The monitor publishes nothing about jobs, so the trace context
+that job events carry is not recorded here (``tracing.observe``): it would continue no trace.
+"""
 
-from faststream.kafka import KafkaMessage
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
 from prometheus_client import Counter
 
+from shardyard import metrics
+from shardyard.bus.codec import decode
 from shardyard.bus.topics import Topic
+from shardyard.errors import EventDecodeError
+from shardyard.monitor.feed import Record
 from shardyard.monitor.views import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetters(Protocol):
+    """What the handlers need of the bus (``shardyard.bus.kafka.Bus`` has it)."""
+
+    async def dead_letter_record(self, raw: bytes, record: Record, error: str) -> None: ...
 
 
 class MonitorHandlers:
-    def __init__(self, view: ClusterView, events: Counter) -> None:
+    def __init__(self, view: ClusterView, events: Counter, bus: DeadLetters) -> None:
         self.view = view
         self.events = events
+        self.bus = bus
 
-    def for_topic(self, topic: Topic) -> Callable[[object], Awaitable[None]]:
-        async def on_event(event: object) -> None:
-            self.view.apply(event)
-            self.events.labels(topic.name).inc()  # counted once folded: a failing attempt is not a consumed event
-
-        return on_event
-
-    async def on_dead_letter(self, _raw: bytes, _message: KafkaMessage) -> None:
-        self.view.dead_letters += 1
+    async def on_records(self, topic: Topic, records: Sequence[Record]) -> None:
+        """Fold a batch of one topic's records, in order."""
+        if topic.payload is None:  # the dead-letter topic: raw bytes, counted
+            self.view.dead_letters += len(records)
+            metrics.handled(topic.name, [0.0] * len(records))
+            return
+        seconds: list[float] = []
+        refused: list[tuple[Record, str]] = []
+        for record in records:
+            began = time.perf_counter()
+            try:
+                self.view.apply(decode(topic, record.value or b""))
+            except EventDecodeError as exc:
+                refused.append((record, str(exc)))
+            except Exception as exc:  # a bug in a fold must not stop the monitor: the record is kept aside
+                log.exception("monitor: folding %s/%d/%d failed", record.topic, record.partition, record.offset)
+                refused.append((record, f"handler failed: {exc!r}"))
+            seconds.append(time.perf_counter() - began)
+        if len(refused) < len(records):  # counted once folded: a refused record is not a consumed event
+            self.events.labels(topic.name).inc(len(records) - len(refused))
+        metrics.handled(topic.name, seconds)
+        for record, error in refused:
+            log.warning("monitor: dead-lettering %s/%d/%d: %s", record.topic, record.partition, record.offset, error)
+            await self.bus.dead_letter_record(record.value or b"", record, error)

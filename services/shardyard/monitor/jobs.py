@@ -1,0 +1,383 @@
+"""One job as the monitor shows it, folded from its lifecycle and shard events. Pure: events in, JSON-ready views out.
+
+The transition table (``shardyard.lifecycle``) keeps a job where it is on a late or duplicated event; everything else
+a job shows (its pending reason, placements, timeline, progress series, the figures the alert rules read) is folded
+here. The cluster-wide picture that holds the jobs is ``monitor/views.py``.
+"""
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shardyard.events import (
+    FailureCause,
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobPreempted,
+    JobPreempting,
+    JobReady,
+    JobRecovering,
+    JobRejected,
+    JobRunning,
+    JobScheduled,
+    JobSucceeded,
+    JobUnschedulable,
+    JobWaiting,
+    RejectReason,
+    ShardCompleted,
+    ShardFailed,
+    ShardProgress,
+    ShardStarted,
+)
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+
+MAX_TIMELINE = 500
+MAX_SERIES = 2000
+SERIES_POINTS = 512
+"""Points of a job's progress series: about a chart's width in pixels, small enough to poll every second."""
+ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})
+"""Shard states whose last throughput no longer counts towards the gang's."""
+
+SeriesPoint = tuple[int, float, float, float]
+"""(step, seconds since the job's first step, rank 0's loss, samples/s of the whole gang)."""
+ShardFact = ShardStarted | ShardProgress | ShardCompleted | ShardFailed
+
+
+@dataclass
+class ProgressSeries:
+    """A job's loss and throughput over steps and time, for the dashboard's curves.
+
+    Bounded without losing the run's shape: when full, every other point goes and from then on only every
+    ``stride``-th report is kept, so a long run shows its whole curve at a coarser grain instead of stopping at its
+    first ``limit`` reports. The newest report is always shown, so the curve ends where the job is. A report whose
+    step goes back (a gang re-formed from an earlier checkpoint) drops the points past it: that work was lost.
+    """
+
+    limit: int = SERIES_POINTS
+    points: list[SeriesPoint] = field(default_factory=list)
+    latest: SeriesPoint | None = None
+    stride: int = 1
+    reports: int = 0
+
+    def add(self, point: SeriesPoint) -> None:
+        if self.latest is not None and point[0] < self.latest[0]:
+            self.points = [p for p in self.points if p[0] < point[0]]
+        self.latest = point
+        self.reports += 1
+        if (self.reports - 1) % self.stride:
+            return
+        self.points.append(point)
+        if len(self.points) >= self.limit:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def columns(self) -> dict[str, Any]:
+        """Column arrays (``step``, ``t_s``, ``loss``, ``samples_per_s``): the shape a chart walks, and compact."""
+        points = list(self.points)
+        if self.latest is not None and (not points or points[-1] != self.latest):
+            points.append(self.latest)
+        step, t_s, loss, rate = (list(column) for column in zip(*points, strict=True)) if points else ([], [], [], [])
+        return {"stride": self.stride, "step": step, "t_s": t_s, "loss": _finite(loss), "samples_per_s": _finite(rate)}
+
+
+@dataclass
+class SyncPace:
+    """Steps between parameter syncs as rank 0's progress reports show them (the reports do not carry the interval).
+
+    Reports come at most every 0.5 s, so the step at which the sync count is seen to rise lags the sync by up to that
+    many steps; the gap between two such sightings is the interval give or take those steps. The first sighting of
+    an attempt only marks the start, since the report before it need not have been a sync."""
+
+    attempt: int = 0
+    syncs: int = 0
+    step: int = 0
+    at_sync: bool = False
+    steps_per_sync: float | None = None
+
+    def observe(self, attempt: int, step: int, syncs: int) -> None:
+        if attempt != self.attempt or syncs < self.syncs:
+            self.attempt, self.syncs, self.step, self.at_sync, self.steps_per_sync = attempt, syncs, step, False, None
+            return
+        if syncs > self.syncs:
+            if self.at_sync:
+                self.steps_per_sync = (step - self.step) / (syncs - self.syncs)
+            self.syncs, self.step, self.at_sync = syncs, step, True
+
+
+@dataclass
+class JobView:
+    job_id: str
+    state: JobState | None = None
+    reason: str | None = None
+    message: str = ""
+    node_counts: dict[str, int] = field(default_factory=dict)
+    """Nodes excluded, by the scheduler's filter, behind the current pending reason."""
+    waiting_for: list[str] = field(default_factory=list)
+    """Parent jobs the queue holds this one for."""
+    spec: dict[str, Any] | None = None
+    attempt: int = 0
+    submitted_at: datetime | None = None
+    first_step_at: datetime | None = None
+    ended_at: datetime | None = None
+    final_loss: float | None = None
+    checkpoint_dir: str | None = None
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    degraded: bool = False
+    resume_from: str | None = None
+    preempting: tuple[int, str] | None = None
+    """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
+    recoveries: int = 0
+    last_checkpoint: dict[str, Any] | None = None
+    shards: dict[int, dict[str, Any]] = field(default_factory=dict)
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    series: ProgressSeries = field(default_factory=ProgressSeries)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    # What the alert rules (monitor/rules.py) read beside the above:
+    reason_since: datetime | None = None
+    """When the scheduler first gave the current pending reason (set by job.unschedulable only)."""
+    running_at: datetime | None = None
+    """When the current attempt's gang was last seen RUNNING."""
+    sync_timeout: ShardFailed | None = None
+    """The newest shard failure of this job by SYNC_TIMEOUT."""
+    sync_pace: SyncPace = field(default_factory=SyncPace)
+
+    def pending(self, reason: str | None, message: str, *, node_counts: dict[str, int], waiting_for: list[str]) -> None:
+        """Set the current reason (None: none) with its details; every other detail of the last one goes."""
+        self.reason, self.message = reason, message
+        self.node_counts, self.waiting_for = node_counts, waiting_for
+
+    def note(self, at: datetime, what: str, detail: str = "") -> None:
+        if len(self.timeline) < MAX_TIMELINE:
+            self.timeline.append({"at": at.isoformat(), "event": what, "detail": detail})
+
+    # --- folding ------------------------------------------------------------------------------------------------
+    def fold_lifecycle(self, event: LifecycleFact) -> bool:
+        """Fold a lifecycle fact; False when the transition table refused it (late, duplicated, or a resubmission
+        refused), so that the cluster counts each preemption, recovery and cancellation once."""
+        target = target_state(event)
+        if isinstance(event, JobRejected) and (
+            event.reason is RejectReason.DUPLICATE_JOB or not can_move(self.state, JobState.REJECTED)
+        ):
+            self.note(event.occurred_at, "resubmission refused", f"{event.reason}: {event.message}")
+            return False
+        if isinstance(event, JobWaiting) and self.state is JobState.WAITING:
+            self._waiting(event)  # a held job's new reason: no move
+            return False
+        if target is not None and not can_move(self.state, target):
+            return False  # late or duplicated: the transition table keeps the job where it is
+        if target is not None:
+            self.state = target
+        self._moved(event)
+        return True
+
+    def _moved(self, event: LifecycleFact) -> None:
+        match event:
+            case JobAccepted():
+                self.spec = event.spec.model_dump(mode="json")
+                self.submitted_at = event.spec.submitted_at
+                self.pending(None, "", node_counts={}, waiting_for=[])
+                self.errors = []
+                self.note(event.occurred_at, "accepted", f"priority {event.spec.priority}")
+            case JobRejected():
+                self.pending(event.reason, event.message, node_counts={}, waiting_for=[])
+                self.errors = [e.model_dump() for e in event.errors]
+                self.ended_at = event.occurred_at
+                self.note(event.occurred_at, "rejected", f"{event.reason}: {event.message}")
+            case JobWaiting():
+                self._waiting(event)
+            case JobReady():
+                self.pending(None, "", node_counts={}, waiting_for=[])
+                self.note(event.occurred_at, "ready", "dependencies met; waiting for placement")
+            case JobUnschedulable():
+                if self.reason != event.reason:
+                    self.reason_since = event.occurred_at
+                self.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
+                self.note(event.occurred_at, "unschedulable", event.message)
+            case JobScheduled():
+                self._scheduled(event)
+            case JobRunning():
+                self.running_at = event.occurred_at
+                self.note(event.occurred_at, "running", "every shard started")
+            case JobPreempting():
+                if self.preempting != (event.attempt, event.by_job):
+                    self.preempting = (event.attempt, event.by_job)
+                    self.note(
+                        event.occurred_at,
+                        "preempting",
+                        f"attempt {event.attempt} yields to {event.by_job}: "
+                        f"checkpoint and stop within {event.deadline_s:g}s",
+                    )
+            case JobPreempted():
+                self.preempting = None
+                self.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
+                kept = (
+                    f"checkpoint {event.checkpoint_dir} at step {event.checkpoint_step}"
+                    if event.checkpoint_dir
+                    else "no checkpoint: the next attempt starts over"
+                )
+                self.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
+            case JobRecovering():
+                self.recoveries += 1
+                self.preempting = None
+                excluded = f"; avoiding {', '.join(event.exclude_nodes)}" if event.exclude_nodes else ""
+                self.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
+                self.note(
+                    event.occurred_at,
+                    "recovering",
+                    f"attempt {event.attempt} failed ({event.cause}: {event.message}); retry {event.retries_used}, "
+                    f"{event.retries_left} left{excluded}",
+                )
+            case JobCancelRequested():
+                if self.state is not None and self.state not in TERMINAL:
+                    self.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
+            case JobCancelled():
+                self.pending("CANCELLED", event.message, node_counts={}, waiting_for=[])
+                self.ended_at = event.occurred_at
+                self.note(event.occurred_at, "cancelled", event.message)
+            case JobSucceeded():
+                self.final_loss, self.checkpoint_dir = event.final_loss, event.checkpoint_dir
+                self.ended_at = event.occurred_at
+                self.note(
+                    event.occurred_at, "succeeded", f"final loss {event.final_loss}; checkpoint {event.checkpoint_dir}"
+                )
+            case JobFailed():
+                self.pending(event.cause, event.message, node_counts={}, waiting_for=[])
+                self.ended_at = event.occurred_at
+                self.note(event.occurred_at, "failed", f"{event.cause}: {event.message}")
+
+    def _waiting(self, event: JobWaiting) -> None:
+        waiting_for = list(event.waiting_for)
+        if (self.reason, self.message, self.waiting_for) == (event.reason, event.message, waiting_for):
+            return  # the same reason again
+        self.pending(event.reason, event.message, node_counts={}, waiting_for=waiting_for)
+        self.note(event.occurred_at, "waiting", event.message)
+
+    def _scheduled(self, event: JobScheduled) -> None:
+        self.attempt, self.degraded, self.resume_from = event.attempt, event.degraded, event.resume_from
+        self.preempting = None
+        self.pending(None, "", node_counts={}, waiting_for=[])
+        self.placements = [p.model_dump() for p in event.placements]
+        where = ", ".join(
+            f"shard {p.shard_index} -> {p.node_id} GPU {p.gpu_indices}"
+            + (f" degraded (match {p.match_score:.2f})" if p.degraded else "")
+            for p in event.placements
+        )
+        detail = f"attempt {event.attempt}{' (degraded)' if event.degraded else ''}: {where}; "
+        detail += f"coordinator {event.coordinator_node}"
+        if event.resume_from:
+            detail += f"; resuming from {event.resume_from}"
+        self.note(event.occurred_at, "scheduled", detail)
+
+    def fold_shard(self, event: ShardFact) -> None:
+        if event.attempt < self.attempt:
+            return
+        shard = self.shards.setdefault(event.shard_index, {"node_id": event.node_id, "state": "STARTING", "step": 0})
+        shard["node_id"] = event.node_id
+        shard["attempt"] = event.attempt
+        match event:
+            case ShardStarted():
+                shard["state"] = "RUNNING"
+                shard["pid"] = event.pid
+                self.note(event.occurred_at, "shard started", f"shard {event.shard_index} on {event.node_id}")
+            case ShardProgress():
+                self._progress(shard, event)
+            case ShardCompleted():
+                shard["state"] = "COMPLETED"
+                shard["final_loss"] = event.final_loss
+                self.note(event.occurred_at, "shard completed", f"shard {event.shard_index}: loss {event.final_loss}")
+            case ShardFailed():
+                shard["state"] = "FAILED"
+                shard["cause"] = event.cause
+                if event.cause is FailureCause.SYNC_TIMEOUT:
+                    self.sync_timeout = event
+                self.note(
+                    event.occurred_at, "shard failed", f"shard {event.shard_index}: {event.cause}: {event.message}"
+                )
+
+    def _progress(self, shard: dict[str, Any], event: ShardProgress) -> None:
+        previous_syncs = shard.get("syncs", 0)
+        shard.update(
+            step=event.step,
+            loss=event.loss,
+            samples_per_s=event.samples_per_s,
+            allreduce_ms=event.allreduce_ms,
+            allreduce_bytes=event.allreduce_bytes,
+            syncs=event.syncs,
+            cpu_percent=event.cpu_percent,
+            updated_at=event.occurred_at.isoformat(),
+        )
+        if self.first_step_at is None:
+            self.first_step_at = event.occurred_at
+        if event.shard_index != 0:
+            return
+        if len(self.loss) < MAX_SERIES:
+            self.loss.append((event.step, event.loss))
+        self.series.add(self._series_point(event))
+        self.sync_pace.observe(event.attempt, event.step, event.syncs)
+        if event.syncs > previous_syncs:
+            self.note(
+                event.occurred_at,
+                "parameter sync",
+                f"sync {event.syncs} at step {event.step}: {event.allreduce_ms:.1f} ms, {event.allreduce_bytes} bytes",
+            )
+
+    def _series_point(self, event: ShardProgress) -> SeriesPoint:
+        """Rank 0's step and loss (every rank trains the same averaged model), with the gang's summed throughput."""
+        gang = [s for s in self.shards.values() if s.get("attempt") == event.attempt and s["state"] not in ENDED_SHARD]
+        rate = sum(s.get("samples_per_s", 0.0) for s in gang)
+        since = (event.occurred_at - self.first_step_at).total_seconds() if self.first_step_at else 0.0
+        return (event.step, round(since, 3), event.loss, round(rate, 3))
+
+    # --- JSON views ---------------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        steps = [s.get("step", 0) for s in self.shards.values()]
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "reason": self.reason,
+            "message": self.message,
+            "priority": self.spec.get("priority") if self.spec else None,
+            "gpus": f"{self.spec['gpu_count']} x {self.spec['gpu_model'] or 'any'}" if self.spec else None,
+            "attempt": self.attempt,
+            "step": min(steps) if steps else 0,
+            "max_steps": self.spec.get("max_steps") if self.spec else None,
+            "loss": self.loss[-1][1] if self.loss else None,
+            "submitted_at": self.submitted_at.isoformat() if self.submitted_at else None,
+        }
+
+    def detail(self) -> dict[str, Any]:
+        first = self.loss[0][1] if self.loss else None
+        return {
+            **self.summary(),
+            "recoveries": self.recoveries,
+            "last_checkpoint": self.last_checkpoint,
+            "spec": self.spec,
+            "errors": self.errors,
+            "node_counts": self.node_counts,
+            "waiting_for": self.waiting_for,
+            "placements": self.placements,
+            "degraded": self.degraded,
+            "resume_from": self.resume_from,
+            "shards": {str(k): v for k, v in sorted(self.shards.items())},
+            "first_loss": first,
+            "final_loss": self.final_loss,
+            "checkpoint_dir": self.checkpoint_dir,
+            "first_step_at": self.first_step_at.isoformat() if self.first_step_at else None,
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "loss_curve": self.loss,
+            "timeline": self.timeline,
+        }
+
+    def series_json(self) -> dict[str, Any]:
+        """The dashboard's curves, apart from ``detail()`` so that polling them does not resend the timeline."""
+        max_steps = self.spec.get("max_steps") if self.spec else None
+        return {"job_id": self.job_id, "state": self.state, "max_steps": max_steps, **self.series.columns()}
+
+
+def _finite(values: list[float]) -> list[float | None]:
+    """A diverged run's NaN or inf as null: JSON has no such numbers, and one would break the whole response."""
+    return [v if math.isfinite(v) else None for v in values]

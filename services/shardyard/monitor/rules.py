@@ -1,0 +1,275 @@
+"""The alert rules: phase 1 of an evaluation (``monitor/alerts.py`` has the other two). Each rule lists what holds now,
+per subject, with ``since`` where the data say when it began (a node's last heartbeat, a job's last progress, the
+moment its pending reason appeared). Pure: the view and ``now`` in, conditions out.
+
+Rules run twice a second over every node and job, so each reads what the view keeps up to date per event (a node's
+newest sign of life, its hottest GPU) rather than walking every heartbeat or GPU, and formats a summary only for a
+condition that holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from shardyard.events import AlertRule, AlertSeverity, NodeStatus, PendingReason
+from shardyard.events.alert import alert_key
+from shardyard.lifecycle import TERMINAL, JobState
+
+if TYPE_CHECKING:  # the view holds the alert log (monitor/alerts.py), which judges with these rules
+    from shardyard.monitor.jobs import JobView
+    from shardyard.monitor.views import ClusterView
+
+SHORTAGE: frozenset[str] = frozenset(
+    {
+        PendingReason.NO_NODES,
+        PendingReason.NO_FIT,
+        PendingReason.GPU_MODEL_MISMATCH,
+        PendingReason.INSUFFICIENT_TFLOPS,
+        PendingReason.INSUFFICIENT_GPUS,
+        PendingReason.INSUFFICIENT_MEMORY,
+        PendingReason.INSUFFICIENT_CPU,
+        PendingReason.LOAD_TOO_HIGH,
+    }
+)
+"""Pending reasons that mean the cluster lacks capacity. Waiting for a parent, an artifact, a backoff or a
+higher-priority job's reservation is not a shortage of capacity."""
+
+
+@dataclass(frozen=True)
+class AlertPolicy:
+    """Thresholds and ``for`` durations of the rules (from MonitorSettings), and whose consumer lag is judged here."""
+
+    instance: str = "monitor"
+    resource_shortage_s: float = 60.0
+    sync_timeout_window_s: float = 300.0
+    slow_sync_ratio: float = 1.5
+    gpu_temperature_c: float = 85.0
+    gpu_temperature_for_s: float = 30.0
+    heartbeat_lag_s: float = 2.0
+    consumer_lag_messages: int = 1000
+    consumer_lag_for_s: float = 30.0
+    no_progress_s: float = 120.0
+
+    @property
+    def lag_subject(self) -> str:
+        return f"monitor/{self.instance}"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A rule's condition holding for one subject now."""
+
+    rule: AlertRule
+    subject: str
+    severity: AlertSeverity
+    summary: str
+    value: float
+    threshold: float
+    since: datetime | None
+    """When it began, where the data say; None: from when the book first saw it."""
+    for_s: float = 0.0
+
+
+# --- what the rules read from the view (also exported as metrics, so Prometheus judges the same figures) -------
+def last_heartbeat(view: ClusterView, node_id: str) -> datetime | None:
+    """The newest sign of life: the pool's receipt of a heartbeat, or a heartbeat itself."""
+    return view.last_seen.get(node_id)
+
+
+def last_progress(job: JobView) -> datetime | None:
+    """When a running job last moved: its newest progress report of this attempt, or the attempt's start."""
+    reports = [
+        datetime.fromisoformat(shard["updated_at"])
+        for shard in job.shards.values()
+        if shard.get("attempt") == job.attempt and "updated_at" in shard
+    ]
+    starts = [job.running_at] if job.running_at else []
+    return max([*reports, *starts], default=None)
+
+
+def sync_ratio(job: JobView) -> float | None:
+    """Observed steps between syncs over the sync interval the job asked for; above 1 when slow syncs widened it."""
+    asked = (job.spec or {}).get("sync_interval")
+    observed = job.sync_pace.steps_per_sync
+    return observed / asked if observed is not None and asked else None
+
+
+def shortage_since(job: JobView) -> datetime | None:
+    """Since when an unfinished job has waited for capacity, or None when it is not waiting for capacity."""
+    if job.state in TERMINAL or job.reason not in SHORTAGE:
+        return None
+    return job.reason_since
+
+
+# --- the rules ----------------------------------------------------------------------------------------------------
+Rule = Callable[["ClusterView", datetime, AlertPolicy], Iterator[Condition]]
+
+
+def _age(now: datetime, since: datetime) -> float:
+    return (now - since).total_seconds()
+
+
+def resource_shortage(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    for job in view.jobs.values():
+        since = shortage_since(job)
+        if since is not None:
+            yield Condition(
+                AlertRule.RESOURCE_SHORTAGE,
+                job.job_id,
+                AlertSeverity.WARNING,
+                f"{job.job_id} waits for capacity for {_age(now, since):.0f} s: {job.reason}: {job.message}",
+                _age(now, since),
+                policy.resource_shortage_s,
+                since,
+                for_s=policy.resource_shortage_s,
+            )
+
+
+def sync_timeout(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    for job in view.jobs.values():
+        failed = job.sync_timeout
+        if failed is not None and _age(now, failed.occurred_at) < policy.sync_timeout_window_s:
+            yield Condition(
+                AlertRule.SYNC_TIMEOUT,
+                job.job_id,
+                AlertSeverity.WARNING,
+                f"{job.job_id}: shard {failed.shard_index} (attempt {failed.attempt}) on {failed.node_id} timed out "
+                f"in a parameter sync {_age(now, failed.occurred_at):.0f} s ago: {failed.message}",
+                _age(now, failed.occurred_at),
+                policy.sync_timeout_window_s,
+                failed.occurred_at,
+            )
+
+
+def slow_sync(view: ClusterView, _now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    for job in view.jobs.values():
+        ratio = sync_ratio(job)
+        if job.state is JobState.RUNNING and ratio is not None and ratio >= policy.slow_sync_ratio:
+            asked = (job.spec or {}).get("sync_interval")
+            yield Condition(
+                AlertRule.SLOW_SYNC,
+                job.job_id,
+                AlertSeverity.WARNING,
+                f"{job.job_id} syncs every ~{job.sync_pace.steps_per_sync:.0f} steps, {ratio:.1f}x the {asked} it "
+                "asked for: slow parameter syncs widened the interval",
+                ratio,
+                policy.slow_sync_ratio,
+                None,
+            )
+
+
+def _node_status(status: NodeStatus, rule: AlertRule, severity: AlertSeverity) -> Rule:
+    def rule_of(view: ClusterView, now: datetime, _policy: AlertPolicy) -> Iterator[Condition]:
+        for node in view.nodes.values():
+            if node.status is status:
+                silent = _age(now, node.last_heartbeat_at)
+                yield Condition(
+                    rule,
+                    node.node_id,
+                    severity,
+                    f"{node.node_id} is {status}: no heartbeat for {silent:.1f} s",
+                    silent,
+                    0.0,
+                    node.last_heartbeat_at,
+                )
+
+    return rule_of
+
+
+def gpu_over_temperature(view: ClusterView, _now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    limit = policy.gpu_temperature_c
+    for node_id, hottest in view.hottest_gpu_c.items():
+        node = view.nodes[node_id]
+        if hottest <= limit or node.status is NodeStatus.LOST:
+            continue  # a lost node's last figures are stale; NODE_LOST says what matters
+        for gpu in node.gpus:
+            if gpu.temperature_c is not None and gpu.temperature_c > limit:
+                yield Condition(
+                    AlertRule.GPU_OVER_TEMPERATURE,
+                    f"{node.node_id}/gpu{gpu.index}",
+                    AlertSeverity.WARNING,
+                    f"{node.node_id} GPU {gpu.index} ({gpu.model}) at {gpu.temperature_c:.0f} C, above {limit:.0f} C",
+                    gpu.temperature_c,
+                    limit,
+                    None,
+                    for_s=policy.gpu_temperature_for_s,
+                )
+
+
+def heartbeat_lag(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    """A node's newest heartbeat is old (a silent agent, before and beside SUSPECT), or the last one took long to
+    arrive (a slow bus, or clock skew). A lost node is NODE_LOST's: its silence is no longer news."""
+    limit, transits = policy.heartbeat_lag_s, view.telemetry.heartbeat_lag_s
+    cutoff = now - timedelta(seconds=limit)
+    lagging = [
+        node_id
+        for node_id, last in view.last_seen.items()
+        if (last < cutoff or transits.get(node_id, 0.0) > limit)
+        and ((state := view.nodes.get(node_id)) is None or state.status is not NodeStatus.LOST)
+    ]
+    for node_id in sorted(lagging):
+        last = view.last_seen[node_id]
+        age, transit, silent = _age(now, last), transits.get(node_id, 0.0), last < cutoff
+        yield Condition(
+            AlertRule.HEARTBEAT_LAG,
+            node_id,
+            AlertSeverity.WARNING,
+            f"{node_id}: newest heartbeat {age:.1f} s old (limit {limit:g} s)"
+            if silent
+            else f"{node_id}: last heartbeat took {transit:.1f} s to arrive (limit {limit:g} s)",
+            max(age, transit),
+            limit,
+            last if silent else None,
+        )
+
+
+def consumer_lag(view: ClusterView, _now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    behind = sum(view.consumer_lag.values())
+    if behind > policy.consumer_lag_messages:
+        worst = sorted(view.consumer_lag.items(), key=lambda item: -item[1])[:3]
+        yield Condition(
+            AlertRule.CONSUMER_LAG,
+            policy.lag_subject,
+            AlertSeverity.WARNING,
+            f"{policy.lag_subject} is {behind} messages behind: " + ", ".join(f"{t} {n}" for t, n in worst),
+            float(behind),
+            float(policy.consumer_lag_messages),
+            None,
+            for_s=policy.consumer_lag_for_s,
+        )
+
+
+def no_progress(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    for job in view.jobs.values():
+        last = last_progress(job) if job.state is JobState.RUNNING else None
+        if last is not None and _age(now, last) > policy.no_progress_s:
+            yield Condition(
+                AlertRule.NO_PROGRESS,
+                job.job_id,
+                AlertSeverity.WARNING,
+                f"{job.job_id} (attempt {job.attempt}) reported no step for {_age(now, last):.0f} s",
+                _age(now, last),
+                policy.no_progress_s,
+                last,
+            )
+
+
+RULES: Mapping[AlertRule, Rule] = {
+    AlertRule.RESOURCE_SHORTAGE: resource_shortage,
+    AlertRule.SYNC_TIMEOUT: sync_timeout,
+    AlertRule.SLOW_SYNC: slow_sync,
+    AlertRule.NODE_SUSPECT: _node_status(NodeStatus.SUSPECT, AlertRule.NODE_SUSPECT, AlertSeverity.WARNING),
+    AlertRule.NODE_LOST: _node_status(NodeStatus.LOST, AlertRule.NODE_LOST, AlertSeverity.CRITICAL),
+    AlertRule.GPU_OVER_TEMPERATURE: gpu_over_temperature,
+    AlertRule.HEARTBEAT_LAG: heartbeat_lag,
+    AlertRule.CONSUMER_LAG: consumer_lag,
+    AlertRule.NO_PROGRESS: no_progress,
+}
+
+
+def conditions(view: ClusterView, now: datetime, policy: AlertPolicy) -> dict[str, Condition]:
+    """Phase 1: every condition holding now, by alert key."""
+    return {alert_key(c.rule, c.subject): c for rule in RULES.values() for c in rule(view, now, policy)}
