@@ -7,15 +7,20 @@ decides every job; each decision is timed on its own. Reported per size: decisio
 jobs were placed.
 
 Growth with cluster size is measured like for like. The backlog is the same at every size, so the first ``--head``
-decisions of the cycle are the same jobs, placed on clusters of each size (100 nodes hold about 130 of them).
-Repeats interleave the sizes; each head decision keeps its fastest time over the repeats (the others carry the noise
-of a shared machine), and growth compares the p50 and mean of those. Whole-backlog figures do not compare across
-sizes: at 100 nodes most of the 10,000 decisions are quick "does not fit" answers, at 10,000 most are placements.
+decisions of the cycle are the same jobs, placed on clusters of each size (100 nodes hold about 130 of them). Besides
+the whole cycles, ``--head-trials`` short trials each build a fresh cycle at every size, back to back, and time only
+its head decisions: a trial takes a fraction of a second, so each one samples every size under the same background
+load (on a shared machine that load moves within seconds; a whole cycle per size takes about one). Each head decision
+keeps its fastest time over the cycles and trials (the others carry the noise of a shared machine), and growth
+compares the p50 and mean of those; the paired growth is the median, over trials, of each trial's ratio of head means.
+Whole-backlog figures do not compare across sizes: at 100 nodes most of the 10,000 decisions are quick "does not fit"
+answers, at 10,000 most are placements.
 
 Targets (issue 3): >= 2,000 decisions/s and p99 < 5 ms at 5,000 nodes; per-decision latency growing < 10 % from
 100 to 10,000 nodes.
 
-    python bench/placement.py [--sizes 100,1000,5000,10000] [--jobs 10000] [--repeat 5] [--seed 1] [--head 100]
+    python bench/placement.py [--sizes 100,1000,5000,10000] [--jobs 10000] [--repeat 3] [--seed 1] [--head 100]
+                              [--head-trials 30]
 """
 
 import argparse
@@ -156,6 +161,22 @@ def one_cycle(nodes: tuple[NodeView, ...], jobs: list[PendingJob]) -> dict[str, 
     }
 
 
+def head_trial(nodes: tuple[NodeView, ...], head: list[PendingJob]) -> list[float]:
+    """The latencies of a fresh cycle's first decisions, ``head`` (the backlog in queue order, cut short)."""
+    gc.collect()
+    gc.disable()
+    try:
+        cycle = PlacementCycle(Snapshot(nodes), Policy(), now=NOW)
+        latencies: list[float] = []
+        for job in head:
+            t0 = time.perf_counter()
+            cycle.decide(job)
+            latencies.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="100,1000,5000,10000")
@@ -163,6 +184,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="cycles per size; the median cycle is reported")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--head", type=int, default=100, help="decisions compared like for like across sizes")
+    parser.add_argument("--head-trials", type=int, default=30, help="short trials timing the head decisions alone")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     clusters = {size: cluster(size, random.Random(args.seed)) for size in sizes}
@@ -172,12 +194,18 @@ def main() -> None:
     for _ in range(args.repeat):
         for size in sizes:
             all_runs[size].append(one_cycle(clusters[size], jobs))
+    head_jobs = PlacementCycle(Snapshot(()), Policy(), now=NOW).order(jobs)[: args.head]  # the same at every size
+    trials: dict[int, list[list[float]]] = {size: [] for size in sizes}
+    for _ in range(args.head_trials):
+        for size in sizes:
+            trials[size].append(head_trial(clusters[size], head_jobs))
     results: dict[str, Any] = {}
     head_means: dict[int, list[float]] = {}
     for size, runs in all_runs.items():
         nodes = clusters[size]
-        head = [min(run["_latencies"][i] for run in runs) for i in range(min(args.head, len(jobs)))]
-        head_means[size] = [sum(run["_latencies"][: args.head]) / args.head for run in runs]
+        samples = [run["_latencies"] for run in runs] + trials[size]
+        head = [min(sample[i] for sample in samples) for i in range(min(args.head, len(jobs)))]
+        head_means[size] = [sum(trial) / len(trial) for trial in trials[size]]
         orders = {tuple(run.pop("_order")[: args.head]) for run in runs}
         assert len(orders) == 1, "the queue order must not vary between repeats"
         for run in runs:
@@ -193,17 +221,19 @@ def main() -> None:
             },
             "_head_order": orders.pop(),
         }
-    sizes = list(results)
-    sizes_n = [int(size) for size in sizes]
-    assert len({results[s].pop("_head_order") for s in sizes}) == 1, "the head jobs must be the same at every size"
-    first, last = results[sizes[0]]["head_latency_ms"], results[sizes[-1]]["head_latency_ms"]
+    names = list(results)
+    sizes_n = [int(name) for name in names]
+    head_orders = {results[name].pop("_head_order") for name in names}
+    assert len(head_orders) == 1, "the head jobs must be the same at every size"
+    assert head_orders.pop() == tuple(job.spec.job_id for job in head_jobs), "the trials must time the cycles' head"
+    first, last = results[names[0]]["head_latency_ms"], results[names[-1]]["head_latency_ms"]
     summary = {
-        "from_nodes": int(sizes[0]),
-        "to_nodes": int(sizes[-1]),
+        "from_nodes": sizes_n[0],
+        "to_nodes": sizes_n[-1],
         "head_decisions": args.head,
         "head_p50_growth_pct": 100 * (last["p50"] / first["p50"] - 1),
         "head_mean_growth_pct": 100 * (last["mean"] / first["mean"] - 1),
-        # Each repeat times every size back to back: the median of those paired ratios shrugs off slow drifts.
+        # Each trial times every size back to back: the median of those paired ratios shrugs off slow drifts.
         "paired_head_mean_growth_pct": {
             size: 100
             * (statistics.median(b / a for a, b in zip(head_means[sizes_n[0]], head_means[size], strict=True)) - 1)

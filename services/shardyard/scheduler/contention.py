@@ -55,12 +55,12 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
         load_free += group.overloaded_free
         reserved_free += group.reserved_free
         free_before += group.overloaded_free + group.reserved_free + group.free_gpus
-        for (_step, fc), entries in group.buckets.items():
+        for (_step, fc), bucket in group.buckets.items():
             if fc == 0:
-                counts[NO_GPU] += len(entries)
+                counts[NO_GPU] += bucket.count
                 continue
-            for _load, node_id, slot in entries:
-                if node_id in job.excluded:
+            for slot in bucket.members():
+                if slot.node_id in job.excluded:
                     counts[EXCLUDED] += 1
                     excluded_free += fc
                 elif spec.memory_per_shard and slot.memory < spec.memory_per_shard:
@@ -196,17 +196,14 @@ def reserve_for(index: ClusterIndex, job: Candidate) -> None:
     """Hold the nodes ``job`` is closest to fitting on (most free GPUs first) until their GPUs could host it."""
     potential = 0
     order = sorted(
-        (
-            (-len(index.slots[node_id].free), step, load, node_id)
-            for key in job.eligible
-            for (step, _fc), entries in index.groups[key].buckets.items()
-            for load, node_id, _slot in entries
-            if node_id not in job.excluded
-        ),
+        (-len(slot.free), step, slot.order, slot)
+        for key in job.eligible
+        for (step, _fc), bucket in index.groups[key].buckets.items()
+        for slot in bucket.members()
+        if slot.node_id not in job.excluded
     )
     plan: list[Slot] = []
-    for _neg_free, _step, _load, node_id in order:
-        slot = index.slots[node_id]
+    for _neg_free, _step, _order, slot in order:
         if not slot.has_artifacts(job.model_path, job.dataset_path):
             continue
         could = slot.view.potential(job.spec.memory_per_shard, job.spec.cpu_per_shard)

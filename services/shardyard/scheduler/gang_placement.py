@@ -30,25 +30,24 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int
     for match in sorted(tiers, reverse=True):
         groups = tiers[match]
         for step in range(index.load_steps):
-            # Locality first within the tier: nodes holding the job's model or dataset on local disk. At most
-            # k + latency_window of them are weighed, so the cost stays flat when an artifact is cached widely.
-            seen: set[str] = set()
-            local: list[tuple[int, int, float, str]] = []
+            # Locality first within the tier: nodes holding the job's model or dataset on local disk (the index
+            # lists only those that can take a shard). At most k + latency_window of them are weighed, so the cost
+            # stays flat when an artifact is cached widely.
+            seen: set[Slot] = set()
+            local: list[tuple[int, int, int, Slot]] = []
             room = job.k + index.policy.latency_window
             for group in groups:
                 for path in (job.model_path, job.dataset_path):
-                    for node_id in index.local_nodes(path, group, step):
+                    for slot in index.local_nodes(path, group, step):
                         if len(local) >= room:
                             break
-                        slot = index.slots[node_id]
-                        if node_id in seen or slot.bucket is None or not slot.free:
+                        if slot in seen:
                             continue
-                        seen.add(node_id)
+                        seen.add(slot)
                         loc = slot.locality(job.model_path, job.dataset_path)
-                        local.append((-loc, frag_rank.get(len(slot.free), len(fcs)), slot.view.cpu_load, node_id))
-            for neg_loc, rank, _load, node_id in sorted(local):
-                slot = index.slots[node_id]
-                if node_id in job.excluded or not slot.has_artifacts(job.model_path, job.dataset_path):
+                        local.append((-loc, frag_rank.get(len(slot.free), len(fcs)), slot.order, slot))
+            for neg_loc, rank, _order, slot in sorted(local):
+                if (excluded and slot.node_id in excluded) or not slot.has_artifacts(job.model_path, job.dataset_path):
                     continue
                 capacity = slot.capacity(job.spec)
                 if capacity > 0:
@@ -56,12 +55,12 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int
             for fc in fcs:
                 rank = frag_rank[fc]
                 for group in groups:
-                    entries = group.buckets.get((step, fc))
-                    if not entries:
+                    bucket = group.buckets.get((step, fc))
+                    if bucket is None or not bucket.count:
                         continue
-                    for _load, node_id, slot in entries:
-                        # (tested only when non-empty: hashing a node id touches one more object per node)
-                        if (seen and node_id in seen) or (excluded and node_id in excluded):
+                    for slot in bucket.members():
+                        # (excluded tested only when non-empty: hashing a node id reads one more object per node)
+                        if (seen and slot in seen) or (excluded and slot.node_id in excluded):
                             continue
                         if not slot.has_artifacts(job.model_path, job.dataset_path):
                             continue
@@ -97,7 +96,7 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
         while remaining > 0:
             best = min(
                 left,
-                key=lambda i: (candidates[i][0], rtt_sum[i], candidates[i][1].view.cpu_load, candidates[i][1].node_id),
+                key=lambda i: (candidates[i][0], rtt_sum[i], candidates[i][1].order),
             )
             left.remove(best)
             _key, slot, capacity = candidates[best]
@@ -105,7 +104,7 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
             chosen.append((slot, take))
             remaining -= take
             for i in left if remaining > 0 else ():
-                rtt_sum[i] += estimated_rtt_ms(candidates[i][1].view, slot.view, rtt)
+                rtt_sum[i] += estimated_rtt_ms(candidates[i][1], slot, rtt)
     else:
         for _key, slot, capacity in candidates:
             take = min(capacity, remaining)
@@ -129,7 +128,7 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
                     shard_index=len(placements),
                     node_id=slot.node_id,
                     gpu_indices=(gpu,),
-                    gpu_model=slot.view.gpu_model,
+                    gpu_model=slot.gpu_model,
                     match_score=score,
                     degraded=below,
                 )
@@ -165,7 +164,7 @@ def place_spares(index: ClusterIndex, job: Candidate, gang_nodes: set[str], firs
                 shard_index=first_index + len(out),
                 node_id=slot.node_id,
                 gpu_indices=(gpu,),
-                gpu_model=slot.view.gpu_model,
+                gpu_model=slot.gpu_model,
                 match_score=round(match_score(slot.group.tflops, job.spec.min_tflops), 4),
                 degraded=not job.is_full_match(slot.group),
                 spare=True,
@@ -181,7 +180,7 @@ def coordinator_of(chosen: list[tuple[Slot, int]], rtt: dict[tuple[str, str], fl
     for order, (slot, _take) in enumerate(chosen):
         if not slot.ports:
             continue
-        cost = sum(estimated_rtt_ms(slot.view, other.view, rtt) * n for other, n in chosen if other is not slot)
+        cost = sum(estimated_rtt_ms(slot, other, rtt) * n for other, n in chosen if other is not slot)
         if best is None or (cost, order) < best:
             best, winner = (cost, order), slot
     return winner

@@ -1,15 +1,28 @@
 """The cycle's working copy of the snapshot, indexed so that one decision costs the same at 100 or 10,000 nodes.
 
 Nodes are grouped by (GPU model, TFLOPS); inside a group, the nodes that can take work are bucketed by
-(load step, free GPUs) and kept sorted by load. A decision walks buckets in rank order and touches only the nodes it
-needs, plus a bounded window of equally ranked ones; "why not" counts come from per-group tallies plus a scan of the
-few nodes that have free GPUs but fail a per-job check (memory, CPU, artifacts).
+(load step, free GPUs), each bucket in load order. A decision walks buckets in rank order and touches only the nodes
+it needs, plus a bounded window of equally ranked ones (and any it passes over because they fail one of the job's
+own checks: excluded, memory, CPU, artifacts).
+
+What a decision costs does not grow with the number of nodes:
+
+- a bucket keeps the nodes filed when the cycle began in one list, sorted once at indexing; a node that leaves is
+  only marked gone (its slot names another bucket), and a walk steps over the gone ones at the front once, for good;
+- nodes that arrive during the cycle (fewer free GPUs after a placement) go to the bucket's list of arrivals, which
+  is never longer than the number of placements made so far;
+- the lists of nodes holding an artifact on local disk hold only nodes that can take a shard now, as slots;
+- a slot carries what a walk and a placement read (free GPUs, load, id, topology), so a decision reads one object
+  per node, not the node's view as well.
+
+"Why not" counts (``contention.explain``) come from per-group tallies plus a scan of the usable nodes.
 """
 
 import bisect
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from shardyard.events import JobSpec, NodeStatus
 from shardyard.gpus import canonical_model
@@ -23,10 +36,34 @@ def norm_path(path: str) -> str:
 class Slot:
     """One node's free resources, updated as the cycle admits gangs and makes reservations."""
 
-    __slots__ = ("artifacts", "bucket", "cpu", "free", "group", "load_rank", "memory", "ports", "reserved_for", "view")
+    __slots__ = (
+        "arrived",
+        "artifacts",
+        "bucket",
+        "cached_in",
+        "cpu",
+        "free",
+        "gpu_model",
+        "group",
+        "load",
+        "load_rank",
+        "memory",
+        "node_id",
+        "order",
+        "ports",
+        "rack",
+        "reserved_for",
+        "view",
+        "zone",
+    )
 
     def __init__(self, view: NodeView, group: "Group", load_rank: int, artifacts: Mapping[str, str]) -> None:
         self.view = view
+        self.node_id = view.node_id
+        self.gpu_model = view.gpu_model
+        self.load = view.cpu_load
+        self.zone = view.zone
+        self.rack = view.rack
         self.artifacts = artifacts
         self.group = group
         self.free = list(view.free_gpus)
@@ -34,12 +71,15 @@ class Slot:
         self.cpu = view.free_cpu_cores
         self.ports = list(view.rendezvous_ports)
         self.load_rank = load_rank
+        self.order = 0
+        """Position in (load, node id) order over the whole cluster: one integer compares like the pair."""
         self.reserved_for: str | None = None
-        self.bucket: tuple[int, int] | None = None
-
-    @property
-    def node_id(self) -> str:
-        return self.view.node_id
+        self.bucket: Bucket | None = None
+        self.arrived = False
+        """Filed in its bucket's arrivals (during the cycle) rather than among the nodes indexed at its start."""
+        self.cached_in: list[list[Slot]] = []
+        """The index's lists of nodes holding an artifact locally that this node is in; it leaves them when it can
+        take no more shards this cycle."""
 
     def capacity(self, spec: JobSpec) -> int:
         """Shards of ``spec`` this node can take now."""
@@ -59,6 +99,50 @@ class Slot:
         return (artifacts.get(model_path) == "local") + (artifacts.get(dataset_path) == "local")
 
 
+_order = attrgetter("order")
+
+
+class Bucket:
+    """The usable nodes of one group with the same (load step, free GPUs), iterated in (load, node id) order.
+
+    ``indexed`` holds the nodes filed when the cycle began, sorted once; one that leaves stays in the list, gone
+    (its slot's bucket is another), and ``start`` moves past the gone ones at the front. ``arrivals`` holds the
+    nodes filed since, kept sorted: they came from a placement, so there are at most as many as placements so far.
+    Neither filing nor unfiling a node costs more with more nodes in the bucket.
+    """
+
+    __slots__ = ("arrivals", "count", "indexed", "start")
+
+    def __init__(self) -> None:
+        self.indexed: list[Slot] = []
+        self.start = 0
+        self.arrivals: list[Slot] = []
+        self.count = 0
+        """Nodes in the bucket now."""
+
+    def members(self) -> Iterator[Slot]:
+        """The nodes in the bucket, in (load, node id) order."""
+        indexed, arrivals = self.indexed, self.arrivals
+        i, end = self.start, len(indexed)
+        while i < end and indexed[i].bucket is not self:
+            i += 1
+        self.start = i
+        j, arrived = 0, len(arrivals)
+        while i < end:
+            slot = indexed[i]
+            if slot.bucket is not self:
+                i += 1
+            elif j < arrived and arrivals[j].order < slot.order:
+                yield arrivals[j]
+                j += 1
+            else:
+                yield slot
+                i += 1
+        while j < arrived:
+            yield arrivals[j]
+            j += 1
+
+
 @dataclass
 class Group:
     """The nodes of one GPU model and TFLOPS figure."""
@@ -71,13 +155,12 @@ class Group:
     overloaded_free: int = 0
     reserved: int = 0
     reserved_free: int = 0
-    buckets: dict[tuple[int, int], list[tuple[float, str, "Slot"]]] = field(default_factory=dict)
-    """(load step, free GPUs) -> (load, node id, slot) sorted by load, of nodes that can take work (0 free
-    included). The slot rides along so a walk needs no lookup by id."""
+    buckets: dict[tuple[int, int], Bucket] = field(default_factory=dict)
+    """(load step, free GPUs) -> the nodes that can take work (0 free included)."""
     free_gpus: int = 0
 
     def nodes_total(self) -> int:
-        usable = sum(len(entries) for entries in self.buckets.values())
+        usable = sum(bucket.count for bucket in self.buckets.values())
         return self.dead + self.draining + self.overloaded + self.reserved + usable
 
 
@@ -87,16 +170,23 @@ class ClusterIndex:
         self.load_steps = max(1, int(policy.load_threshold / policy.load_step + 0.999999))
         self.slots: dict[str, Slot] = {}
         self.groups: dict[tuple[str, float], Group] = {}
-        self.local: dict[str, dict[tuple[str, float, int], list[str]]] = {}
-        """Artifact path -> (model, TFLOPS, load step) -> nodes that hold it on local disk."""
+        self.local: dict[str, dict[tuple[str, float, int], list[Slot]]] = {}
+        """Artifact path -> (model, TFLOPS, load step) -> the usable nodes with free GPUs that hold it on local
+        disk, in indexing order (by load). A node leaves these lists when it fills up or is reserved, so a walk
+        never steps over the nodes of a busy cluster that cannot take a shard."""
         self.max_free = 0
         self._artifact_sets: dict[frozenset[tuple[str, str]], Mapping[str, str]] = {}
         # Slots are created in the order decisions walk them (group, then load), so a walk reads memory mostly in
-        # sequence; at 10,000 nodes this keeps a decision as fast as at 100.
-        for view in sorted(nodes, key=lambda v: (v.gpu_model, v.tflops, v.cpu_load, v.node_id)):
-            self._add(view)
+        # sequence.
+        walked = sorted(nodes, key=lambda v: (v.gpu_model, v.tflops, v.cpu_load, v.node_id))
+        slots = [self._add(view) for view in walked]
+        for order, slot in enumerate(sorted(slots, key=lambda s: (s.load, s.node_id))):
+            slot.order = order
+        for group in self.groups.values():
+            for bucket in group.buckets.values():
+                bucket.indexed.sort(key=_order)  # already in order unless model names differ only in spelling
 
-    def _add(self, view: NodeView) -> None:
+    def _add(self, view: NodeView) -> Slot:
         model = canonical_model(view.gpu_model)
         group = self.groups.get((model, view.tflops))
         if group is None:
@@ -104,10 +194,6 @@ class ClusterIndex:
         load_rank = int(view.cpu_load / self.policy.load_step) if self.policy.load_step > 0 else 0
         slot = Slot(view, group, load_rank, self._interned(view.artifacts))
         self.slots[view.node_id] = slot
-        for path, place in view.artifacts.items():
-            if place == "local":
-                where = (model, view.tflops, load_rank)
-                self.local.setdefault(norm_path(path), {}).setdefault(where, []).append(view.node_id)
         if view.status is not NodeStatus.ALIVE:
             group.dead += 1
         elif view.draining:
@@ -116,12 +202,23 @@ class ClusterIndex:
             group.overloaded += 1
             group.overloaded_free += len(slot.free)
         else:
-            self._file(slot)
+            bucket = self._bucket(slot)
+            bucket.indexed.append(slot)
+            bucket.count += 1
+            slot.bucket = bucket
+            group.free_gpus += len(slot.free)
+            if slot.free:
+                local = dict.fromkeys(norm_path(path) for path, place in view.artifacts.items() if place == "local")
+                for path in local:
+                    cached = self.local.setdefault(path, {}).setdefault((model, view.tflops, load_rank), [])
+                    cached.append(slot)
+                    slot.cached_in.append(cached)
         self.max_free = max(self.max_free, len(slot.free))
+        return slot
 
     def _interned(self, artifacts: Mapping[str, str]) -> Mapping[str, str]:
         """One shared map per distinct artifact set (most nodes see the same shared paths): a decision's artifact
-        checks then read a few hot maps instead of one cold map per node, which kept 10,000 nodes as fast as 100."""
+        checks then read a few hot maps instead of one cold map per node."""
         key = frozenset(artifacts.items())
         shared = self._artifact_sets.get(key)
         if shared is None:
@@ -129,42 +226,65 @@ class ClusterIndex:
         return shared
 
     # --- bucket maintenance ------------------------------------------------------------------------------------
-    def _file(self, slot: Slot) -> None:
+    def _bucket(self, slot: Slot) -> Bucket:
+        """The bucket ``slot`` belongs in now (created the first time a node belongs in it)."""
         key = (slot.load_rank, len(slot.free))
-        entries = slot.group.buckets.setdefault(key, [])
-        bisect.insort(entries, (slot.view.cpu_load, slot.node_id, slot))
-        slot.bucket = key
-        slot.group.free_gpus += len(slot.free)
+        bucket = slot.group.buckets.get(key)
+        if bucket is None:
+            bucket = slot.group.buckets[key] = Bucket()
+        return bucket
 
     def _unfile(self, slot: Slot) -> None:
-        if slot.bucket is None:
+        """Take ``slot`` out of its bucket: gone from the indexed list, removed from the arrivals."""
+        bucket = slot.bucket
+        if bucket is None:
             return
-        entries = slot.group.buckets[slot.bucket]
-        at = bisect.bisect_left(entries, (slot.view.cpu_load, slot.node_id))
-        if at < len(entries) and entries[at][2] is slot:
-            del entries[at]
+        if slot.arrived:
+            arrivals = bucket.arrivals
+            del arrivals[bisect.bisect_left(arrivals, slot.order, key=_order)]
+            slot.arrived = False
+        bucket.count -= 1
         slot.bucket = None
         slot.group.free_gpus -= len(slot.free)
 
+    def _refile(self, slot: Slot) -> None:
+        """File ``slot``, out of any bucket, among the arrivals of the bucket it now belongs in."""
+        bucket = self._bucket(slot)
+        bisect.insort(bucket.arrivals, slot, key=_order)
+        bucket.count += 1
+        slot.bucket = bucket
+        slot.arrived = True
+        slot.group.free_gpus += len(slot.free)
+
+    def _uncache(self, slot: Slot) -> None:
+        """Drop ``slot`` from the lists of nodes holding an artifact locally: it can take no shard this cycle."""
+        for cached in slot.cached_in:
+            cached.remove(slot)
+        slot.cached_in.clear()
+
     def take(self, slot: Slot, gpus: list[int], spec: JobSpec, *, coordinator: bool) -> None:
         """Admit shards of ``spec`` on ``gpus`` of ``slot`` (and a rendezvous port when it coordinates)."""
-        filed = slot.bucket is not None
-        if filed:
-            self._unfile(slot)
         taken = set(gpus)
-        slot.free = [g for g in slot.free if g not in taken]
+        free = [g for g in slot.free if g not in taken]
+        if slot.bucket is not None and len(free) != len(slot.free):
+            self._unfile(slot)
+            slot.free = free
+            self._refile(slot)
+        else:
+            slot.free = free
         slot.memory -= spec.memory_per_shard * len(gpus)
         slot.cpu -= spec.cpu_per_shard * len(gpus)
         if coordinator and slot.ports:
             slot.ports.pop(0)
-        if filed:
-            self._file(slot)
+        if not slot.free:
+            self._uncache(slot)
 
     def reserve(self, slot: Slot, job_id: str) -> None:
         """Hold ``slot`` for ``job_id``: lower-ranked jobs of this cycle may not use it."""
         if slot.reserved_for is not None or slot.bucket is None:
             return
         self._unfile(slot)
+        self._uncache(slot)
         slot.reserved_for = job_id
         slot.group.reserved += 1
         slot.group.reserved_free += len(slot.free)
@@ -172,6 +292,6 @@ class ClusterIndex:
     def usable(self, slot: Slot) -> bool:
         return slot.bucket is not None
 
-    def local_nodes(self, path: str, group: Group, load_rank: int) -> list[str]:
-        """Nodes of ``group`` at ``load_rank`` that hold ``path`` on local disk."""
+    def local_nodes(self, path: str, group: Group, load_rank: int) -> list[Slot]:
+        """Usable nodes of ``group`` at ``load_rank`` with free GPUs that hold ``path`` on local disk."""
         return self.local.get(path, {}).get((group.model, group.tflops, load_rank), [])

@@ -4,6 +4,7 @@ decisions as data (place, preempt, unschedulable-with-reason). No I/O, no clock.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
 
@@ -133,7 +134,18 @@ class Unschedulable:
 Decision = Place | Preempt | Unschedulable
 
 
-def estimated_rtt_ms(a: NodeView, b: NodeView, measured: Mapping[tuple[str, str], float]) -> float:
+class Located(Protocol):
+    """Where a node sits: a ``NodeView``, or the placement index's slot for it."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def zone(self) -> str: ...
+    @property
+    def rack(self) -> str: ...
+
+
+def estimated_rtt_ms(a: Located, b: Located, measured: Mapping[tuple[str, str], float]) -> float:
     """RTT between two nodes: measured when known, else estimated from their topology labels."""
     if a.node_id == b.node_id:
         return 0.0
