@@ -6,7 +6,8 @@ node is killed with SIGKILL (its shards die with it). Measured from the kill:
 - ``detection_s``: until the resource pool marks the node SUSPECT (monitor polled every 50 ms);
 - ``plan_s``: until the fault manager's recovery plan (``job.recovering``);
 - ``resumed_s``: until the first training step of the re-formed gang (its first progress report);
-- ``steps_lost``: the step the gang had reached at the kill minus the checkpoint step it resumed from.
+- ``steps_lost``: the step the gang had reached at the kill minus the checkpoint step it resumed from; beside it the
+  last sync before the kill and the sync interval in force then (slow syncs widen it, S19).
 
 Scenarios: ``spare`` (the fault manager's ratio floor is 0.5, so the gang holds a spare and it is promoted) and
 ``no_spare`` (ratio 0: the shard is re-placed on the free node).
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import tempfile
@@ -76,6 +78,13 @@ def _ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
+def _sync_steps(job: dict[str, Any]) -> list[int]:
+    """The steps of the first attempt's parameter syncs, from the job's timeline (``sync N at step S: ...``)."""
+    syncs = [e["detail"] for e in job["timeline"] if e["event"] == "parameter sync"]
+    found = (re.match(r"sync \d+ at step (\d+)", detail) for detail in syncs)
+    return [int(m.group(1)) for m in found if m]
+
+
 def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
     data = root / "data"
     create_demo_artifacts(data)
@@ -100,6 +109,7 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         os.kill(info.pids[victim], signal.SIGKILL)
         after_kill = cluster.get_json(job_url)  # the survivors' progress can only have moved on since the kill
         step_at_kill = max(s.get("step", 0) for s in after_kill["shards"].values())
+        sync_steps = _sync_steps(after_kill)
         nodes_url = f"{info.monitor_url}/api/nodes"
 
         def suspect(body: Any) -> bool:
@@ -133,7 +143,10 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
             "step_at_kill": step_at_kill,
             "checkpoint_step": checkpoint_step,
             "steps_lost": step_at_kill - checkpoint_step if checkpoint_step is not None else None,
-            "sync_interval": 20,
+            "sync_interval_submitted": 20,
+            "last_sync_step": sync_steps[-1] if sync_steps else None,
+            # Slow syncs widen the interval (S19): the pace the gang reached its last sync at, as rank 0 reported it.
+            "sync_interval_in_force": sync_steps[-1] - sync_steps[-2] if len(sync_steps) > 1 else None,
         }
     finally:
         cluster.down(root / "run", say=lambda _m: None)

@@ -1,4 +1,5 @@
-"""Real multi-process runs of ``python -m shardyard.training.runner`` over gloo on localhost (no broker)."""
+"""Real multi-process runs of ``python -m shardyard.training.runner`` over gloo on localhost (no broker), on the CPU
+even where a GPU is present (``SHARDYARD_DEVICE=cpu``: two ranks need not find two GPUs)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ from shardyard.training.checkpoint import OPTIMIZER_FILE
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.model import TinyGPTConfig, load_pretrained
 from shardyard.training.runner import TERMINATED_EXIT
-from tests.support.runners import Launcher, runners, until
-from tests.support.runners import train_env as _train_env
+from tests.support.runners import Launcher, runners, train_env, until
 from tests.support.runners import wait_exit as _wait
 
 # Smaller than the default TinyGPT so that 300 steps take a few seconds on 2 CPU cores.
 TEST_MODEL = TinyGPTConfig(n_positions=64, n_embd=32, n_layer=1, n_head=2)
 RUN_DEADLINE_S = 120.0
+
+
+def _train_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[str, str]:
+    return train_env(artifacts, output_dir, **{"SHARDYARD_DEVICE": "cpu", **extra})
 
 
 @pytest.fixture(scope="module")

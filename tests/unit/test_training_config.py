@@ -4,11 +4,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardyard.training import exitcodes, runner
-from shardyard.training.config import DEFAULT_DIST_TIMEOUT_S, ConfigError, RunConfig
+from shardyard.training.config import DEFAULT_DIST_TIMEOUT_S, GRADIENT_CHECKPOINT_STEPS, ConfigError, RunConfig
+from shardyard.training.errors import DeviceError
 from shardyard.training.preemption import StopFlag
 from shardyard.training.progress import ProgressReporter
+from shardyard.training.rendezvous import Placement, choose_placement
 from shardyard.training.runner import CommError, SyncTimeoutError, main
 
 GOOD_ENV: dict[str, str] = {
@@ -34,6 +37,7 @@ OPTIONAL = {
     "SHARDYARD_CHECKPOINT_EVERY",
     "SHARDYARD_SYNC_TIMEOUT_S",
     "SHARDYARD_SLOW_SYNC_FACTOR",
+    "SHARDYARD_DEVICE",
 }
 
 
@@ -65,6 +69,56 @@ def test_optional_values_take_defaults() -> None:
     assert cfg.dist_timeout_s == DEFAULT_DIST_TIMEOUT_S == 60.0
     assert cfg.resume_dir is None
     assert (cfg.checkpoint_every, cfg.sync_timeout_s, cfg.slow_sync_factor) == (1, 30.0, 3.0)
+    assert cfg.device == "auto"
+
+
+@pytest.mark.parametrize(("value", "device"), [("cpu", "cpu"), (" CUDA ", "cuda"), ("auto", "auto"), ("", "auto")])
+def test_device(value: str, device: str) -> None:
+    assert RunConfig.from_env({**GOOD_ENV, "SHARDYARD_DEVICE": value}).device == device
+
+
+@pytest.mark.parametrize(
+    ("interval", "every", "gradients", "steps"),
+    [
+        pytest.param("1", "1", True, GRADIENT_CHECKPOINT_STEPS, id="gradients"),
+        pytest.param("1", "3", True, 3 * GRADIENT_CHECKPOINT_STEPS, id="gradients-every-3"),
+        pytest.param("1", "0", True, None, id="gradients-never"),
+        pytest.param("2", "1", False, None, id="parameters"),
+    ],
+)
+def test_sync_interval_one_averages_gradients_and_checkpoints_by_steps(
+    interval: str, every: str, gradients: bool, steps: int | None
+) -> None:
+    cfg = RunConfig.from_env({**GOOD_ENV, "SHARDYARD_SYNC_INTERVAL": interval, "SHARDYARD_CHECKPOINT_EVERY": every})
+    assert (cfg.averages_gradients, cfg.checkpoint_steps) == (gradients, steps)
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "gpus", "placed"),
+    [
+        pytest.param("auto", 0, 0, ("cpu", None, "gloo"), id="auto-no-cuda"),
+        pytest.param("auto", 3, 4, ("cuda", 3, "nccl"), id="auto-gpu-3"),
+        pytest.param("cpu", 1, 4, ("cpu", None, "gloo"), id="cpu-insists"),
+        pytest.param("cuda", 0, 1, ("cuda", 0, "nccl"), id="cuda"),
+    ],
+)
+def test_one_gpu_per_shard_by_local_rank(
+    device: str, local_rank: int, gpus: int, placed: tuple[str, int | None, str]
+) -> None:
+    placement = choose_placement(device, local_rank, gpus)  # type: ignore[arg-type]
+    assert placement == Placement(torch.device(placed[0], placed[1]), placed[2])
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "gpus", "says"),
+    [
+        pytest.param("cuda", 0, 0, "CUDA is not available", id="no-cuda"),
+        pytest.param("auto", 2, 2, "LOCAL_RANK=2 names GPU 2, but only 2", id="no-such-gpu"),
+    ],
+)
+def test_a_missing_gpu_is_a_device_error(device: str, local_rank: int, gpus: int, says: str) -> None:
+    with pytest.raises(DeviceError, match=says):
+        choose_placement(device, local_rank, gpus)  # type: ignore[arg-type]
 
 
 def test_recovery_and_pace_settings() -> None:
@@ -133,6 +187,8 @@ def test_missing_required_variable(name: str) -> None:
         ("SHARDYARD_SYNC_TIMEOUT_S", "nan"),
         ("SHARDYARD_SLOW_SYNC_FACTOR", "1"),
         ("SHARDYARD_SLOW_SYNC_FACTOR", "inf"),
+        ("SHARDYARD_DEVICE", "tpu"),
+        ("SHARDYARD_DEVICE", "cuda:1"),
     ],
 )
 def test_bad_value_is_rejected_with_its_name(name: str, value: str) -> None:
@@ -185,13 +241,14 @@ class OutOfMemoryError(RuntimeError):
         ),
         pytest.param(SyncTimeoutError("AllReduce timed out"), exitcodes.SYNC_TIMEOUT, "sync timeout", id="timeout"),
         pytest.param(CommError("Connection closed by peer"), exitcodes.COMM_ERROR, "communication", id="comm"),
+        pytest.param(DeviceError("LOCAL_RANK=3 names GPU 3"), exitcodes.GPU_FAULT, "GPU fault", id="no-gpu"),
         pytest.param(KeyError("bug"), exitcodes.INTERNAL_ERROR, "internal error", id="bug"),
     ],
 )
 def test_runner_exit_code_by_failure(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: Exception, code: int, says: str
 ) -> None:
-    def failing(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag) -> runner.Outcome:
+    def failing(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: object = None) -> runner.Outcome:
         raise exc
 
     monkeypatch.setattr(runner, "train", failing)

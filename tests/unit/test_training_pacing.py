@@ -81,3 +81,19 @@ def test_ranks_that_measure_differently_still_agree() -> None:
 def test_the_base_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="base_interval"):
         SyncPacer(base_interval=0, factor=3.0)
+
+
+def test_gradient_averaging_is_never_widened_into_local_sgd() -> None:
+    """A sync interval of 1 averages gradients; widening it would change what the job computes. Slow syncs are still
+    counted (and reported), the interval stays."""
+    pacer = SyncPacer(base_interval=1, factor=3.0)
+
+    changes = _run(pacer, [True] * 10)
+
+    assert changes == [None] * 10
+    assert (pacer.interval, pacer.max_interval, pacer.slow_syncs, pacer.streak) == (1, 1, 10, 10)
+
+
+@pytest.mark.parametrize(("base", "most"), [(2, 16), (10, 80)], ids=["two", "ten"])
+def test_any_wider_interval_may_widen_eightfold(base: int, most: int) -> None:
+    assert SyncPacer(base_interval=base, factor=3.0).max_interval == most

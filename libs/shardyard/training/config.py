@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar, cast
 
 from shardyard.training.preemption import RESUME_DIR_ENV
 
@@ -19,6 +19,12 @@ DEFAULT_SLOW_SYNC_FACTOR = 3.0
 CHECKPOINT_EVERY_ENV = "SHARDYARD_CHECKPOINT_EVERY"
 SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
 SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
+DEVICE_ENV = "SHARDYARD_DEVICE"
+GRADIENT_CHECKPOINT_STEPS = 100
+"""With gradient averaging (``sync_interval`` 1) every step syncs; checkpoints then come every ``checkpoint_every`` x
+this many steps, not every ``checkpoint_every`` syncs (a checkpoint a step would cost more than the step)."""
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[Device, ...] = ("auto", "cpu", "cuda")
 _MAX_SEED = 2**63 - 1
 
 
@@ -51,13 +57,30 @@ class RunConfig:
     resume_dir: Path | None = None
     """A checkpoint to resume from (``SHARDYARD_RESUME_DIR``): its weights, step and optimizer state."""
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
-    """Rank 0 checkpoints the gang after every this many parameter syncs (``SHARDYARD_CHECKPOINT_EVERY``); 0: never
-    (a preemption still checkpoints)."""
+    """Rank 0 checkpoints the gang after every this many parameter syncs (``SHARDYARD_CHECKPOINT_EVERY``), or with
+    gradient averaging every this many x :data:`GRADIENT_CHECKPOINT_STEPS` steps; 0: never (a preemption still
+    checkpoints)."""
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
     """The collective timeout of a parameter sync (``SHARDYARD_SYNC_TIMEOUT_S``): past it the shard exits
     SYNC_TIMEOUT. The rendezvous and the barriers keep ``dist_timeout_s``."""
     slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
     """A sync slower than this many times the median of the previous ones is slow (``SHARDYARD_SLOW_SYNC_FACTOR``)."""
+    device: Device = "auto"
+    """Where to train (``SHARDYARD_DEVICE``): ``auto`` is the GPU ``LOCAL_RANK`` names (NCCL) when CUDA is there, else
+    the CPU (gloo); ``cpu`` and ``cuda`` insist."""
+
+    @property
+    def averages_gradients(self) -> bool:
+        """``sync_interval`` 1 is synchronous data parallelism: the gradients are averaged at every step, before the
+        optimizer step. Above 1 it is local SGD: the parameters are averaged every ``sync_interval`` steps."""
+        return self.sync_interval == 1
+
+    @property
+    def checkpoint_steps(self) -> int | None:
+        """With gradient averaging, the steps between periodic checkpoints (else None: they count syncs)."""
+        if not self.averages_gradients or self.checkpoint_every == 0:
+            return None
+        return self.checkpoint_every * GRADIENT_CHECKPOINT_STEPS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RunConfig:
@@ -83,6 +106,7 @@ class RunConfig:
         checkpoint_every = p.optional(CHECKPOINT_EVERY_ENV, int, lambda v: v >= 0, "an integer >= 0")
         sync_timeout = p.optional(SYNC_TIMEOUT_ENV, float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
         slow_factor = p.optional(SLOW_SYNC_FACTOR_ENV, float, lambda v: math.isfinite(v) and v > 1, "a float > 1")
+        device = p.optional(DEVICE_ENV, str.lower, lambda v: v in DEVICES, " or ".join(DEVICES))
         if rank is not None and world_size is not None and rank >= world_size:
             p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
         if p.problems:
@@ -113,6 +137,7 @@ class RunConfig:
             checkpoint_every=DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
             sync_timeout_s=DEFAULT_SYNC_TIMEOUT_S if sync_timeout is None else sync_timeout,
             slow_sync_factor=DEFAULT_SLOW_SYNC_FACTOR if slow_factor is None else slow_factor,
+            device=cast(Device, device or "auto"),
         )
 
 

@@ -9,6 +9,11 @@ same sum. The sync before is slow for the gang when any rank voted so. Only that
 the count and the interval, so every rank widens at the same sync, to the same interval: they cannot diverge.
 Two agreed slow syncs in a row double the interval, up to ``max_multiple`` x the configured one; the history
 then starts afresh, so the new pace becomes the norm instead of doubling again for the same slowdown.
+
+A sync interval of 1 is never widened. It averages gradients (synchronous data parallelism: every rank applies the
+same update); any wider interval averages parameters (local SGD), a different optimisation that lets the ranks
+drift apart between syncs. A slow network must not change what a job computes behind its back, so there the slow
+syncs are only counted and reported (``slow_syncs``), for the operator to act on.
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ class SyncPacer:
 
     @property
     def max_interval(self) -> int:
-        return self.base_interval * MAX_MULTIPLE
+        """``MAX_MULTIPLE`` x the configured interval; 1 stays 1 (gradient averaging is never turned into local
+        SGD)."""
+        return self.base_interval * MAX_MULTIPLE if self.base_interval > 1 else 1
 
     def observe(self, ms: float, *, agreed_slow: bool) -> int | None:
         """After a sync that took this rank ``ms``: ``agreed_slow`` is the gang's verdict on the sync before it (the

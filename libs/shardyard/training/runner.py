@@ -1,36 +1,42 @@
 """Entry point of one training shard: ``python -m shardyard.training.runner`` (torchrun-style environment).
 
 Exit codes are those of :mod:`shardyard.training.exitcodes`: OK, USER_ERROR (bad config, model, dataset or resume
-checkpoint), COMM_ERROR (torch.distributed init/AllReduce/barrier failures), SYNC_TIMEOUT (a parameter sync
-past ``SHARDYARD_SYNC_TIMEOUT_S``), OOM and GPU_FAULT (out of memory; a CUDA error that points at the device),
-PREEMPTED (stopped on request after checkpointing, see :mod:`shardyard.training.preemption`), INTERNAL_ERROR
-(anything else).
+checkpoint), COMM_ERROR (torch.distributed init/AllReduce/barrier failures), SYNC_TIMEOUT (a sync past
+``SHARDYARD_SYNC_TIMEOUT_S``), OOM and GPU_FAULT (out of memory; a CUDA error that points at the device, or the GPU
+``LOCAL_RANK`` names is not there), PREEMPTED (stopped on request after checkpointing, see
+:mod:`shardyard.training.preemption`), INTERNAL_ERROR (anything else); see :mod:`shardyard.training.errors`.
 
-Rank 0 checkpoints the gang every ``SHARDYARD_CHECKPOINT_EVERY`` syncs to ``<output>/checkpoint`` (in the background,
-see :class:`CheckpointWriter`), so a gang that fails resumes having lost at most that many sync intervals. SIGTERM
-(the agent revokes the shard when its gang is re-formed) ends the shard between two steps, after the checkpoint being
-written is in place: a surviving rank 0 always leaves the gang's last sync behind.
+With ``SHARDYARD_SYNC_INTERVAL`` 1 the gang averages gradients at every step (synchronous data parallelism), above
+1 it averages parameters every that many steps (local SGD): :mod:`shardyard.training.gang_sync`. It trains on
+``cuda:LOCAL_RANK`` over NCCL when CUDA is present, else on the CPU over gloo: :mod:`shardyard.training.rendezvous`.
+
+Rank 0 checkpoints the gang periodically to ``<output>/checkpoint`` (in the background,
+:mod:`shardyard.training.gang_checkpoints`), so a gang that fails resumes having lost at most the steps since the
+last one. SIGTERM (the agent revokes the shard when its gang is re-formed) ends the shard between two steps, after
+the checkpoint being written is in place: a surviving rank 0 always leaves the gang's last checkpoint behind.
 
 The checkpoint holds every rank's optimizer state at the sync, so a gang resumed from it continues exactly as it would
 have without the fault. A checkpoint of a survivor's own state after the sync (its local steps) would lose fewer steps
 but not that: tried, it moved the final loss of the recovery test's job by 15-20 %, since the ranks resume with one
 rank's optimizer moments and parameters that were never averaged.
+
+When it finishes, each rank prints its training rate on stderr, measured from the end of its first step to the end
+of its last (start-up, the rendezvous and the first step left out): ``trained steps A..B, N steps in S s after the
+first: R steps/s``. ``bench/training.py`` reads it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -39,44 +45,31 @@ import torch.nn.functional as F
 
 from shardyard import tracing
 from shardyard.training import exitcodes
-from shardyard.training.checkpoint import (
-    Checkpoint,
-    CheckpointWriter,
-    TrainingState,
-    checkpoint_files,
-    load_checkpoint,
-    optimizer_bytes,
-    save_checkpoint,
-)
+from shardyard.training.checkpoint import Checkpoint, load_checkpoint
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.data import ByteDataset, DatasetError
+from shardyard.training.errors import (
+    CommError,
+    DeviceError,
+    SyncTimeoutError,
+    Terminated,
+    UserError,
+    comm,
+    describe,
+)
+from shardyard.training.gang_checkpoints import GangCheckpoints
+from shardyard.training.gang_sync import GangSync
 from shardyard.training.lease import start_watchdog
 from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
-from shardyard.training.pacing import SyncPacer
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
 from shardyard.training.progress import ProgressReporter
-from shardyard.training.sync import ParamSync, SyncStats
+from shardyard.training.rendezvous import agree_on_start, init_process_group, place
+
+__all__ = ["TERMINATED_EXIT", "CommError", "Outcome", "SyncTimeoutError", "TermFlag", "UserError", "main", "train"]
 
 _PREFIX = "shardyard.training"
 SERVICE = "shardyard-shard"
 """``service.name`` of a shard process's spans (``shard``, ``rendezvous``, one ``sync`` per parameter sync)."""
-
-
-class UserError(Exception):
-    """A problem with what the user supplied (config, checkpoint, dataset): exit USER_ERROR."""
-
-
-class CommError(Exception):
-    """A torch.distributed failure: exit COMM_ERROR."""
-
-
-class SyncTimeoutError(CommError):
-    """A parameter sync did not complete within its timeout: exit SYNC_TIMEOUT."""
-
-
-class Terminated(Exception):
-    """The agent asked this shard to end now (SIGTERM: revoked, fenced, or the agent shuts down)."""
-
 
 TERMINATED_EXIT = 128 + signal.SIGTERM
 """The exit status of a shard that ended on SIGTERM, as if the signal had killed it (the agent's cause: KILLED)."""
@@ -100,32 +93,6 @@ class TermFlag:
         return flag
 
 
-@contextlib.contextmanager
-def _comm(what: str) -> Iterator[None]:
-    """Errors raised inside are communication failures (gloo raises plain RuntimeErrors, not only DistError)."""
-    try:
-        yield
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-        raise CommError(f"{what} failed: {_describe(exc)}") from exc
-
-
-@contextlib.contextmanager
-def _sync_comm(what: str, timeout_s: float) -> Iterator[None]:
-    """Like :func:`_comm`, but a failure that is a timeout is a :class:`SyncTimeoutError`."""
-    t0 = time.monotonic()
-    try:
-        yield
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-        elapsed = time.monotonic() - t0
-        if exitcodes.is_sync_timeout(str(exc), elapsed, timeout_s):
-            raise SyncTimeoutError(f"{what} timed out after {elapsed:.1f} s: {_describe(exc)}") from exc
-        raise CommError(f"{what} failed: {_describe(exc)}") from exc
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or type(exc).__name__}"
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -143,6 +110,8 @@ def _load_inputs(cfg: RunConfig) -> tuple[TinyGPT, ByteDataset, Checkpoint | Non
         raise UserError(str(exc)) from exc
     if cfg.seq_len > model.config.n_positions:
         raise UserError(f"SHARDYARD_SEQ_LEN={cfg.seq_len} exceeds the model's n_positions={model.config.n_positions}")
+    if model.config.vocab_size < 256:
+        raise UserError(f"the model's vocab_size={model.config.vocab_size} is below 256, the byte ids of the dataset")
     if resumed is not None and resumed.state.step > cfg.max_steps:
         raise UserError(
             f"checkpoint {cfg.resume_dir} is at step {resumed.state.step}, past SHARDYARD_MAX_STEPS={cfg.max_steps}"
@@ -168,23 +137,6 @@ def _check_progress_fd(fd: int | None) -> None:
         raise UserError(f"SHARDYARD_PROGRESS_FD={fd} is not an open file descriptor ({exc.strerror})") from exc
 
 
-def _init_process_group(cfg: RunConfig) -> dist.ProcessGroup:
-    """The default group (rendezvous, barriers: ``dist_timeout_s``) and the group the parameter syncs use, whose
-    collectives time out after ``sync_timeout_s``."""
-    os.environ.update(MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(cfg.master_port))
-    with _comm(f"init_process_group(gloo, {cfg.master_addr}:{cfg.master_port}, world_size={cfg.world_size})"):
-        dist.init_process_group(
-            "gloo",
-            init_method="env://",
-            rank=cfg.rank,
-            world_size=cfg.world_size,
-            timeout=timedelta(seconds=cfg.dist_timeout_s),
-        )
-        group = dist.new_group(timeout=timedelta(seconds=cfg.sync_timeout_s))
-    assert group is not None  # every rank is a member
-    return group
-
-
 @dataclass(frozen=True)
 class Outcome:
     steps: int
@@ -193,126 +145,59 @@ class Outcome:
     preempted: bool
 
 
-class _Checkpoints:
-    """Rank 0's checkpoints: periodic ones written in the background, the preemption one waited for."""
+class _Rate:
+    """The training rate from the end of the first step to the end of the last (what ``bench/training.py`` reads)."""
 
-    def __init__(self, cfg: RunConfig, reporter: ProgressReporter) -> None:
-        self.cfg = cfg
-        self.reporter = reporter
-        self.directory = cfg.output_dir / CHECKPOINT_SUBDIR
-        self.writer = CheckpointWriter(self.directory, self._written) if cfg.rank == 0 else None
-        self._snapshot_ms: dict[int, float] = {}
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
 
-    def due(self, syncs: int) -> bool:
-        return self.cfg.checkpoint_every > 0 and syncs % self.cfg.checkpoint_every == 0
+    def stepped(self, step: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = (step, now)
+        self.last = (step, now)
 
-    def _ranks(self, optimizer: torch.optim.Optimizer) -> dict[int, bytes]:
-        """Every rank's optimizer state, gathered on rank 0 (a collective: every rank calls it at the same sync)."""
-        if self.cfg.world_size == 1:
-            return {}
-        mine = optimizer_bytes(optimizer)
-        gathered: list[object] | None = [None] * self.cfg.world_size if self.cfg.rank == 0 else None
-        with _comm("optimizer state gather"):
-            dist.gather_object(mine, gathered, dst=0)
-        return {rank: data for rank, data in enumerate(gathered or ()) if isinstance(data, bytes)}
-
-    def submit(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
-        ranks = self._ranks(optimizer)
-        if self.writer is None:
+    def report(self, where: str) -> None:
+        if self.first is None or self.last is None or self.last[0] == self.first[0]:
             return
-        t0 = time.perf_counter()
-        files = checkpoint_files(model, optimizer, self._state(step, loss), ranks)
-        self._snapshot_ms[step] = (time.perf_counter() - t0) * 1000.0
-        self.writer.submit(step, files)
-
-    def write_now(self, step: int, loss: float, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
-        """The preemption checkpoint, after any periodic one still being written; a failure to write it raises."""
-        ranks = self._ranks(optimizer)
-        if self.writer is not None:
-            self.writer.wait()
-            save_checkpoint(self.directory, model, optimizer, self._state(step, loss), ranks)
-
-    def close(self) -> None:
-        """Waits for the checkpoint being written: a failing rank 0 still leaves its last sync behind."""
-        if self.writer is not None:
-            self.writer.close()
-
-    def _state(self, step: int, loss: float) -> TrainingState:
-        cfg = self.cfg
-        return TrainingState(
-            step=step, loss=loss, world_size=cfg.world_size, seed=cfg.seed, sync_interval=cfg.sync_interval
+        steps, seconds = self.last[0] - self.first[0], self.last[1] - self.first[1]
+        print(
+            f"{where}: trained steps {self.first[0]}..{self.last[0]}, {steps} steps in {seconds:.3f} s after the"
+            f" first: {steps / seconds:.2f} steps/s",
+            file=sys.stderr,
         )
-
-    def _written(self, step: int, directory: Path, write_ms: float) -> None:
-        snapshot_ms = self._snapshot_ms.pop(step, 0.0)
-        self.reporter.checkpointed(step, directory, snapshot_ms=snapshot_ms, write_ms=write_ms)
-
-
-class _Syncs:
-    """The gang's parameter syncs: when they are due, the AllReduce (timed out) and the pace."""
-
-    def __init__(self, cfg: RunConfig, model: TinyGPT, group: dist.ProcessGroup, start: int) -> None:
-        self.cfg = cfg
-        self.sync = ParamSync(list(model.parameters()), group=group)
-        self.pacer = SyncPacer(base_interval=cfg.sync_interval, factor=cfg.slow_sync_factor)
-        self.stats = SyncStats(ms=0.0, bytes=0, buckets=0)
-        self.count = 0
-        self.next_sync = start + self.pacer.interval
-
-    def due(self, step: int) -> bool:
-        return step >= self.next_sync or step == self.cfg.max_steps  # always end on a sync
-
-    def run(self, step: int, *, stop: bool) -> bool:
-        """Average the parameters at ``step``; True when the gang agreed to stop here."""
-        last = step == self.cfg.max_steps
-        with tracing.span("sync", {"shardyard.step": step, "shardyard.sync": self.count + 1}) as span:
-            with _sync_comm(f"parameter AllReduce at step {step}", self.cfg.sync_timeout_s):
-                # At the last step the run is complete: finishing beats checkpointing.
-                self.stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
-            span.set_attribute("shardyard.allreduce_bytes", self.stats.bytes)
-        self.count += 1
-        previous = self.pacer.interval
-        if self.pacer.observe(self.stats.ms, agreed_slow=self.stats.slow) is not None:
-            print(
-                f"{_PREFIX}[rank {self.cfg.rank}]: {self.pacer.slow_syncs} slow syncs, the last {self.stats.ms:.1f} ms;"
-                f" sync interval {previous} -> {self.pacer.interval} steps from step {step}",
-                file=sys.stderr,
-            )
-        self.next_sync = step + self.pacer.interval
-        return self.stats.stop
-
-
-def _agree_on_start(cfg: RunConfig, start: int) -> None:
-    """Every rank resumed from the same step. A rank that read the checkpoint while the rank 0 of the broken gang was
-    still putting a later one in place can differ: the gang then fails (and is retried) instead of diverging."""
-    if cfg.world_size == 1:
-        return
-    starts: list[object] = [None] * cfg.world_size
-    with _comm("start step all_gather"):
-        dist.all_gather_object(starts, start)
-    if len(set(starts)) > 1:
-        raise CommError(f"the ranks resumed from different steps {starts}: the checkpoint changed while they read it")
 
 
 def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: TermFlag | None = None) -> Outcome:
-    """Load (or resume), train to ``max_steps`` with periodic parameter averaging and save on rank 0.
+    """Load (or resume), train to ``max_steps`` averaging gradients (``sync_interval`` 1) or parameters (every
+    ``sync_interval`` steps), and save on rank 0.
 
-    After every ``checkpoint_every`` syncs rank 0 checkpoints the gang to ``<output>/checkpoint``. When ``stop`` is
-    raised on any rank, the gang stops at its next sync before ``max_steps``: rank 0 writes a checkpoint there and
-    every rank reports ``preempted`` at that step. Slow syncs widen the sync interval (:mod:`.pacing`). ``term``
-    (SIGTERM) ends the run between two steps.
+    Rank 0 checkpoints the gang periodically to ``<output>/checkpoint``. When ``stop`` is raised on any rank, the
+    gang stops at its next sync before ``max_steps``: rank 0 writes a checkpoint there and every rank reports
+    ``preempted`` at that step. Slow syncs widen a sync interval above 1 (:mod:`.pacing`). ``term`` (SIGTERM) ends
+    the run between two steps.
     """
     _check_progress_fd(cfg.progress_fd)
     torch.set_num_threads(1)
     seed_everything(cfg.seed)
     model, dataset, resumed = _load_inputs(cfg)  # before the rendezvous: bad input fails fast, not after a timeout
+    placement = place(cfg)  # so does a missing GPU
+    model.to(placement.device)
     start = 0 if resumed is None else resumed.state.step
+    where = f"{_PREFIX}[rank {cfg.rank}/{cfg.world_size}]"
     if resumed is not None:
         print(f"{_PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
-    with tracing.span("rendezvous", {"shardyard.master": f"{cfg.master_addr}:{cfg.master_port}"}):
-        group = _init_process_group(cfg)
-        _agree_on_start(cfg, start)
-    syncs = _Syncs(cfg, model, group, start)
+    rendezvous: tracing.Attributes = {
+        "shardyard.master": f"{cfg.master_addr}:{cfg.master_port}",
+        "shardyard.backend": placement.backend,
+    }
+    with tracing.span("rendezvous", rendezvous):
+        group = init_process_group(cfg, placement)
+        agree_on_start(cfg, start)
+    mode = "gradients every step" if cfg.averages_gradients else f"parameters every {cfg.sync_interval} steps"
+    print(f"{where}: training on {placement.device} over {placement.backend}, averaging {mode}", file=sys.stderr)
+    syncs = GangSync(cfg, model, group, start)  # on the device: a ParamSync holds the parameters from now on
     reporter.started(world_size=cfg.world_size, rank=cfg.rank)
 
     model.train()
@@ -322,23 +207,27 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
     stream = dataset.batches(cfg.rank, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.seed, start_step=start)
     loss_value = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
     step, stopped = start, False
-    checkpoints = _Checkpoints(cfg, reporter)
+    rate = _Rate()
+    checkpoints = GangCheckpoints(cfg, reporter)
     try:
         for step in range(start + 1, cfg.max_steps + 1):
             if term is not None and term.requested:
                 raise Terminated(f"terminated after step {step - 1}")
-            inputs, targets = next(stream)
+            inputs, targets = (t.to(placement.device, non_blocking=True) for t in next(stream))
             logits = model(inputs)
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
             optimizer.zero_grad(set_to_none=True)
             torch.autograd.backward(loss)
+            synced = syncs.gradients(step, stop=stop.requested)  # sync_interval 1: every rank, the same update
             optimizer.step()
             loss_value = float(loss.item())
-            is_sync = syncs.due(step)
-            if is_sync:
-                stopped = syncs.run(step, stop=stop.requested)
-                if not stopped and step < cfg.max_steps and checkpoints.due(syncs.count):
-                    checkpoints.submit(step, loss_value, model, optimizer)  # the weights just averaged
+            if synced is None:
+                synced = syncs.parameters(step, stop=stop.requested)  # local SGD: every sync_interval steps
+            stopped = bool(synced)
+            checkpointed = synced is not None and not stopped and step < cfg.max_steps
+            checkpointed = checkpointed and checkpoints.due(step, syncs.count)
+            if checkpointed:
+                checkpoints.submit(step, loss_value, model, optimizer)  # the weights just averaged
             reporter.progress(
                 step=step,
                 loss=loss_value,
@@ -348,16 +237,18 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
                 syncs=syncs.count,
                 sync_interval=syncs.pacer.interval,
                 slow_syncs=syncs.pacer.slow_syncs,
-                force=is_sync,
+                force=checkpointed or (synced is not None and not syncs.averages_gradients),
             )
+            rate.stepped(step)
             if stopped:
                 checkpoints.write_now(step, loss_value, model, optimizer)
                 break
     finally:
         checkpoints.close()
+    rate.report(where)
 
     if stopped:
-        with _comm("checkpoint barrier"):  # nobody reports before the checkpoint is complete
+        with comm("checkpoint barrier"):  # nobody reports before the checkpoint is complete
             dist.barrier()
         dist.destroy_process_group()
         reporter.preempted(step=step, checkpoint_dir=checkpoints.directory if cfg.rank == 0 else None)
@@ -365,7 +256,7 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
 
     if cfg.rank == 0:
         _save_final(model, cfg.output_dir)
-    with _comm("final barrier"):
+    with comm("final barrier"):
         dist.barrier()
     dist.destroy_process_group()
     checkpoint_dir = cfg.output_dir if cfg.rank == 0 else None
@@ -412,7 +303,8 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, 
         return exitcodes.USER_ERROR
     except Terminated as exc:
         print(f"{where}: {exc}", file=sys.stderr)
-        return TERMINATED_EXIT
+        reporter.close()
+        _exit_now(TERMINATED_EXIT)
     except Exception as exc:
         return _failure(where, exc)
     finally:
@@ -423,14 +315,24 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, 
     return exitcodes.OK
 
 
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's shutdown: with its gang's peers still in a collective, the process
+    group's teardown at exit can wait on them indefinitely (seen with gloo), and a shard told to end must end. Spans
+    and output are flushed first."""
+    tracing.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _failure(where: str, exc: Exception) -> int:
     """The exit code of a run that raised ``exc``, its reason on stderr: out of memory and GPU faults first (they
     may surface inside a collective), then timed-out syncs and other communication errors, else an internal error."""
-    fault = exitcodes.fault_exit_code(exc)
+    fault = exitcodes.GPU_FAULT if isinstance(exc, DeviceError) else exitcodes.fault_exit_code(exc)
     if fault == exitcodes.OOM:
-        print(f"{where}: out of memory: {_describe(exc)}", file=sys.stderr)
+        print(f"{where}: out of memory: {describe(exc)}", file=sys.stderr)
     elif fault == exitcodes.GPU_FAULT:
-        print(f"{where}: GPU fault: {_describe(exc)}", file=sys.stderr)
+        print(f"{where}: GPU fault: {describe(exc)}", file=sys.stderr)
     elif isinstance(exc, SyncTimeoutError):
         print(f"{where}: sync timeout: {exc}", file=sys.stderr)
         return exitcodes.SYNC_TIMEOUT

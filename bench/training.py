@@ -1,0 +1,289 @@
+"""Training throughput under Shardyard against plain torchrun, and parameter-sync bandwidth (prints JSON).
+
+``throughput``: the built-in runner (``python -m shardyard.training.shard``) trains the demo model on the demo
+dataset, 2 ranks on CPU over gloo, the same workload in two ways:
+
+- ``torchrun``: ``torchrun --standalone --nproc-per-node 2 -m shardyard.training.shard`` with the ``SHARDYARD_*``
+  environment a node agent would give it (no progress channel, no lease: nothing reads them);
+- ``shardyard``: the same job submitted to a local cluster (``shardyard.cli.cluster.up``: embedded broker, every
+  service twice, 2 agents with 1 simulated A100 each), so each shard runs under its agent: lease watchdog, progress
+  pipe, heartbeats, the control plane on the same cores.
+
+Both are timed the same way, by the runner itself: each rank prints, when it finishes, the steps it trained after its
+first one and how long they took (``... steps in ... s after the first: ... steps/s`` on stderr, which torchrun
+passes through and the agent writes to the shard's log). That window leaves out process start, imports, loading,
+the rendezvous and the first step, for both. A run's rate is its slowest rank's. The torchrun runs are made while the
+cluster is up and idle, interleaved with the cluster's runs (``torchrun``, ``shardyard``, then the other way round),
+so both see the same background; ``torchrun_quiet`` are extra torchrun runs before the cluster starts and after it
+stopped (nothing else of ours running), for reference: the whole control plane (broker, two replicas of every
+service, two agents: about a quarter of a core when idle) then shares the shards' cores in one case only, and other
+work on the machine differs between the phases. ``ratio`` = median shardyard steps/s / median torchrun steps/s
+(target >= 0.95).
+
+``bandwidth``: two gloo processes; for the demo model's parameters and for larger synthetic models, the runtime's
+:class:`ParamSync.allreduce_mean` (bytes / ms as its stats report them: pack, AllReduces, unpack) against a raw
+``dist.all_reduce`` of one flat float32 tensor of the same byte count, called plainly and as ``async_op=True`` +
+``wait()`` (the same call underneath; the faster median is the baseline). Each iteration times the three, each after
+a barrier, each first in turn (``--iterations`` times up to 8 MiB, a quarter of that above). ``ratio`` = sync GB/s /
+raw GB/s of the medians (target >= 0.80); ``best_ratio`` the same of the fastest iterations (what is left when the
+machine's other load does not interfere).
+
+    python bench/training.py [--runs 3] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RATE = re.compile(r"\[rank (\d+)/\d+\]: trained steps \d+\.\.\d+, (\d+) steps in ([0-9.]+) s after the first")
+JOB_TIMEOUT_S = 600.0
+
+
+# --- throughput ----------------------------------------------------------------------------------------------------
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": 3e-3, "seed": 0}
+
+
+def _rate(log: str, what: str) -> dict[str, Any]:
+    """The gang's steps/s from its ranks' summary lines: the slowest rank's."""
+    ranks = {int(rank): (int(steps), float(seconds)) for rank, steps, seconds in RATE.findall(log)}
+    if len(ranks) != 2:
+        raise SystemExit(f"{what}: expected the summary line of 2 ranks, found {sorted(ranks)}; log:\n{log[-3000:]}")
+    rates = {rank: steps / seconds for rank, (steps, seconds) in ranks.items()}
+    return {"steps_per_s": min(rates.values()), "per_rank": [round(rates[r], 3) for r in sorted(rates)]}
+
+
+def torchrun_run(data: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from shardyard.training.artifacts import DEMO_DATASET, DEMO_MODEL
+    from shardyard.training.config import (
+        CHECKPOINT_EVERY_ENV,
+        DEFAULT_CHECKPOINT_EVERY,
+        DEFAULT_SLOW_SYNC_FACTOR,
+        DEFAULT_SYNC_TIMEOUT_S,
+        SLOW_SYNC_FACTOR_ENV,
+        SYNC_TIMEOUT_ENV,
+    )
+
+    work = _workload(args)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SHARDYARD_MODEL_DIR": str(data / DEMO_MODEL),
+        "SHARDYARD_DATASET_DIR": str(data / DEMO_DATASET),
+        "SHARDYARD_OUTPUT_DIR": str(out),
+        "SHARDYARD_SYNC_INTERVAL": str(args.sync_interval),
+        "SHARDYARD_MAX_STEPS": str(work["max_steps"]),
+        "SHARDYARD_BATCH_SIZE": str(work["batch_size"]),
+        "SHARDYARD_SEQ_LEN": str(work["seq_len"]),
+        "SHARDYARD_LR": repr(work["lr"]),
+        "SHARDYARD_SEED": str(work["seed"]),
+        # What an agent with default settings gives its shards (node_agent.book.RunnerOptions).
+        CHECKPOINT_EVERY_ENV: str(DEFAULT_CHECKPOINT_EVERY),
+        SYNC_TIMEOUT_ENV: repr(DEFAULT_SYNC_TIMEOUT_S),
+        SLOW_SYNC_FACTOR_ENV: repr(DEFAULT_SLOW_SYNC_FACTOR),
+    }
+    env.pop("SHARDYARD_PROGRESS_FD", None)
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    argv = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "shardyard.training.shard"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=False)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun exited {proc.returncode}:\n{log[-3000:]}")
+    return _rate(log, "torchrun")
+
+
+def shardyard_run(info: Any, index: int, args: argparse.Namespace) -> dict[str, Any]:
+    from shardyard.cli import client
+
+    example = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
+    job_id = f"bench-{index}"
+    document = {**example, "task_id": job_id, "sync_interval": args.sync_interval, "training": _workload(args)}
+    client.submit(info.bootstrap, json.dumps(document).encode())
+    final = client.wait(info.monitor_url, job_id, timeout_s=JOB_TIMEOUT_S, on_update=lambda _j: None)
+    logs = sorted((Path(info.run_dir) / "logs" / "shards" / job_id).glob("shard-*.log"))
+    log = "".join(p.read_text(errors="replace") for p in logs)
+    if final["state"] != "SUCCEEDED":
+        raise SystemExit(f"job {job_id} ended {final['state']}: {final.get('message')}\n{log[-3000:]}")
+    return _rate(log, f"job {job_id}")
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from shardyard.cli import cluster
+    from shardyard.training.artifacts import create_demo_artifacts
+
+    with tempfile.TemporaryDirectory(prefix="shardyard-bench-") as tmp:
+        root = Path(tmp)
+        data = root / "data"
+        create_demo_artifacts(data)
+        before = (args.runs + 1) // 2
+        quiet = [torchrun_run(data, root / f"quiet-{i}", args) for i in range(before)]
+        info = cluster.up(root / "run", nodes=["A100:1"] * 2, data_root=data, say=lambda _m: None)
+        plain: list[dict[str, Any]] = []
+        managed: list[dict[str, Any]] = []
+        try:
+            for i in range(args.runs):
+                order: list[Callable[[], None]] = [
+                    lambda i=i: plain.append(torchrun_run(data, root / f"torchrun-{i}", args)),
+                    lambda i=i: managed.append(shardyard_run(info, i, args)),
+                ]
+                for run in order if i % 2 == 0 else order[::-1]:
+                    run()
+        finally:
+            cluster.down(root / "run", say=lambda _m: None)
+        quiet += [torchrun_run(data, root / f"quiet-{i}", args) for i in range(before, args.runs)]
+    medians = {
+        name: statistics.median(r["steps_per_s"] for r in runs)
+        for name, runs in (("torchrun_quiet", quiet), ("torchrun", plain), ("shardyard", managed))
+    }
+    return {
+        "workload": {**_workload(args), "sync_interval": args.sync_interval, "ranks": 2, "device": "cpu/gloo"},
+        "window": "per rank: end of its first step .. end of its last step; a run's rate is its slowest rank's",
+        "runs": {"torchrun_quiet": quiet, "torchrun": plain, "shardyard": managed},
+        "median_steps_per_s": {k: round(v, 3) for k, v in medians.items()},
+        "ratio": round(medians["shardyard"] / medians["torchrun"], 4),
+        "ratio_vs_quiet": round(medians["shardyard"] / medians["torchrun_quiet"], 4),
+        "target": 0.95,
+    }
+
+
+# --- bandwidth -----------------------------------------------------------------------------------------------------
+def _synthetic(total_bytes: int) -> list[Any]:
+    """Parameters shaped like a transformer's: 1 MiB matrices, each followed by a small bias."""
+    import torch
+
+    params = []
+    while sum(p.numel() * 4 for p in params) < total_bytes:
+        params += [torch.nn.Parameter(torch.randn(512, 512)), torch.nn.Parameter(torch.randn(512))]
+    return params
+
+
+def bandwidth_worker(rank: int, port: int, iterations: int, sizes_mib: list[int]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from shardyard.training.artifacts import create_demo_artifacts
+    from shardyard.training.model import load_pretrained
+    from shardyard.training.sync import ParamSync
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    with tempfile.TemporaryDirectory(prefix="shardyard-bench-") as tmp:
+        model = load_pretrained(create_demo_artifacts(Path(tmp)).model_dir)
+    workloads = [("demo model", list(model.parameters()))]
+    workloads += [(f"synthetic {mib} MiB", _synthetic(mib * 1024 * 1024)) for mib in sizes_mib]
+    results = []
+    for label, params in workloads:
+        sync = ParamSync(params)
+        flat = torch.zeros(sync.total_bytes // 4)
+        raw_ms: list[float] = []
+        raw_async_ms: list[float] = []
+        sync_ms: list[float] = []
+
+        def raw(flat: torch.Tensor = flat, out: list[float] = raw_ms) -> None:
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            out.append((time.perf_counter() - t0) * 1000.0)
+
+        def raw_async(flat: torch.Tensor = flat, out: list[float] = raw_async_ms) -> None:
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(flat, async_op=True).wait()
+            out.append((time.perf_counter() - t0) * 1000.0)
+
+        def synced(sync: ParamSync = sync, out: list[float] = sync_ms) -> None:
+            dist.barrier()
+            out.append(sync.allreduce_mean().ms)
+
+        runs = [raw, raw_async, synced]
+        for _ in range(3):  # warm-up: connections, allocations
+            for run in runs:
+                run()
+        for timings in (raw_ms, raw_async_ms, sync_ms):
+            timings.clear()
+        nbytes = sync.total_bytes
+        count = iterations if nbytes <= 8 * 1024 * 1024 else max(10, iterations // 4)
+        for i in range(count):
+            for run in runs[i % 3 :] + runs[: i % 3]:  # each goes first, second and third in turn
+                run()
+        # The baseline is the faster of the two ways to call it (the same call underneath: the rest is noise).
+        raw_med = min(statistics.median(raw_ms), statistics.median(raw_async_ms))
+        raw_best = min(min(raw_ms), min(raw_async_ms))
+        sync_med = statistics.median(sync_ms)
+        results.append(
+            {
+                "params": label,
+                "bytes": nbytes,
+                "buckets": sync.num_buckets,
+                "iterations": count,
+                "raw_allreduce_ms": round(statistics.median(raw_ms), 4),
+                "raw_async_allreduce_ms": round(statistics.median(raw_async_ms), 4),
+                "param_sync_ms": round(sync_med, 4),
+                "raw_gb_per_s": round(nbytes / raw_med / 1e6, 4),
+                "param_sync_gb_per_s": round(nbytes / sync_med / 1e6, 4),
+                "ratio": round(raw_med / sync_med, 4),
+                "best_ratio": round(raw_best / min(sync_ms), 4),
+            }
+        )
+    dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(results))
+
+
+def bandwidth(args: argparse.Namespace) -> dict[str, Any]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, __file__, "--port", str(port), "--iterations", str(args.iterations)]
+    argv += ["--sizes-mib", *map(str, args.sizes_mib)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([*argv, "--worker", str(rank)], env=env, stdout=subprocess.PIPE, text=True) for rank in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=JOB_TIMEOUT_S)[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise SystemExit(f"bandwidth workers exited {[p.returncode for p in procs]}")
+    results = json.loads(outputs[0].strip().splitlines()[-1])
+    return {"backend": "gloo", "ranks": 2, "results": results, "target": 0.80}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each kind (throughput)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--sync-interval", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=300, help="timed syncs per size (bandwidth)")
+    parser.add_argument("--sizes-mib", type=int, nargs="*", default=[4, 64], help="synthetic models (bandwidth)")
+    parser.add_argument("--only", choices=("throughput", "bandwidth"))
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        bandwidth_worker(args.worker, args.port, args.iterations, args.sizes_mib)
+        return
+    out: dict[str, Any] = {"bench": "training", "load_before": os.getloadavg()}
+    if args.only != "bandwidth":
+        out["throughput"] = throughput(args)
+    if args.only != "throughput":
+        out["bandwidth"] = bandwidth(args)
+    out["load_after"] = os.getloadavg()
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Where a shard computes and how it joins its gang.
+
+One GPU per shard: with CUDA present the shard trains on ``cuda:LOCAL_RANK`` (the node agent sets ``LOCAL_RANK`` to
+the index of the GPU it assigned, with every GPU visible; torchrun to the process's index on the node) and the gang
+talks NCCL; without CUDA it trains on the CPU and talks gloo. ``SHARDYARD_DEVICE`` (``auto``, ``cpu``, ``cuda``)
+can insist on one. The parameter or gradient syncs use a group of their own whose collectives time out after
+``sync_timeout_s``; the rendezvous and the barriers keep ``dist_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from shardyard.training.config import Device, RunConfig
+from shardyard.training.errors import CommError, DeviceError, comm
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    backend: str
+    """The torch.distributed backend: ``nccl`` on a GPU, ``gloo`` on the CPU."""
+
+
+def cuda_devices() -> int:
+    """The CUDA devices this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_placement(device: Device, local_rank: int, gpus: int) -> Placement:
+    """The device and backend of the shard with ``local_rank`` on a node where it sees ``gpus`` CUDA devices."""
+    if device == "cpu" or (device == "auto" and gpus == 0):
+        return Placement(torch.device("cpu"), "gloo")
+    if gpus == 0:
+        raise DeviceError("SHARDYARD_DEVICE=cuda, but CUDA is not available")
+    if local_rank >= gpus:
+        raise DeviceError(f"LOCAL_RANK={local_rank} names GPU {local_rank}, but only {gpus} CUDA devices are visible")
+    return Placement(torch.device("cuda", local_rank), "nccl")
+
+
+def place(cfg: RunConfig) -> Placement:
+    """Choose this shard's device and make it the current one."""
+    placement = choose_placement(cfg.device, cfg.local_rank, cuda_devices())
+    if placement.device.type == "cuda":
+        torch.cuda.set_device(placement.device)
+    return placement
+
+
+def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGroup:
+    """The default group (rendezvous, barriers: ``dist_timeout_s``) and the group the syncs use, whose collectives
+    time out after ``sync_timeout_s``."""
+    os.environ.update(MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(cfg.master_port))
+    where = f"{cfg.master_addr}:{cfg.master_port}, world_size={cfg.world_size}"
+    with comm(f"init_process_group({placement.backend}, {where})"):
+        dist.init_process_group(
+            placement.backend,
+            init_method="env://",
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            timeout=timedelta(seconds=cfg.dist_timeout_s),
+            device_id=placement.device if placement.device.type == "cuda" else None,
+        )
+        group = dist.new_group(timeout=timedelta(seconds=cfg.sync_timeout_s))
+    assert group is not None  # every rank is a member
+    return group
+
+
+def agree_on_start(cfg: RunConfig, start: int) -> None:
+    """Every rank resumed from the same step. A rank that read the checkpoint while the rank 0 of the broken gang was
+    still putting a later one in place can differ: the gang then fails (and is retried) instead of diverging."""
+    if cfg.world_size == 1:
+        return
+    starts: list[object] = [None] * cfg.world_size
+    with comm("start step all_gather"):
+        dist.all_gather_object(starts, start)
+    if len(set(starts)) > 1:
+        raise CommError(f"the ranks resumed from different steps {starts}: the checkpoint changed while they read it")
