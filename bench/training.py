@@ -18,17 +18,19 @@ so both see the same background; ``torchrun_quiet`` are extra torchrun runs befo
 stopped (nothing else of ours running), for reference: the whole control plane (broker, two replicas of every
 service, two agents: about a quarter of a core when idle) then shares the shards' cores in one case only, and other
 work on the machine differs between the phases. ``ratio`` = median shardyard steps/s / median torchrun steps/s
-(target >= 0.95).
+(target >= 0.95); ``paired_ratios`` divide each job run by the torchrun run next to it (the two shared the machine's
+state of the moment, which on a shared host swings by 20 % within seconds), ``paired_ratio_median`` is their median.
 
 ``bandwidth``: two gloo processes; for the demo model's parameters and for larger synthetic models, the runtime's
-:class:`ParamSync.allreduce_mean` (bytes / ms as its stats report them: pack, AllReduces, unpack) against a raw
+:class:`ParamSync.allreduce_mean` (the whole call: control slots, AllReduces, division by the world size) against a raw
 ``dist.all_reduce`` of one flat float32 tensor of the same byte count, called plainly and as ``async_op=True`` +
 ``wait()`` (the same call underneath; the faster median is the baseline). Each iteration times the three, each after
-a barrier, each first in turn (``--iterations`` times up to 8 MiB, a quarter of that above). ``ratio`` = sync GB/s /
-raw GB/s of the medians (target >= 0.80); ``best_ratio`` the same of the fastest iterations (what is left when the
-machine's other load does not interfere).
+a barrier over as many calls back to back as make about 20 MiB (at most 50, so the skew of leaving the barrier does
+not weigh), each first in turn (``--iterations`` times up to 8 MiB, a quarter of that above); every figure is wall
+time per call. ``ratio`` = sync GB/s / raw GB/s of the medians (target >= 0.80); ``best_ratio`` the same of
+the fastest iterations (what is left when the machine's other load does not interfere).
 
-    python bench/training.py [--runs 3] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth]
+    python bench/training.py [--runs 5] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth]
 """
 
 from __future__ import annotations
@@ -148,12 +150,16 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         name: statistics.median(r["steps_per_s"] for r in runs)
         for name, runs in (("torchrun_quiet", quiet), ("torchrun", plain), ("shardyard", managed))
     }
+    # Run i of each kind ran back to back, so they shared the machine's state of the moment.
+    paired = [m["steps_per_s"] / p["steps_per_s"] for p, m in zip(plain, managed, strict=True)]
     return {
         "workload": {**_workload(args), "sync_interval": args.sync_interval, "ranks": 2, "device": "cpu/gloo"},
         "window": "per rank: end of its first step .. end of its last step; a run's rate is its slowest rank's",
         "runs": {"torchrun_quiet": quiet, "torchrun": plain, "shardyard": managed},
         "median_steps_per_s": {k: round(v, 3) for k, v in medians.items()},
         "ratio": round(medians["shardyard"] / medians["torchrun"], 4),
+        "paired_ratios": [round(r, 4) for r in paired],
+        "paired_ratio_median": round(statistics.median(paired), 4),
         "ratio_vs_quiet": round(medians["shardyard"] / medians["torchrun_quiet"], 4),
         "target": 0.95,
     }
@@ -192,21 +198,25 @@ def bandwidth_worker(rank: int, port: int, iterations: int, sizes_mib: list[int]
         raw_async_ms: list[float] = []
         sync_ms: list[float] = []
 
-        def raw(flat: torch.Tensor = flat, out: list[float] = raw_ms) -> None:
+        # Each timing covers ``reps`` calls back to back after a barrier (as nccl-tests do): one call of a small
+        # buffer takes about a millisecond, as long as the skew with which two ranks leave a barrier.
+        reps = max(1, min(50, (20 * 1024 * 1024) // sync.total_bytes))
+
+        def timed(call: Callable[[], object], out: list[float], reps: int = reps) -> None:
             dist.barrier()
             t0 = time.perf_counter()
-            dist.all_reduce(flat)
-            out.append((time.perf_counter() - t0) * 1000.0)
+            for _ in range(reps):
+                call()
+            out.append((time.perf_counter() - t0) * 1000.0 / reps)
+
+        def raw(flat: torch.Tensor = flat, out: list[float] = raw_ms) -> None:
+            timed(lambda: dist.all_reduce(flat), out)
 
         def raw_async(flat: torch.Tensor = flat, out: list[float] = raw_async_ms) -> None:
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(flat, async_op=True).wait()
-            out.append((time.perf_counter() - t0) * 1000.0)
+            timed(lambda: dist.all_reduce(flat, async_op=True).wait(), out)
 
         def synced(sync: ParamSync = sync, out: list[float] = sync_ms) -> None:
-            dist.barrier()
-            out.append(sync.allreduce_mean().ms)
+            timed(sync.allreduce_mean, out)
 
         runs = [raw, raw_async, synced]
         for _ in range(3):  # warm-up: connections, allocations
@@ -229,6 +239,7 @@ def bandwidth_worker(rank: int, port: int, iterations: int, sizes_mib: list[int]
                 "bytes": nbytes,
                 "buckets": sync.num_buckets,
                 "iterations": count,
+                "calls_per_timing": reps,
                 "raw_allreduce_ms": round(statistics.median(raw_ms), 4),
                 "raw_async_allreduce_ms": round(statistics.median(raw_async_ms), 4),
                 "param_sync_ms": round(sync_med, 4),
@@ -262,12 +273,12 @@ def bandwidth(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="runs of each kind (throughput)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each kind (throughput)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--sync-interval", type=int, default=1)
-    parser.add_argument("--iterations", type=int, default=300, help="timed syncs per size (bandwidth)")
+    parser.add_argument("--iterations", type=int, default=100, help="timed syncs per size (bandwidth)")
     parser.add_argument("--sizes-mib", type=int, nargs="*", default=[4, 64], help="synthetic models (bandwidth)")
     parser.add_argument("--only", choices=("throughput", "bandwidth"))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)

@@ -97,7 +97,7 @@ class Runtime:
     # --- progress --------------------------------------------------------------------------------------------
     def report(self, step: int, loss: float, samples: int | None = None) -> None:
         """``samples``: samples this rank processed since its previous report (its batch size, reported each step).
-        Lines are written at most every 0.5 s, and at every sync step."""
+        Lines are written at most once a second, and at every sync step."""
         self.stop_requested()  # take the stop signal early: a request pending since the start is seen
         if not self.reporter.enabled:
             return
@@ -250,7 +250,7 @@ def runtime() -> Runtime:
 
 
 def report(step: int, loss: float, samples: int | None = None) -> None:
-    """Report a training step (at most one line every 0.5 s reaches the agent; ``loss`` is averaged over the steps
+    """Report a training step (at most one line a second reaches the agent; ``loss`` is averaged over the steps
     in between). ``samples``: how many samples this rank processed since its previous report."""
     runtime().report(step, loss, samples)
 

@@ -14,6 +14,10 @@ from typing import Any
 
 Clock = Callable[[], float]
 
+MIN_INTERVAL_S = 1.0
+"""At most one (unforced) progress line a second per shard: each becomes an event that about six consumers read, and
+the control plane shares the node with training (``bench/training.py`` counts what that costs)."""
+
 
 class ProgressReporter:
     """Writes one JSON object per line to ``fd`` (``None``: reports go nowhere).
@@ -28,7 +32,7 @@ class ProgressReporter:
     def __init__(
         self,
         fd: int | None,
-        min_interval_s: float = 0.5,
+        min_interval_s: float = MIN_INTERVAL_S,
         clock: Clock = time.monotonic,
         cpu_clock: Clock = time.process_time,
     ) -> None:
