@@ -169,6 +169,7 @@ async def _deposed(elected: asyncio.Event, lost: asyncio.Event, *, grace_s: floa
     while True:
         await lost.wait()
         try:
-            await asyncio.wait_for(elected.wait(), timeout=grace_s)
+            async with asyncio.timeout(grace_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                await elected.wait()
         except TimeoutError:
             return

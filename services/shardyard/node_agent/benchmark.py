@@ -171,7 +171,8 @@ class SubprocessBench:
         except OSError as exc:
             return BenchReport(error=f"cannot start the benchmark: {exc}")
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                stdout, stderr = await process.communicate()
         except TimeoutError:
             process.kill()
             await process.wait()

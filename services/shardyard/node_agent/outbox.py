@@ -60,7 +60,8 @@ class Outbox:
 
     async def _attempt(self, event: Event) -> Exception | None:
         try:
-            await asyncio.wait_for(self.bus.publish(event), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                await self.bus.publish(event)
         except (TimeoutError, KafkaError, OSError) as exc:  # the bus was not reached (anything else is a bug: raised)
             if self.healthy:
                 log.warning("the bus did not take a %s: %s: %s", type(event).__name__, type(exc).__name__, exc)
