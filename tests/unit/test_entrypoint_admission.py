@@ -13,6 +13,8 @@ import pytest
 from shardyard.events import JobAccepted, RejectReason
 from shardyard.events.job import Entrypoint
 from shardyard.gpus import DEFAULT_TFLOPS
+from shardyard.monitor.jobs import REDACTED
+from shardyard.monitor.views import ClusterView
 from shardyard.queue.admission import Admitted, Refused, admit
 from shardyard.schemas import generate
 from tests.unit.builders import T0, raw, submission
@@ -162,3 +164,17 @@ def test_the_entrypoint_survives_the_lifecycle_topic() -> None:
     decoded = JobAccepted.model_validate_json(event.model_dump_json())
 
     assert decoded.spec.entrypoint == admitted.spec.entrypoint
+
+
+def test_the_status_api_shows_the_entrypoint_env_names_but_not_their_values() -> None:
+    admitted = _admit(_with(command=COMMAND, env={"HF_TOKEN": "hf_secret", "SEED": "1"}))
+    assert isinstance(admitted, Admitted)
+    view = ClusterView()
+    view.apply(JobAccepted(occurred_at=T0, job_id="fine_tune_gpt2", spec=admitted.spec, source_offset="s/0/1"))
+
+    shown = view.job("fine_tune_gpt2").detail()
+
+    assert shown["spec"]["entrypoint"]["env"] == {"HF_TOKEN": REDACTED, "SEED": REDACTED}
+    assert shown["spec"]["entrypoint"]["command"] == COMMAND
+    assert "hf_secret" not in json.dumps(shown)
+    assert admitted.spec.entrypoint is not None and admitted.spec.entrypoint.env["HF_TOKEN"] == "hf_secret"

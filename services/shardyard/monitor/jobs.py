@@ -177,7 +177,7 @@ class JobView:
     def _moved(self, event: LifecycleFact) -> None:
         match event:
             case JobAccepted():
-                self.spec = event.spec.model_dump(mode="json")
+                self.spec = public_spec(event.spec.model_dump(mode="json"))
                 self.submitted_at = event.spec.submitted_at
                 self.pending(None, "", node_counts={}, waiting_for=[])
                 self.errors = []
@@ -376,6 +376,18 @@ class JobView:
         """The dashboard's curves, apart from ``detail()`` so that polling them does not resend the timeline."""
         max_steps = self.spec.get("max_steps") if self.spec else None
         return {"job_id": self.job_id, "state": self.state, "max_steps": max_steps, **self.series.columns()}
+
+
+REDACTED = "<redacted>"
+
+
+def public_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as the status API and the dashboard show it: an entrypoint's environment keeps its names, but its
+    values (tokens, keys, passwords as often as not) stay between the bus and the agents."""
+    entrypoint = spec.get("entrypoint")
+    if not isinstance(entrypoint, dict) or not entrypoint.get("env"):
+        return spec
+    return {**spec, "entrypoint": {**entrypoint, "env": dict.fromkeys(entrypoint["env"], REDACTED)}}
 
 
 def _finite(values: list[float]) -> list[float | None]:
