@@ -17,17 +17,21 @@ from shardyard.events import (
     Heartbeat,
     JobAccepted,
     JobSucceeded,
+    ShardAssignment,
+    ShardCompleted,
     ShardPreempted,
+    ShardRevocation,
     ShardStarted,
     ShardStopRequest,
 )
+from shardyard.events.job import Entrypoint
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
 from shardyard.node_agent.load import LoadSource
-from shardyard.training import exitcodes
+from shardyard.training import exitcodes, standby
 from shardyard.training.preemption import STOP_SIGNAL
 from tests.unit.builders import T0, assignment, job_spec, workload
 
@@ -47,11 +51,14 @@ class Recorder:
 
 
 class FixedClock:
+    def __init__(self) -> None:
+        self.mono = 0.0
+
     def now(self) -> datetime:
         return T0
 
     def monotonic(self) -> float:
-        return 0.0
+        return self.mono
 
 
 class FakeDisk:
@@ -94,15 +101,42 @@ class FakeProcess:
             self.exit.set_result(code)
 
 
+class FakeStandby:
+    def __init__(self, pid: int, spec: LaunchSpec) -> None:
+        self.pid = pid
+        self.spec = spec
+        self.orders: list[standby.Order] = []
+        self.discarded = False
+        self.dead = False
+        self.process = FakeProcess(pid)
+
+    def alive(self) -> bool:
+        return not (self.dead or self.discarded)
+
+    async def go(self, order: bytes) -> FakeProcess:
+        if not self.alive():
+            raise OSError(f"standby {self.pid} is gone")
+        self.orders.append(standby.Order.decode(order))
+        return self.process
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
 class FakeLauncher:
     def __init__(self) -> None:
         self.specs: list[LaunchSpec] = []
         self.processes: list[FakeProcess] = []
+        self.standbys: list[FakeStandby] = []
 
     async def launch(self, spec: LaunchSpec, *, progress_env: str) -> FakeProcess:
         self.specs.append(spec)
         self.processes.append(FakeProcess(1000 + len(self.processes)))
         return self.processes[-1]
+
+    async def standby(self, spec: LaunchSpec, *, progress_env: str) -> FakeStandby:
+        self.standbys.append(FakeStandby(2000 + len(self.standbys), spec))
+        return self.standbys[-1]
 
 
 class Agent:
@@ -115,6 +149,7 @@ class Agent:
         shared: tuple[str, ...] = (),
         topology: Mapping[str, str] | None = None,
         host_load: Callable[[], float] = lambda: 0.25,
+        warm_standbys: bool = True,
     ) -> None:
         self.root = tmp_path / "data"
         self.bus = Recorder()
@@ -133,12 +168,15 @@ class Agent:
             base_env={},
             load_source=load_source,
             topology=dict(topology or {}),
+            warm_standbys=warm_standbys,
+            standby_ttl_s=60.0,
         )
+        self.clock = FixedClock()
         self.handlers = AgentHandlers(
             identity,
             AgentBook("node-a"),
             self.bus,
-            FixedClock(),
+            self.clock,
             SimulatedGpus(["A100:2"]),
             self.launcher,
             watch=ArtifactWatch(shared_prefixes=shared),
@@ -293,3 +331,128 @@ async def test_a_resumed_shard_gets_its_checkpoint_through_the_mounts(tmp_path: 
     assert spec.env["SHARDYARD_RESUME_DIR"] == str(agent.root / "checkpoints/job-1/checkpoint")
     agent.launcher.processes[0].end(0)
     await agent.until(lambda: not agent.handlers.tasks)
+
+
+# -- warm standbys -------------------------------------------------------------------------------------------------
+
+
+def spare(job_id: str = "job-1", shard_index: int = 1, **overrides: Any) -> ShardAssignment:
+    return assignment(job_id=job_id, shard_index=shard_index, spare=True, **overrides)
+
+
+async def test_a_held_spare_gets_a_standby_that_its_promotion_takes(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+
+    await agent.handlers.on_assignment(spare())
+    (warm,) = await agent.until(lambda: agent.launcher.standbys)
+    assert warm.spec.argv[1:] == ("-m", standby.MODULE)
+    assert warm.spec.env["OMP_NUM_THREADS"] == "1"
+
+    await agent.handlers.on_assignment(assignment(shard_index=1, attempt=2, gpu_indices=(1,)))
+
+    assert agent.launcher.specs == []  # nothing started cold
+    (order,) = warm.orders
+    assert (order.env["RANK"], order.env["SHARDYARD_ATTEMPT"], order.env["LOCAL_RANK"]) == ("1", "2", "1")
+    assert order.log == str(tmp_path / "logs/job-1/shard-1-attempt-2.log")
+    (started,) = agent.bus.of(ShardStarted)
+    assert (started.attempt, started.pid) == (2, warm.pid)
+    warm.process.end(0)
+    await agent.until(lambda: agent.bus.of(ShardCompleted))
+
+
+@pytest.mark.parametrize(
+    ("code", "warmed"),
+    [
+        pytest.param(exitcodes.COMM_ERROR, True, id="comm-error"),
+        pytest.param(exitcodes.SYNC_TIMEOUT, True, id="sync-timeout"),
+        pytest.param(-9, True, id="killed"),
+        pytest.param(exitcodes.USER_ERROR, False, id="user-error-ends-the-job"),
+        pytest.param(exitcodes.OOM, False, id="oom-keeps-the-job-off-this-node"),
+        pytest.param(exitcodes.OK, False, id="completed"),
+    ],
+)
+async def test_a_failure_the_gang_recovers_from_warms_a_standby(tmp_path: Path, code: int, warmed: bool) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    await agent.handlers.on_assignment(assignment())
+
+    agent.launcher.processes[0].end(code)
+    await agent.until(lambda: not agent.handlers.tasks)
+    await asyncio.sleep(0)  # the standby's start is a task of its own
+
+    assert len(agent.launcher.standbys) == (1 if warmed else 0)
+    if warmed:
+        await agent.handlers.on_assignment(assignment(attempt=2))
+        assert len(agent.launcher.specs) == 1  # only attempt 1 started cold
+        assert agent.launcher.standbys[0].orders[0].env["SHARDYARD_ATTEMPT"] == "2"
+
+
+async def test_a_dead_standby_falls_back_to_a_cold_start(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    await agent.handlers.on_assignment(spare())
+    (warm,) = await agent.until(lambda: agent.launcher.standbys)
+    warm.dead = True
+
+    await agent.handlers.on_assignment(assignment(shard_index=1, attempt=2, gpu_indices=(1,)))
+
+    (spec,) = agent.launcher.specs
+    assert spec.env["SHARDYARD_ATTEMPT"] == "2"
+    assert warm.orders == []
+
+
+async def test_standbys_end_with_their_job_or_their_time_and_are_never_more_than_the_gpus(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)  # two GPUs
+    agent.inputs()
+    for job in ("job-1", "job-2", "job-3"):
+        await agent.handlers.on_assignment(spare(job_id=job))
+    first, second = await agent.until(lambda: len(agent.launcher.standbys) == 2 and agent.launcher.standbys)
+    await asyncio.sleep(0)
+    assert len(agent.launcher.standbys) == 2  # job-3 gets none: the node has two GPUs
+
+    await agent.handlers.on_lifecycle(
+        JobSucceeded(occurred_at=T0, job_id="job-1", attempt=1, final_loss=None, checkpoint_dir=None)
+    )
+    assert (first.discarded, second.discarded) == (True, False)
+
+    agent.clock.mono = 120.0
+    await agent.handlers.heartbeat()
+    assert not second.discarded  # job-2 still holds its spare here
+
+    await agent.handlers.on_assignment(
+        ShardRevocation(
+            occurred_at=T0, job_id="job-2", shard_index=1, node_id="node-a", attempt=1, term=1, reason="released"
+        )
+    )
+    await agent.handlers.heartbeat()
+    assert second.discarded
+
+
+async def test_entrypoint_jobs_and_agents_without_standbys_start_cold(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, warm_standbys=False)
+    agent.inputs()
+    await agent.handlers.on_assignment(spare())
+    await agent.handlers.on_assignment(assignment())
+    agent.launcher.processes[0].end(exitcodes.COMM_ERROR)
+    await agent.until(lambda: not agent.handlers.tasks)
+    await asyncio.sleep(0)
+    assert agent.launcher.standbys == []
+
+    entry = Agent(tmp_path / "entry")
+    entry.inputs()
+    command = workload(entrypoint=Entrypoint(command=["python", "train.py"]))
+    await entry.handlers.on_assignment(spare(workload=command))
+    await asyncio.sleep(0)
+    assert entry.launcher.standbys == []
+
+
+async def test_shutdown_discards_the_standbys(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    agent.inputs()
+    await agent.handlers.on_assignment(spare())
+    (warm,) = await agent.until(lambda: agent.launcher.standbys)
+
+    await agent.handlers.stop_all()
+
+    assert warm.discarded

@@ -4,6 +4,10 @@ out.
 Lifecycle events tell the agent which artifact paths live jobs need (``ArtifactWatch``); the agent polls the absent
 ones and sends a heartbeat at once when one appears, so a job waiting for its dataset here hears of it quickly.
 
+Where a shard of a job is likely to start soon (a spare held, a shard that failed in a way its gang recovers from),
+the agent keeps a warm standby for the job (:mod:`.warm`), and a launch of the built-in runner for that job takes it
+instead of starting a cold process.
+
 Every publish has a deadline (:class:`Outbox`). The lease is renewed by each heartbeat the bus acknowledges; when
 it runs out the agent stops its shards (self-fencing) and reports their end once the bus is back.
 """
@@ -26,12 +30,13 @@ from shardyard.events import (
     GpuStatus,
     Heartbeat,
     ShardAssignment,
+    ShardFailed,
     ShardProgress,
     ShardRevocation,
     ShardStarted,
     ShardStopRequest,
 )
-from shardyard.lifecycle import LifecycleFact
+from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.book import (
     PROGRESS_FD_ENV,
@@ -45,10 +50,12 @@ from shardyard.node_agent.book import (
 )
 from shardyard.node_agent.fencing import DEFAULT_LEASE_S, fence_message, lease_expired
 from shardyard.node_agent.inventory import GpuProbe
-from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
+from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, Standby, tail
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
 from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
 from shardyard.node_agent.outbox import Outbox, Publisher
+from shardyard.node_agent.warm import DEFAULT_TTL_S, WARM_AFTER, WarmBook
+from shardyard.training import standby
 from shardyard.training.lease import renew
 from shardyard.training.preemption import STOP_SIGNAL
 
@@ -72,6 +79,9 @@ class NodeIdentity:
     load_source: LoadSource = "host"
     topology: Mapping[str, str] = field(default_factory=dict)
     runner: RunnerOptions = field(default_factory=RunnerOptions)
+    warm_standbys: bool = True
+    """Keep warm standbys for the jobs whose shards are likely to start here soon."""
+    standby_ttl_s: float = DEFAULT_TTL_S
 
 
 def _host_load() -> float:
@@ -107,6 +117,9 @@ class AgentHandlers:
         self.host_load = host_load
         self.processes: dict[ShardKey, ShardProcess] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.warm: WarmBook[Standby] = WarmBook(limit=max(1, len(gpus.uuids())), ttl_s=identity.standby_ttl_s)
+        self._warming: set[asyncio.Task[None]] = set()
+        self._standbys = 0
         self.seq = 0
         self._beat_lock = asyncio.Lock()  # one heartbeat at a time: seq order is publish order
 
@@ -129,6 +142,8 @@ class AgentHandlers:
             log.warning("refusing %s: term %d is older than %d", key_of(event), event.term, self.book.max_term)
         if verdict is Verdict.HOLD_SPARE:
             log.info("holding GPUs %s as a spare for %s", event.gpu_indices, key_of(event))
+            if event.workload.entrypoint is None:
+                self._start_warming(event.job_id)
         if verdict is not Verdict.LAUNCH:
             return
         with tracing.job_span("launch", event.job_id, attributes=tracing.event_attributes(event)):
@@ -158,7 +173,9 @@ class AgentHandlers:
         )
         try:
             paths.output.parent.mkdir(parents=True, exist_ok=True)
-            process = await self.launcher.launch(spec, progress_env=PROGRESS_FD_ENV)
+            process = await self._warm_process(assignment, spec)
+            if process is None:
+                process = await self.launcher.launch(spec, progress_env=PROGRESS_FD_ENV)
         except OSError as exc:
             await self._finish(key, None, f"cannot start the shard: {exc}", FailureCause.LAUNCH_ERROR)
             return
@@ -178,6 +195,55 @@ class AgentHandlers:
         task = asyncio.create_task(self._watch(key, process, log_path), name=f"shard-{job}-{shard}-{attempt}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _warm_process(self, assignment: ShardAssignment, spec: LaunchSpec) -> ShardProcess | None:
+        """The job's warm standby, given the shard's order; None when there is none (or it died: start cold)."""
+        if assignment.workload.entrypoint is not None:
+            return None
+        while (warm := self.warm.take(assignment.job_id)) is not None:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                process = await warm.go(standby.Order(env=spec.env, log=str(spec.log_path)).encode())
+            except OSError as exc:
+                log.warning("the standby for %s is gone (%s): trying the next", key_of(assignment), exc)
+                continue
+            log.info("%s: started from warm standby %d", key_of(assignment), process.pid)
+            return process
+        return None
+
+    def _start_warming(self, job_id: str) -> None:
+        if not self.me.warm_standbys or not self.warm.room():
+            return
+        self.warm.starting += 1
+        task = asyncio.create_task(self._warm_up(job_id), name=f"standby-{job_id}")
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
+
+    async def _warm_up(self, job_id: str) -> None:
+        self._standbys += 1
+        spec = LaunchSpec(
+            argv=(self.me.python, "-m", standby.MODULE),
+            env={**self.me.base_env, "OMP_NUM_THREADS": "1"},
+            cwd=Path.cwd(),
+            log_path=self.me.log_dir / job_id / f"standby-{self._standbys}.log",
+        )
+        try:
+            warm = await self.launcher.standby(spec, progress_env=PROGRESS_FD_ENV)
+        except OSError as exc:
+            log.warning("cannot start a standby for %s: %s", job_id, exc)
+            return
+        finally:
+            self.warm.starting -= 1
+        if self.watch.states.get(job_id) in TERMINAL:
+            warm.discard()  # the job ended while it started
+            return
+        self.warm.add(job_id, warm, now=self.clock.monotonic())
+        log.info("standby %d warming up for %s", warm.pid, job_id)
+
+    def _expire_standbys(self) -> None:
+        holding = {job for job, _, _ in self.book.spares}
+        for warm in self.warm.expired(self.clock.monotonic(), holding):
+            warm.discard()
 
     async def _watch(self, key: ShardKey, process: ShardProcess, log_path: Path) -> None:
         final: dict[str, object] | None = None
@@ -242,7 +308,11 @@ class AgentHandlers:
         cause: FailureCause | None,
         final: Mapping[str, object] | None = None,
     ) -> None:
+        assignment = self.book.running.get(key)
         event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
+        warm = isinstance(event, ShardFailed) and event.cause in WARM_AFTER
+        if warm and assignment is not None and assignment.workload.entrypoint is None:
+            self._start_warming(assignment.job_id)  # its gang is about to be re-formed, most likely with us in it
         if event is not None:
             await self.outbox.deliver(event)
 
@@ -294,6 +364,9 @@ class AgentHandlers:
     async def on_lifecycle(self, event: LifecycleFact) -> None:
         """Learn the artifact paths of live jobs; a new one that is already here is reported at once."""
         added = self.watch.apply(event)
+        if target_state(event) in TERMINAL:
+            for warm in self.warm.ended(event.job_id):
+                warm.discard()
         if added and await self._look(added):
             await self.heartbeat()
 
@@ -318,6 +391,7 @@ class AgentHandlers:
         return self.host_load()
 
     async def heartbeat(self) -> None:
+        self._expire_standbys()
         async with self._beat_lock:
             await self._look(self.watch.watched)  # every watched path: those that went away, too
             self.seq += 1
@@ -361,7 +435,11 @@ class AgentHandlers:
             self._terminate(self.processes[key])
 
     async def stop_all(self) -> None:
-        """On shutdown: stop every shard, wait for them to exit (SIGKILL after the grace period)."""
+        """On shutdown: stop every shard and standby, wait for the shards to exit (SIGKILL after the grace period)."""
+        for task in self._warming:
+            task.cancel()
+        for warm in self.warm.clear():
+            warm.discard()
         for process in self.processes.values():
             process.terminate()
         if self.tasks:

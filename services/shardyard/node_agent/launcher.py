@@ -4,6 +4,9 @@ Each shard is one child process started from an argv list (never a shell) with a
 are bound to the agent's life (Linux ``PR_SET_PDEATHSIG``): an agent that dies takes its shards with it, so a shard
 never outlives the lease of the agent that started it. Children start with the stop signal blocked: a stop request
 sent before the runner installed its handler stays pending for it instead of killing the process.
+
+A standby (:mod:`shardyard.training.standby`) is started the same way, with its standard input a pipe: the agent
+writes it one order when it becomes a shard, or closes the pipe to discard it.
 """
 
 import asyncio
@@ -57,8 +60,27 @@ class ShardProcess(Protocol):
     def kill(self) -> None: ...
 
 
+class Standby(Protocol):
+    """A warm shard process waiting for its order."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def alive(self) -> bool: ...
+
+    async def go(self, order: bytes) -> ShardProcess:
+        """Hand it its order; from then on it is a shard. Raises OSError when it is gone."""
+        ...
+
+    def discard(self) -> None:
+        """End it unused: SIGTERM (it installs no handler), SIGKILL after a grace period."""
+        ...
+
+
 class Launcher(Protocol):
     async def launch(self, spec: LaunchSpec, *, progress_env: str) -> ShardProcess: ...
+
+    async def standby(self, spec: LaunchSpec, *, progress_env: str) -> Standby: ...
 
 
 class _Subprocess:
@@ -90,10 +112,68 @@ class _Subprocess:
             self._process.kill()
 
 
+DISCARD_GRACE_S = 5.0
+
+
+class _Standby:
+    def __init__(self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader) -> None:
+        self._process = process
+        self._shard = _Subprocess(process, reader)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def alive(self) -> bool:
+        return self._process.returncode is None
+
+    async def go(self, order: bytes) -> ShardProcess:
+        stdin = self._process.stdin
+        if stdin is None or not self.alive():
+            raise OSError(f"standby {self.pid} is gone")
+        try:
+            stdin.write(order)
+            await stdin.drain()
+            stdin.close()
+        except (ConnectionError, RuntimeError) as exc:
+            raise OSError(f"standby {self.pid} is gone: {exc}") from exc
+        return self._shard
+
+    def discard(self) -> None:
+        stdin = self._process.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+        self._shard.terminate()  # a standby has no handler for it: it ends at once, even while still importing
+        asyncio.get_running_loop().call_later(DISCARD_GRACE_S, self._shard.kill)
+        # Reap it (and close its pipes) whenever it ends: nobody waits on a discarded standby otherwise.
+        task = asyncio.ensure_future(self._drain())
+        _REAPING.add(task)
+        task.add_done_callback(_REAPING.discard)
+
+    async def _drain(self) -> None:
+        async for _ in self._shard.progress():
+            pass
+        await self._process.wait()
+
+
+_REAPING: set[asyncio.Future[None]] = set()
+
+
 class SubprocessLauncher:
     """Real processes. The progress channel's file descriptor number is passed in ``progress_env``."""
 
     async def launch(self, spec: LaunchSpec, *, progress_env: str) -> ShardProcess:
+        process, reader = await self._start(spec, progress_env, stdin=asyncio.subprocess.DEVNULL)
+        return _Subprocess(process, reader)
+
+    async def standby(self, spec: LaunchSpec, *, progress_env: str) -> Standby:
+        process, reader = await self._start(spec, progress_env, stdin=asyncio.subprocess.PIPE)
+        return _Standby(process, reader)
+
+    @staticmethod
+    async def _start(
+        spec: LaunchSpec, progress_env: str, *, stdin: int
+    ) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader]:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
         env = {**spec.env, progress_env: str(write_fd)}
@@ -103,7 +183,7 @@ class SubprocessLauncher:
                     *spec.argv,
                     env=env,
                     cwd=spec.cwd,
-                    stdin=asyncio.subprocess.DEVNULL,
+                    stdin=stdin,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     pass_fds=(write_fd,),
@@ -117,7 +197,7 @@ class SubprocessLauncher:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
-        return _Subprocess(process, reader)
+        return process, reader
 
 
 def tail(path: Path, lines: int = 6, max_bytes: int = 4096) -> str:

@@ -1,0 +1,79 @@
+"""Which warm standbys (:mod:`shardyard.training.standby`) the agent keeps, and which one a launch takes. Pure: the
+agent starts and ends the processes, time comes in.
+
+A standby is started for a job when a shard of it is likely to start here soon: for each spare the node holds for
+the job, and when a shard of the job ended here with a failure its gang recovers from. It lives while the job holds
+a spare here, else ``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU
+count: never more warm processes than shards it could run).
+"""
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Final, Generic, TypeVar
+
+from shardyard.events import FailureCause
+
+DEFAULT_TTL_S: Final = 60.0
+
+WARM_AFTER: Final = frozenset(
+    {FailureCause.PROCESS_EXIT, FailureCause.KILLED, FailureCause.COMM_ERROR, FailureCause.SYNC_TIMEOUT}
+)
+"""Failures after which the gang is re-formed, most likely with a member on this node again. The causes that keep
+the recovery off this node (OOM, GPU fault, launch error) or end the job (user error, missing artifact) are not."""
+
+S = TypeVar("S")
+
+
+@dataclass
+class Warm(Generic[S]):
+    job_id: str
+    standby: S
+    started_at: float
+    """monotonic seconds"""
+
+
+@dataclass
+class WarmBook(Generic[S]):
+    limit: int
+    ttl_s: float = DEFAULT_TTL_S
+    idle: list[Warm[S]] = field(default_factory=list)
+    starting: int = 0
+    """Standbys being started: they count against ``limit`` already."""
+
+    def room(self) -> bool:
+        return len(self.idle) + self.starting < self.limit
+
+    def add(self, job_id: str, standby: S, *, now: float) -> None:
+        self.idle.append(Warm(job_id, standby, now))
+
+    def take(self, job_id: str) -> S | None:
+        """The job's oldest standby (the one most likely done warming up), now no longer idle."""
+        for i, warm in enumerate(self.idle):
+            if warm.job_id == job_id:
+                del self.idle[i]
+                return warm.standby
+        return None
+
+    def expired(self, now: float, holding: Collection[str]) -> list[S]:
+        """Standbys past their time, now forgotten: those of jobs that hold no spare here (``holding``), started
+        ``ttl_s`` or more ago."""
+        keep: list[Warm[S]] = []
+        gone: list[S] = []
+        for warm in self.idle:
+            if warm.job_id not in holding and now - warm.started_at >= self.ttl_s:
+                gone.append(warm.standby)
+            else:
+                keep.append(warm)
+        self.idle = keep
+        return gone
+
+    def ended(self, job_id: str) -> list[S]:
+        """The job ended: its standbys, now forgotten."""
+        gone = [w.standby for w in self.idle if w.job_id == job_id]
+        self.idle = [w for w in self.idle if w.job_id != job_id]
+        return gone
+
+    def clear(self) -> list[S]:
+        gone = [w.standby for w in self.idle]
+        self.idle = []
+        return gone
