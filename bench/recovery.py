@@ -3,11 +3,14 @@
 For each scenario a fresh cluster of four 1-GPU A100 nodes runs a 2-shard job; mid-training the agent of shard 1's
 node is killed with SIGKILL (its shards die with it). Measured from the kill:
 
-- ``detection_s``: until the resource pool marks the node SUSPECT (monitor polled every 50 ms);
+- ``detection_s``: until the resource pool marks the node SUSPECT (the ``occurred_at`` of the node's first state
+  that is not ALIVE, read from the node-state topic); ``detection_seen_s``: until the monitor shows it (polled every
+  20 ms);
 - ``plan_s``: until the fault manager's recovery plan (``job.recovering``);
 - ``resumed_s``: until the first training step of the re-formed gang (its first progress report);
 - ``steps_lost``: the step the gang had reached at the kill minus the checkpoint step it resumed from; beside it the
-  last sync before the kill and the sync interval in force then (slow syncs widen it, S19).
+  last sync before the kill and the sync interval in force then (slow syncs widen it, S19);
+- ``warm_starts``: shards of the re-formed gang that started from a warm standby (the agents' logs), of ``members``.
 
 Scenarios: ``spare`` (the fault manager's ratio floor is 0.5, so the gang holds a spare and it is promoted) and
 ``no_spare`` (ratio 0: the shard is re-placed on the free node).
@@ -37,7 +40,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from shardyard.bus.topics import ASSIGNMENTS
+from shardyard.bus.topics import ASSIGNMENTS, NODE_STATE, Topic
 from shardyard.cli import client, cluster
 from shardyard.training.artifacts import create_demo_artifacts
 
@@ -105,8 +108,10 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         job = _poll(job_url, training, 120)
         spares = [p for p in job["placements"] if p.get("spare")]
         victim = next(p["node_id"] for p in job["placements"] if p["shard_index"] == 1 and not p.get("spare"))
-        killed = time.time()
-        os.kill(info.pids[victim], signal.SIGKILL)
+        with TopicWatch(info.bootstrap, NODE_STATE, _not_alive) as states:
+            killed = time.time()
+            os.kill(info.pids[victim], signal.SIGKILL)
+            states.wait_for(victim, timeout_s=30)
         after_kill = cluster.get_json(job_url)  # the survivors' progress can only have moved on since the kill
         step_at_kill = max(s.get("step", 0) for s in after_kill["shards"].values())
         sync_steps = _sync_steps(after_kill)
@@ -129,15 +134,20 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
             return min(fresh) if fresh else None
 
         first_step = _poll(job_url, resumed, 120)
+        decided_at = states.found[victim]
         job = cluster.get_json(job_url)
+        agent_logs = "".join(p.read_text() for p in (root / "run" / "logs").glob("node-*.log"))
         plans = [e for e in job["timeline"] if e["event"] == "recovering"]
         last = job.get("last_checkpoint") or {}
         checkpoint_step = last.get("step") if last.get("attempt") == 1 else None
         return {
             "spares_placed": len(spares),
-            "detection_s": detected - killed,
+            "detection_s": decided_at - killed,
+            "detection_seen_s": detected - killed,
             "plan_s": _ts(plans[0]["at"]) - killed if plans else None,
             "resumed_s": first_step - killed,
+            "members": len([p for p in job["placements"] if not p.get("spare")]),
+            "warm_starts": len(re.findall(r"\('victim', \d+, 2\): started from warm standby", agent_logs)),
             "resumed_from": job.get("resume_from"),
             "attempt": job.get("attempt"),
             "step_at_kill": step_at_kill,
@@ -162,7 +172,7 @@ def failover_run(root: Path) -> dict[str, Any]:
             return body["leaders"].get("scheduler")
 
         old = _poll(f"{info.monitor_url}/api/services", leader, 30)
-        with AssignmentWatch(info.bootstrap) as watch:
+        with TopicWatch(info.bootstrap, ASSIGNMENTS, _job_seen) as watch:
             killed = time.time()
             os.kill(info.pids[old["instance"]], signal.SIGKILL)
             client.submit(info.bootstrap, _job("after-failover", shards=1))
@@ -184,20 +194,36 @@ def failover_run(root: Path) -> dict[str, Any]:
         cluster.down(root / "run", say=lambda _m: None)
 
 
-class AssignmentWatch:
-    """Receives the assignment topic from its end, as an agent does, on a thread; ``wait_for`` a job's first one."""
+def _job_seen(event: dict[str, Any], arrived: float) -> tuple[str, float] | None:
+    """An assignment: its job, and when it reached us."""
+    job = event.get("job_id")
+    return (job, arrived) if job else None
 
-    def __init__(self, bootstrap: str) -> None:
+
+def _not_alive(event: dict[str, Any], _arrived: float) -> tuple[str, float] | None:
+    """A node state other than ALIVE: its node, and when the pool decided it."""
+    if event.get("status") in (None, "ALIVE") or not event.get("node_id"):
+        return None
+    return event["node_id"], _ts(event["occurred_at"])
+
+
+class TopicWatch:
+    """Reads a topic from its end, as an agent does, on a thread. ``pick`` turns each event into (key, time) or
+    None; ``found`` keeps the first time of each key, ``wait_for`` waits for a key."""
+
+    def __init__(self, bootstrap: str, topic: Topic, pick: Any) -> None:
         self.bootstrap = bootstrap
-        self.arrived: dict[str, float] = {}
+        self.topic = topic
+        self.pick = pick
+        self.found: dict[str, float] = {}
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-    def __enter__(self) -> "AssignmentWatch":
+    def __enter__(self) -> "TopicWatch":
         self._thread.start()
         if not self._ready.wait(30):
-            raise SystemExit("the assignment watch could not start")
+            raise SystemExit(f"the watch of {self.topic.name} could not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -205,7 +231,7 @@ class AssignmentWatch:
         self._thread.join(10)
 
     async def _run(self) -> None:
-        consumer = AIOKafkaConsumer(ASSIGNMENTS.name, bootstrap_servers=self.bootstrap, auto_offset_reset="latest")
+        consumer = AIOKafkaConsumer(self.topic.name, bootstrap_servers=self.bootstrap, auto_offset_reset="latest")
         await consumer.start()
         try:
             await consumer.seek_to_end()
@@ -216,19 +242,19 @@ class AssignmentWatch:
             while not self._stop.is_set():
                 for records in (await consumer.getmany(timeout_ms=50)).values():
                     for record in records:
-                        job = json.loads(record.value or b"{}").get("job_id")
-                        if job:
-                            self.arrived.setdefault(job, time.time())
+                        hit = self.pick(json.loads(record.value or b"{}"), time.time())
+                        if hit is not None:
+                            self.found.setdefault(*hit)
         finally:
             await consumer.stop()
 
-    def wait_for(self, job_id: str, *, timeout_s: float) -> float:
+    def wait_for(self, key: str, *, timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
-        while job_id not in self.arrived:
+        while key not in self.found:
             if time.monotonic() > deadline:
-                raise SystemExit(f"no assignment of {job_id} within {timeout_s}s")
+                raise SystemExit(f"nothing for {key} on {self.topic.name} within {timeout_s}s")
             time.sleep(0.01)
-        return self.arrived[job_id]
+        return self.found[key]
 
 
 def main() -> None:

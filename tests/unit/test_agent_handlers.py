@@ -19,6 +19,7 @@ from shardyard.events import (
     JobSucceeded,
     ShardAssignment,
     ShardCompleted,
+    ShardFailed,
     ShardPreempted,
     ShardRevocation,
     ShardStarted,
@@ -31,6 +32,7 @@ from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
 from shardyard.node_agent.load import LoadSource
+from shardyard.node_agent.warm import Mode
 from shardyard.training import exitcodes, standby
 from shardyard.training.preemption import STOP_SIGNAL
 from tests.unit.builders import T0, assignment, job_spec, workload
@@ -149,7 +151,7 @@ class Agent:
         shared: tuple[str, ...] = (),
         topology: Mapping[str, str] | None = None,
         host_load: Callable[[], float] = lambda: 0.25,
-        warm_standbys: bool = True,
+        standbys: Mode = "spares",
     ) -> None:
         self.root = tmp_path / "data"
         self.bus = Recorder()
@@ -168,7 +170,7 @@ class Agent:
             base_env={},
             load_source=load_source,
             topology=dict(topology or {}),
-            warm_standbys=warm_standbys,
+            standbys=standbys,
             standby_ttl_s=60.0,
         )
         self.clock = FixedClock()
@@ -430,7 +432,7 @@ async def test_standbys_end_with_their_job_or_their_time_and_are_never_more_than
 
 
 async def test_entrypoint_jobs_and_agents_without_standbys_start_cold(tmp_path: Path) -> None:
-    agent = Agent(tmp_path, warm_standbys=False)
+    agent = Agent(tmp_path, standbys="none")
     agent.inputs()
     await agent.handlers.on_assignment(spare())
     await agent.handlers.on_assignment(assignment())
@@ -456,3 +458,33 @@ async def test_shutdown_discards_the_standbys(tmp_path: Path) -> None:
     await agent.handlers.stop_all()
 
     assert warm.discarded
+
+
+async def test_in_gang_mode_every_training_member_of_a_gang_keeps_a_standby(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, standbys="gang")
+    agent.inputs()
+    await agent.handlers.on_assignment(assignment())  # shard 0 of 2
+    await agent.handlers.on_assignment(assignment(job_id="solo", world_size=1))
+    (gang, solo) = agent.launcher.processes
+    assert agent.launcher.standbys == []  # nothing competes with the shards' own start
+
+    for process in (gang, solo, gang):
+        process.report(kind="progress", step=1, cpu_percent=90.0)
+    await agent.until(lambda: len(agent.handlers.book.utilization) == 2)
+    await asyncio.sleep(0)
+
+    (warm,) = agent.launcher.standbys  # one for the gang's shard here; none for a 1-shard job, none twice
+    assert warm.spec.log_path.parent.name == "job-1"
+    agent.clock.mono = 600.0
+    await agent.handlers.heartbeat()
+    assert not warm.discarded  # it lives while the gang trains here
+
+    gang.end(exitcodes.COMM_ERROR)  # the warm one is already here: a failure starts no second one
+    await agent.until(lambda: agent.bus.of(ShardFailed))
+    await asyncio.sleep(0)
+    assert len(agent.launcher.standbys) == 1
+    await agent.handlers.on_assignment(assignment(attempt=2))
+    assert warm.orders[0].env["SHARDYARD_ATTEMPT"] == "2"
+    solo.end(0)
+    warm.process.end(0)
+    await agent.until(lambda: not agent.handlers.tasks)

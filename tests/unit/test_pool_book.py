@@ -332,3 +332,23 @@ def test_restore_keeps_drain_artifacts_and_topology() -> None:
     assert isinstance(after, NodeState) and after.draining is True
     (undrained,) = book.on_drain(drain(draining=False), at(3))
     assert isinstance(undrained, NodeState) and undrained.draining is False
+
+
+@pytest.mark.parametrize(
+    ("sent_at", "check_every_s", "quiet_at", "suspect_at"),
+    [
+        pytest.param(0.0, 0.0, 2.99, 3.0, id="sent-as-received"),
+        pytest.param(-0.3, 0.0, 2.69, 2.7, id="silence-runs-from-the-sending"),
+        pytest.param(-4.0, 0.0, 2.49, 2.5, id="a-clock-far-behind-counts-for-half-a-second-at-most"),
+        pytest.param(2.0, 0.0, 2.99, 3.0, id="a-clock-ahead-counts-from-the-receipt"),
+        pytest.param(0.0, 0.1, 2.89, 2.9, id="a-check-every-100ms-is-never-late"),
+    ],
+)
+def test_silence_is_counted_from_the_last_heartbeats_sending(
+    sent_at: float, check_every_s: float, quiet_at: float, suspect_at: float
+) -> None:
+    book = PoolBook(suspect_after_s=3.0, lost_after_s=10.0, check_every_s=check_every_s)
+    book.on_heartbeat(heartbeat("node-a", occurred_at=at(sent_at)), at(0))
+
+    assert book.tick(at(quiet_at)) == []
+    assert statuses(book.tick(at(suspect_at))) == [("NodeState", NodeStatus.SUSPECT)]

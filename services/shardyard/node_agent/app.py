@@ -33,7 +33,7 @@ from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
 from shardyard.node_agent.load import LoadSetting, load_source
 from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
-from shardyard.node_agent.warm import DEFAULT_TTL_S
+from shardyard.node_agent.warm import DEFAULT_TTL_S, Mode
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
@@ -94,9 +94,10 @@ class AgentSettings(ServiceSettings):
     slow_sync_factor: float = Field(
         default=DEFAULT_SLOW_SYNC_FACTOR, gt=1, description="a sync this many times the median is slow"
     )
-    warm_standbys: bool = Field(
-        default=True,
-        description="keep a warm shard process (torch imported) per spare held and after a recoverable failure",
+    standbys: Mode = Field(
+        default="gang",
+        description="warm shard processes (torch imported): none; spares (one per spare held, one after a recoverable"
+        " failure); gang (also one per training shard of a multi-shard job)",
     )
     standby_ttl_s: float = Field(
         default=DEFAULT_TTL_S, gt=0, description="how long an unused standby lives (while its job holds no spare here)"
@@ -150,7 +151,7 @@ def build_app(
             lease_file=str(settings.log_dir.resolve() / f"{settings.node_id}.lease"),
             shard_lease_s=settings.shard_lease_s,
         ),
-        warm_standbys=settings.warm_standbys,
+        standbys=settings.standbys,
         standby_ttl_s=settings.standby_ttl_s,
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))

@@ -4,9 +4,9 @@ out.
 Lifecycle events tell the agent which artifact paths live jobs need (``ArtifactWatch``); the agent polls the absent
 ones and sends a heartbeat at once when one appears, so a job waiting for its dataset here hears of it quickly.
 
-Where a shard of a job is likely to start soon (a spare held, a shard that failed in a way its gang recovers from),
-the agent keeps a warm standby for the job (:mod:`.warm`), and a launch of the built-in runner for that job takes it
-instead of starting a cold process.
+Where a shard of a job is likely to start soon (a spare held, a shard that failed in a way its gang recovers from, a
+gang member that could be lost), the agent keeps a warm standby for the job (:mod:`.warm`), and a launch of the
+built-in runner for that job takes it instead of starting a cold process.
 
 Every publish has a deadline (:class:`Outbox`). The lease is renewed by each heartbeat the bus acknowledges; when
 it runs out the agent stops its shards (self-fencing) and reports their end once the bus is back.
@@ -54,7 +54,7 @@ from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, St
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
 from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
 from shardyard.node_agent.outbox import Outbox, Publisher
-from shardyard.node_agent.warm import DEFAULT_TTL_S, WARM_AFTER, WarmBook
+from shardyard.node_agent.warm import DEFAULT_TTL_S, WARM_AFTER, Mode, WarmBook
 from shardyard.training import standby
 from shardyard.training.lease import renew
 from shardyard.training.preemption import STOP_SIGNAL
@@ -79,8 +79,8 @@ class NodeIdentity:
     load_source: LoadSource = "host"
     topology: Mapping[str, str] = field(default_factory=dict)
     runner: RunnerOptions = field(default_factory=RunnerOptions)
-    warm_standbys: bool = True
-    """Keep warm standbys for the jobs whose shards are likely to start here soon."""
+    standbys: Mode = "gang"
+    """Which warm standbys to keep for the jobs whose shards are likely to start here soon."""
     standby_ttl_s: float = DEFAULT_TTL_S
 
 
@@ -119,6 +119,8 @@ class AgentHandlers:
         self.tasks: set[asyncio.Task[None]] = set()
         self.warm: WarmBook[Standby] = WarmBook(limit=max(1, len(gpus.uuids())), ttl_s=identity.standby_ttl_s)
         self._warming: set[asyncio.Task[None]] = set()
+        self._members: dict[str, int] = {}
+        """job -> the most shards of it that ran here at once (as many standbys are worth keeping after a failure)"""
         self._standbys = 0
         self.seq = 0
         self._beat_lock = asyncio.Lock()  # one heartbeat at a time: seq order is publish order
@@ -142,7 +144,7 @@ class AgentHandlers:
             log.warning("refusing %s: term %d is older than %d", key_of(event), event.term, self.book.max_term)
         if verdict is Verdict.HOLD_SPARE:
             log.info("holding GPUs %s as a spare for %s", event.gpu_indices, key_of(event))
-            if event.workload.entrypoint is None:
+            if event.workload.entrypoint is None and self.me.standbys != "none":
                 self._start_warming(event.job_id)
         if verdict is not Verdict.LAUNCH:
             return
@@ -180,6 +182,8 @@ class AgentHandlers:
             await self._finish(key, None, f"cannot start the shard: {exc}", FailureCause.LAUNCH_ERROR)
             return
         self.processes[key] = process
+        here = sum(1 for k in self.processes if k[0] == job)
+        self._members[job] = max(self._members.get(job, 0), here)
         if key in self.book.fenced:  # fenced while it was being started
             self._terminate(process)
         await self.outbox.deliver(
@@ -212,9 +216,9 @@ class AgentHandlers:
         return None
 
     def _start_warming(self, job_id: str) -> None:
-        if not self.me.warm_standbys or not self.warm.room():
+        if not self.warm.room():
             return
-        self.warm.starting += 1
+        self.warm.starting[job_id] += 1
         task = asyncio.create_task(self._warm_up(job_id), name=f"standby-{job_id}")
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)
@@ -225,7 +229,7 @@ class AgentHandlers:
             argv=(self.me.python, "-m", standby.MODULE),
             env={**self.me.base_env, "OMP_NUM_THREADS": "1"},
             cwd=Path.cwd(),
-            log_path=self.me.log_dir / job_id / f"standby-{self._standbys}.log",
+            log_path=self.me.log_dir / job_id / f"standby-{self.me.node_id}-{self._standbys}.log",
         )
         try:
             warm = await self.launcher.standby(spec, progress_env=PROGRESS_FD_ENV)
@@ -233,15 +237,25 @@ class AgentHandlers:
             log.warning("cannot start a standby for %s: %s", job_id, exc)
             return
         finally:
-            self.warm.starting -= 1
+            self.warm.starting[job_id] -= 1
         if self.watch.states.get(job_id) in TERMINAL:
             warm.discard()  # the job ended while it started
             return
         self.warm.add(job_id, warm, now=self.clock.monotonic())
         log.info("standby %d warming up for %s", warm.pid, job_id)
 
+    def _warm_the_gang(self, key: ShardKey) -> None:
+        """``gang`` mode: a multi-shard job training here keeps a standby per shard of it here."""
+        assignment = self.book.running.get(key)
+        if self.me.standbys != "gang" or assignment is None or assignment.workload.entrypoint is not None:
+            return
+        if assignment.world_size > 1:
+            here = sum(1 for job, _, _ in self.book.running if job == key[0])
+            if self.warm.count(key[0]) < here:
+                self._start_warming(key[0])
+
     def _expire_standbys(self) -> None:
-        holding = {job for job, _, _ in self.book.spares}
+        holding = {job for job, _, _ in self.book.spares} | {job for job, _, _ in self.book.running}
         for warm in self.warm.expired(self.clock.monotonic(), holding):
             warm.discard()
 
@@ -255,6 +269,8 @@ class AgentHandlers:
             if not isinstance(report, dict):
                 continue
             if report.get("kind") == "progress":
+                if key not in self.book.utilization:
+                    self._warm_the_gang(key)  # it trains: its own start no longer competes with the standby's
                 self.book.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
                 await self._progress(key, report)
             elif report.get("kind") == "checkpointed":
@@ -310,9 +326,11 @@ class AgentHandlers:
     ) -> None:
         assignment = self.book.running.get(key)
         event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
-        warm = isinstance(event, ShardFailed) and event.cause in WARM_AFTER
-        if warm and assignment is not None and assignment.workload.entrypoint is None:
-            self._start_warming(assignment.job_id)  # its gang is about to be re-formed, most likely with us in it
+        # Its gang is about to be re-formed, most likely with as many members here again.
+        warm = isinstance(event, ShardFailed) and event.cause in WARM_AFTER and self.me.standbys != "none"
+        warm = warm and assignment is not None and assignment.workload.entrypoint is None
+        if warm and self.warm.count(key[0]) < self._members.get(key[0], 1):
+            self._start_warming(key[0])
         if event is not None:
             await self.outbox.deliver(event)
 
@@ -365,6 +383,7 @@ class AgentHandlers:
         """Learn the artifact paths of live jobs; a new one that is already here is reported at once."""
         added = self.watch.apply(event)
         if target_state(event) in TERMINAL:
+            self._members.pop(event.job_id, None)
             for warm in self.warm.ended(event.job_id):
                 warm.discard()
         if added and await self._look(added):

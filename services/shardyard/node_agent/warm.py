@@ -1,17 +1,25 @@
 """Which warm standbys (:mod:`shardyard.training.standby`) the agent keeps, and which one a launch takes. Pure: the
 agent starts and ends the processes, time comes in.
 
-A standby is started for a job when a shard of it is likely to start here soon: for each spare the node holds for
-the job, and when a shard of the job ended here with a failure its gang recovers from. It lives while the job holds
-a spare here, else ``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU
-count: never more warm processes than shards it could run).
+A standby is started for a job when a shard of it is likely to start here soon (see :data:`Mode`): for each spare
+the node holds for the job; when a shard of the job ended here with a failure its gang recovers from; and, in
+``gang`` mode, for each shard of a multi-shard job training here, once it trains (so that the whole gang, survivors
+included, re-forms warm after a member's loss). It lives while the job holds a spare or runs a shard here, else
+``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU count: never more
+warm processes than shards it could run).
 """
 
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
 from shardyard.events import FailureCause
+
+Mode = Literal["none", "spares", "gang"]
+"""``none``: every shard starts cold. ``spares``: a standby per spare held and after a recoverable failure. ``gang``:
+also one per training shard of a multi-shard job (an idle interpreter with torch imported, some 300 MB of host
+memory each)."""
 
 DEFAULT_TTL_S: Final = 60.0
 
@@ -37,11 +45,15 @@ class WarmBook(Generic[S]):
     limit: int
     ttl_s: float = DEFAULT_TTL_S
     idle: list[Warm[S]] = field(default_factory=list)
-    starting: int = 0
-    """Standbys being started: they count against ``limit`` already."""
+    starting: Counter[str] = field(default_factory=Counter)
+    """Standbys being started, by job: they count already."""
 
     def room(self) -> bool:
-        return len(self.idle) + self.starting < self.limit
+        return len(self.idle) + self.starting.total() < self.limit
+
+    def count(self, job_id: str) -> int:
+        """The job's standbys, idle or being started."""
+        return sum(1 for w in self.idle if w.job_id == job_id) + self.starting[job_id]
 
     def add(self, job_id: str, standby: S, *, now: float) -> None:
         self.idle.append(Warm(job_id, standby, now))
@@ -55,8 +67,8 @@ class WarmBook(Generic[S]):
         return None
 
     def expired(self, now: float, holding: Collection[str]) -> list[S]:
-        """Standbys past their time, now forgotten: those of jobs that hold no spare here (``holding``), started
-        ``ttl_s`` or more ago."""
+        """Standbys past their time, now forgotten: those of jobs that hold no spare and run no shard here
+        (``holding``), started ``ttl_s`` or more ago."""
         keep: list[Warm[S]] = []
         gone: list[S] = []
         for warm in self.idle:

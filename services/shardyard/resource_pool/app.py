@@ -22,13 +22,18 @@ class PoolSettings(ReplicatedSettings):
     suspect_after_s: float = 3.0
     lost_after_s: float = 10.0
     tick_interval_s: float = 0.1
-    """How often silences are checked: a node turns SUSPECT at most this long after its 3 s of silence."""
+    """How often silences are checked: a node turns SUSPECT between this long before its 3 s of silence end and
+    their end."""
 
 
 def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = PoolBook(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s)
+    book = PoolBook(
+        suspect_after_s=settings.suspect_after_s,
+        lost_after_s=settings.lost_after_s,
+        check_every_s=settings.tick_interval_s,
+    )
     handlers = PoolHandlers(book, bus, clock)
     bus.subscribe(
         {

@@ -3,13 +3,20 @@
 A node is ALIVE while it heartbeats, SUSPECT after ``suspect_after_s`` of silence and LOST after ``lost_after_s``;
 a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile).
 
+Silence runs from the *sending* of the node's last heartbeat (its ``occurred_at``), not from when the pool read it: a
+node that died just after a heartbeat has been dead for as long as the heartbeat took to arrive. The agent's clock is
+trusted for at most :data:`MAX_TRANSIT_S` of that (a clock ahead of ours counts from the receipt, one far behind
+cannot make a node suspect early by more). The periodic check is allowed for too: a node is SUSPECT at the first
+check at least ``suspect_after_s - check_every_s`` into its silence, so never later than ``suspect_after_s``.
+
 An operator drains a node (``NodeDrain``, on the heartbeats topic): it takes no new shards until undrained. The mark
 is the pool's, not the agent's: it outlives heartbeats and agent restarts, and comes back from the compacted
 node-state topic when the pool restarts.
 """
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Final
 
 from shardyard.events import (
     Event,
@@ -29,6 +36,14 @@ from shardyard.events import (
     ShardRevocation,
 )
 
+MAX_TRANSIT_S: Final = 0.5
+"""How much earlier than its receipt a heartbeat's own timestamp may start the node's silence."""
+
+
+def silent_since(heartbeat: Heartbeat, received_at: datetime) -> datetime:
+    transit = (received_at - heartbeat.occurred_at).total_seconds()
+    return received_at - timedelta(seconds=min(max(transit, 0.0), MAX_TRANSIT_S))
+
 
 @dataclass
 class NodeRecord:
@@ -36,12 +51,19 @@ class NodeRecord:
     received_at: datetime
     status: NodeStatus = NodeStatus.ALIVE
     draining: bool = False
+    silent_since: datetime | None = None
+    """When the node went quiet: the sending of its last heartbeat (see :func:`silent_since`); the receipt if None."""
+
+    def silence(self, now: datetime) -> float:
+        return (now - (self.silent_since or self.received_at)).total_seconds()
 
 
 @dataclass
 class PoolBook:
     suspect_after_s: float = 3.0
     lost_after_s: float = 10.0
+    check_every_s: float = 0.0
+    """How often ``tick`` is called: a node is suspected that much early rather than up to that much late."""
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     # node -> (job, shard, attempt) -> GPU indices reserved by an assignment
     allocations: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = field(default_factory=dict)
@@ -79,7 +101,9 @@ class PoolBook:
         if same_agent and record is not None and heartbeat.seq < record.heartbeat.seq:
             return []  # a late, reordered heartbeat says nothing new
         draining = record is not None and record.draining
-        self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now, NodeStatus.ALIVE, draining)
+        self.nodes[heartbeat.node_id] = NodeRecord(
+            heartbeat, now, NodeStatus.ALIVE, draining, silent_since=silent_since(heartbeat, now)
+        )
         return [self.state_of(heartbeat.node_id, now)]
 
     def on_drain(self, drain: NodeDrain, now: datetime) -> list[Event]:
@@ -141,7 +165,7 @@ class PoolBook:
         """Passive transitions from silence: ALIVE -> SUSPECT -> LOST."""
         out: list[Event] = []
         for node_id, record in self.nodes.items():
-            silent = (now - record.received_at).total_seconds()
+            silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= self.lost_after_s:
                 record.status = NodeStatus.LOST
                 self.allocations.pop(node_id, None)
@@ -151,7 +175,7 @@ class PoolBook:
                         occurred_at=now, node_id=node_id, last_heartbeat_at=record.received_at, silent_for_s=silent
                     )
                 )
-            elif record.status is NodeStatus.ALIVE and silent >= self.suspect_after_s:
+            elif record.status is NodeStatus.ALIVE and silent >= self.suspect_after_s - self.check_every_s:
                 record.status = NodeStatus.SUSPECT
                 out.append(self.state_of(node_id, now))
         return out
