@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -46,6 +47,7 @@ JOBS = 20
 LATE = 4
 """Jobs submitted after the queue's leader was killed."""
 OVERLAP_TOLERANCE_S = 0.3
+SHARD_LOG = re.compile(r"/(?P<job>chaos-[^/]+)/shard-(?P<rank>\d+)-attempt-(?P<attempt>\d+)\.log$")
 """Two samples apart: what the sampling itself cannot tell apart (an old process seen in the sample in which its
 successor was first seen)."""
 PAUSE_S = 10.0
@@ -107,6 +109,9 @@ class ProcessWatch:
 
     @staticmethod
     def sample() -> list[tuple[tuple[str, int, int, int], int]]:
+        """Live shard processes, named by the log their output goes to (``<job>/shard-<rank>-attempt-<n>.log``):
+        a warm standby takes its shard's environment only in memory, after it started, but its output follows its
+        order. A standby still waiting for one runs no attempt and is not listed."""
         found = []
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -119,16 +124,12 @@ class ProcessWatch:
                 state, ppid = stat.rsplit(")", 1)[1].split()[:2]
                 if state in ("Z", "X"):
                     continue  # exited, not reaped yet
-                environ = dict(
-                    item.split("=", 1)
-                    for item in Path(f"/proc/{name}/environ").read_bytes().decode(errors="replace").split("\0")
-                    if "=" in item
-                )
+                output = os.readlink(f"/proc/{name}/fd/1")
             except (OSError, ValueError):
                 continue  # gone between listing and reading
-            job = environ.get("SHARDYARD_JOB_ID", "")
-            if job.startswith("chaos-"):
-                key = (job, int(environ["RANK"]), int(environ["SHARDYARD_ATTEMPT"]), int(name))
+            named = SHARD_LOG.search(output)
+            if named is not None:
+                key = (named["job"], int(named["rank"]), int(named["attempt"]), int(name))
                 found.append((key, int(ppid)))
         return found
 

@@ -169,7 +169,8 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
             await watch.first(ShardCompleted, job_id="agent-after", timeout_s=60)
             assert not watch.of(ShardStarted, job_id="agent-stale")
 
-            # A spare is held: no process, not running; its revocation just drops it.
+            # A spare is held: no shard process, not running (a warm standby waits for it); its revocation just
+            # drops it.
             await send.event(assignment("agent-spare", term=2, steps=1_000_000, shard_index=1, spare=True))
             await send.event(assignment("agent-marker", term=2, steps=5))  # after the spare, in the same partition
             await watch.first(ShardCompleted, job_id="agent-marker", timeout_s=60)
@@ -178,7 +179,9 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
             assert not [
                 r for b in watch.of(Heartbeat, node_id="agent-n1") for r in b.running if r.job_id == "agent-spare"
             ]
-            assert not (tmp_path / "shards" / "agent-spare").exists()  # no shard log: nothing was started
+            spare_logs = tmp_path / "shards" / "agent-spare"
+            assert not list(spare_logs.glob("shard-*.log"))  # no shard log: no shard was started
+            assert [p.name for p in spare_logs.glob("standby-*.log")] == ["standby-agent-n1-1.log"]
             await send.event(
                 ShardRevocation(
                     occurred_at=datetime.now(UTC),

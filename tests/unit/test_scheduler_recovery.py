@@ -69,25 +69,52 @@ def plan(attempt: int = 1, exclude: tuple[str, ...] = (), retry_in: float = 0.0,
     )
 
 
-def test_recovery_stops_the_rest_of_the_gang_and_replaces_it_elsewhere_from_the_last_checkpoint() -> None:
+def test_recovery_stops_the_gang_and_replaces_the_lost_shard_at_once_keeping_the_survivor() -> None:
     book = cluster("n1", "n2", "n3")
     first = running(book)
-    lost = first.placements[1].node_id
+    survivor, lost = (p.node_id for p in first.placements)
     book.apply(
         ShardCheckpointed(
             occurred_at=at(5), job_id="job-1", shard_index=0, attempt=1, node_id="n1", step=200, checkpoint_dir="/c"
         )
     )
 
-    stopping = book.on_recovering(plan(exclude=(lost,)), at(10))
-    again = book.cycle(at(10))
+    events = book.on_recovering(plan(exclude=(lost,)), at(10))
 
-    assert sorted(r.shard_index for r in of(stopping, ShardRevocation)) == [0, 1]
-    (second,) = of(again, JobScheduled)
+    assert sorted(r.shard_index for r in of(events, ShardRevocation)) == [0, 1]
+    (second,) = of(events, JobScheduled)  # no placement cycle waited for
     assert second.attempt == 2 and second.resume_from == "/c"
-    assert lost not in {p.node_id for p in second.placements}
-    assert {a.workload.resume_from for a in of(again, ShardAssignment)} == {"/c"}
+    assert [p.node_id for p in second.placements] == [survivor, "n3"]  # the survivor keeps its GPU, rank 0
+    assert {a.workload.resume_from for a in of(events, ShardAssignment)} == {"/c"}
     assert (second.coordinator_node, second.rendezvous_port) != (first.coordinator_node, first.rendezvous_port)
+    assert of(book.cycle(at(10)), JobScheduled) == []
+
+
+def test_a_failure_that_excludes_no_node_re_forms_the_gang_in_place() -> None:
+    book = cluster("n1", "n2", "n3")
+    first = running(book)
+
+    events = book.on_recovering(plan(), at(10))
+
+    (second,) = of(events, JobScheduled)
+    assert [(p.node_id, p.gpu_indices) for p in second.placements] == [
+        (p.node_id, p.gpu_indices) for p in first.placements
+    ]
+    assert second.attempt == 2
+
+
+def test_a_lost_shard_with_no_free_gpu_requeues_the_job() -> None:
+    book = cluster("n1", "n2")
+    first = running(book)
+    lost = first.placements[1].node_id
+
+    events = book.on_recovering(plan(exclude=(lost,)), at(10))
+
+    assert of(events, JobScheduled) == []  # nothing free off the excluded node: the job waits in the queue
+    assert of(book.cycle(at(10)), JobScheduled) == []
+    book.apply(node_state("n3", gpus=gpus(count=1)))
+    (second,) = of(book.cycle(at(11)), JobScheduled)
+    assert sorted(p.node_id for p in second.placements) == sorted({first.placements[0].node_id, "n3"})
 
 
 def test_backoff_holds_the_retry_with_its_reason() -> None:
@@ -116,10 +143,8 @@ def test_a_plan_for_an_older_attempt_changes_nothing() -> None:
 def test_excluded_nodes_accumulate_over_recoveries() -> None:
     book = cluster("n1", "n2", "n3", "n4")
     running(book)
-    book.on_recovering(plan(exclude=("n1",)), at(10))
-    (second,) = of(book.cycle(at(10)), JobScheduled)
-    book.on_recovering(plan(attempt=2, exclude=("n2",), when=20), at(20))
-    (third,) = of(book.cycle(at(20)), JobScheduled)
+    (second,) = of(book.on_recovering(plan(exclude=("n1",)), at(10)), JobScheduled)
+    (third,) = of(book.on_recovering(plan(attempt=2, exclude=("n2",), when=20), at(20)), JobScheduled)
 
     assert "n1" not in {p.node_id for p in second.placements}
     assert {p.node_id for p in third.placements} == {"n3", "n4"}

@@ -100,7 +100,9 @@ class AgentSettings(ServiceSettings):
         " failure); gang (also one per training shard of a multi-shard job)",
     )
     standby_ttl_s: float = Field(
-        default=DEFAULT_TTL_S, gt=0, description="how long an unused standby lives (while its job holds no spare here)"
+        default=DEFAULT_TTL_S,
+        gt=0,
+        description="how long an unused standby lives once its job holds no spare and runs no shard here",
     )
 
     @model_validator(mode="after")

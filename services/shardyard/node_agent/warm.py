@@ -18,7 +18,7 @@ from shardyard.events import FailureCause
 
 Mode = Literal["none", "spares", "gang"]
 """``none``: every shard starts cold. ``spares``: a standby per spare held and after a recoverable failure. ``gang``:
-also one per training shard of a multi-shard job (an idle interpreter with torch imported, some 300 MB of host
+also one per training shard of a multi-shard job (an idle interpreter with torch imported, some 240 MB of host
 memory each)."""
 
 DEFAULT_TTL_S: Final = 60.0

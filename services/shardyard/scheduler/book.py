@@ -370,25 +370,32 @@ class SchedulerBook:
         return out
 
     def on_recovering(self, plan: JobRecovering, now: datetime) -> list[Event]:
-        """Carry out the fault manager's plan: stop what is left of the failed attempt and requeue the job. When the
-        gang holds enough spares off the excluded nodes and no backoff applies, promote them at once: the new
-        attempt keeps the surviving shards' GPUs, takes the spares' for the lost ones, and resumes from the last
-        checkpoint, without waiting for a placement cycle."""
+        """Carry out the fault manager's plan: stop what is left of the failed attempt and re-form the gang at once
+        when no backoff applies, keeping the surviving shards' GPUs (their nodes hold the job's warm standbys and its
+        data): the lost shards take the gang's spares when it holds enough off the excluded nodes, else free GPUs
+        found for them alone, off the excluded nodes and the gang's own GPUs. The new attempt resumes from the last
+        checkpoint without waiting for a placement cycle. When neither works, or a backoff applies, the job is
+        requeued and placed afresh."""
         gang = self.gangs.get(plan.job_id)
         if gang is None or gang.scheduled.attempt != plan.attempt or plan.job_id in self.finished:
             self.apply(plan)
             return []
         out: list[Event] = self._revoke(gang, now, f"recovering: {plan.cause}")
+        before = self.snapshot()  # the failed gang's GPUs still count as taken: replacements go elsewhere
         self.apply(plan)
         if plan.retry_at > now:
             return out
-        promoted = self._promote(gang, set(self.excluded.get(plan.job_id, ())))
-        if promoted is not None:
+        excluded = set(self.excluded.get(plan.job_id, ()))
+        reformed = self._promote(gang, excluded) or self._replace_lost(gang, excluded, before, now)
+        if reformed is not None:
             snapshot = self.snapshot()
-            out.extend(self._admit(promoted, {view.node_id: view for view in snapshot.nodes}, now))
+            out.extend(self._admit(reformed, {view.node_id: view for view in snapshot.nodes}, now))
         return out
 
-    def _promote(self, gang: Gang, excluded: set[str]) -> Place | None:
+    def _survivors(self, gang: Gang, excluded: set[str]) -> tuple[list[ShardPlacement], list[ShardPlacement], int]:
+        """The gang's training shards on usable nodes (ALIVE, not excluded), its usable spares, and how many
+        training shards were lost."""
+
         def usable(shard: ShardPlacement) -> bool:
             node = self.nodes.get(shard.node_id)
             return shard.node_id not in excluded and node is not None and node.status.value == "ALIVE"
@@ -396,13 +403,35 @@ class SchedulerBook:
         training = [p for p in gang.scheduled.placements if not p.spare]
         spares = [p for p in gang.scheduled.placements if p.spare and usable(p)]
         survivors = [p for p in training if usable(p)]
-        lost = len(training) - len(survivors)
+        return survivors, spares, len(training) - len(survivors)
+
+    def _promote(self, gang: Gang, excluded: set[str]) -> Place | None:
+        survivors, spares, lost = self._survivors(gang, excluded)
         if lost == 0 or len(spares) < lost:
             return None
-        members = [*survivors, *spares[:lost]]
+        return self._reform(gang, [*survivors, *spares[:lost]], spares[lost:])
+
+    def _replace_lost(self, gang: Gang, excluded: set[str], snapshot: Snapshot, now: datetime) -> Place | None:
+        """The survivors, and the lost shards placed alone on ``snapshot`` (where the failed gang's GPUs are taken)
+        as a gang of their own, by the same rules as any placement; the usable spares stay spares. None when they do
+        not fit now (no preemption for them: the requeued job competes as usual)."""
+        survivors, spares, lost = self._survivors(gang, excluded)
+        if lost == 0:
+            return self._reform(gang, survivors, spares)
+        spec = gang.spec.model_copy(update={"shard_count": lost})
+        alone = PendingJob(spec, now, excluded_nodes=frozenset(excluded))
+        decisions = schedule(snapshot, [alone], self.policy, now=now)
+        found = next((d for d in decisions if isinstance(d, Place) and d.job_id == spec.job_id), None)
+        if found is None:
+            return None
+        return self._reform(gang, [*survivors, *(p for p in found.placements if not p.spare)], spares)
+
+    def _reform(self, gang: Gang, members: list[ShardPlacement], spares: list[ShardPlacement]) -> Place | None:
+        """The re-formed gang: ``members`` train (indices 0..), ``spares`` follow; the coordinator is the member with
+        the lowest total RTT to the others that has a free rendezvous port."""
         placements = [
             *(p.model_copy(update={"shard_index": i, "spare": False}) for i, p in enumerate(members)),
-            *(p.model_copy(update={"shard_index": len(members) + i}) for i, p in enumerate(spares[lost:])),
+            *(p.model_copy(update={"shard_index": len(members) + i, "spare": True}) for i, p in enumerate(spares)),
         ]
         views = {view.node_id: view for view in self.snapshot().nodes}
         hosts = [views[p.node_id] for p in members if p.node_id in views]
@@ -411,9 +440,10 @@ class SchedulerBook:
         # The coordinator: the member with the lowest total RTT to the others that has a free rendezvous port.
         distinct = list({view.node_id: view for view in hosts}.values())
         ranked = sorted(distinct, key=lambda v: sum(estimated_rtt_ms(v, other, {}) for other in hosts))
+        degraded = any(p.degraded for p in placements if not p.spare)
         for view in ranked:
             if self._free_port(view, gang.spec.job_id) is not None:
-                return Place(gang.spec.job_id, tuple(placements), view.node_id, gang.scheduled.degraded)
+                return Place(gang.spec.job_id, tuple(placements), view.node_id, degraded)
         return None
 
     def _free_port(self, view: NodeView, job_id: str) -> int | None:
