@@ -404,6 +404,22 @@ async def test_a_dead_standby_falls_back_to_a_cold_start(tmp_path: Path) -> None
     assert warm.orders == []
 
 
+async def test_a_standby_that_died_idle_is_forgotten_and_frees_its_room(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)  # two GPUs: room for two standbys
+    agent.inputs()
+    for job in ("job-1", "job-2"):
+        await agent.handlers.on_assignment(spare(job_id=job))
+    first, _ = await agent.until(lambda: len(agent.launcher.standbys) == 2 and agent.launcher.standbys)
+    first.dead = True
+
+    await agent.handlers.heartbeat()
+    await agent.handlers.on_assignment(spare(job_id="job-3"))
+    await asyncio.sleep(0)
+
+    assert first.discarded
+    assert [s.spec.log_path.parent.name for s in agent.launcher.standbys] == ["job-1", "job-2", "job-3"]
+
+
 async def test_standbys_end_with_their_job_or_their_time_and_are_never_more_than_the_gpus(tmp_path: Path) -> None:
     agent = Agent(tmp_path)  # two GPUs
     agent.inputs()

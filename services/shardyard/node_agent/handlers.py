@@ -238,6 +238,8 @@ class AgentHandlers:
             return
         finally:
             self.warm.starting[job_id] -= 1
+            if not self.warm.starting[job_id]:
+                del self.warm.starting[job_id]
         if self.watch.states.get(job_id) in TERMINAL:
             warm.discard()  # the job ended while it started
             return
@@ -258,6 +260,9 @@ class AgentHandlers:
         holding = {job for job, _, _ in self.book.spares} | {job for job, _, _ in self.book.running}
         for warm in self.warm.expired(self.clock.monotonic(), holding):
             warm.discard()
+        for warm in self.warm.dead(lambda w: w.alive()):
+            log.warning("standby %d ended by itself", warm.pid)
+            warm.discard()  # reaps it
 
     async def _watch(self, key: ShardKey, process: ShardProcess, log_path: Path) -> None:
         final: dict[str, object] | None = None

@@ -10,7 +10,7 @@ warm processes than shards it could run).
 """
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
@@ -77,6 +77,12 @@ class WarmBook(Generic[S]):
             else:
                 keep.append(warm)
         self.idle = keep
+        return gone
+
+    def dead(self, alive: Callable[[S], bool]) -> list[S]:
+        """Standbys that ended by themselves (a failed import, a signal), now forgotten: they hold no room."""
+        gone = [w.standby for w in self.idle if not alive(w.standby)]
+        self.idle = [w for w in self.idle if alive(w.standby)]
         return gone
 
     def ended(self, job_id: str) -> list[S]:
