@@ -1,7 +1,8 @@
 """Recovery figures on a local cluster (prints JSON).
 
-For each scenario a fresh cluster of four 1-GPU A100 nodes runs a 2-shard job; mid-training the agent of shard 1's
-node is killed with SIGKILL (its shards die with it). Measured from the kill:
+For each scenario a fresh cluster of four 1-GPU A100 nodes runs a 2-shard job; mid-training (past step 410, some
+10 s in: the agents start a training shard's warm standby after 5 s of training, ``--standby-after-s``) the agent of
+shard 1's node is killed with SIGKILL (its shards die with it). Measured from the kill:
 
 - ``detection_s``: until the resource pool marks the node SUSPECT (the ``occurred_at`` of the node's first state
   that is not ALIVE, read from the node-state topic); ``detection_seen_s``: until the monitor shows it (polled every
@@ -103,7 +104,7 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         client.submit(info.bootstrap, _job("victim"))
 
         def training(j: dict[str, Any]) -> dict[str, Any] | None:
-            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 210 else None  # mid-interval
+            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 410 else None  # mid-interval
 
         job = _poll(job_url, training, 120)
         spares = [p for p in job["placements"] if p.get("spare")]

@@ -21,6 +21,7 @@ from shardyard.events import (
     ShardCompleted,
     ShardFailed,
     ShardPreempted,
+    ShardProgress,
     ShardRevocation,
     ShardStarted,
     ShardStopRequest,
@@ -482,16 +483,23 @@ async def test_in_gang_mode_every_training_member_of_a_gang_keeps_a_standby(tmp_
     await agent.handlers.on_assignment(assignment())  # shard 0 of 2
     await agent.handlers.on_assignment(assignment(job_id="solo", world_size=1))
     (gang, solo) = agent.launcher.processes
-    assert agent.launcher.standbys == []  # nothing competes with the shards' own start
-
-    for process in (gang, solo, gang):
+    for process in (gang, solo):
         process.report(kind="progress", step=1, cpu_percent=90.0)
     await agent.until(lambda: len(agent.handlers.book.utilization) == 2)
+    agent.clock.mono = 4.9
+    gang.report(kind="progress", step=100, cpu_percent=90.0)
+    await agent.until(lambda: agent.bus.of(ShardProgress)[-1].step == 100)
+    assert agent.launcher.standbys == []  # not in its first 5 s of training
+
+    agent.clock.mono = 5.0
+    for process in (gang, solo, gang):
+        process.report(kind="progress", step=200, cpu_percent=90.0)
+    await agent.until(lambda: len([p for p in agent.bus.of(ShardProgress) if p.step == 200]) == 3)
     await asyncio.sleep(0)
 
     (warm,) = agent.launcher.standbys  # one for the gang's shard here; none for a 1-shard job, none twice
     assert warm.spec.log_path.parent.name == "job-1"
-    agent.clock.mono = 600.0
+    agent.clock.mono = 605.0
     await agent.handlers.heartbeat()
     assert not warm.discarded  # it lives while the gang trains here
 

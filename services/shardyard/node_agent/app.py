@@ -33,7 +33,7 @@ from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
 from shardyard.node_agent.load import LoadSetting, load_source
 from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
-from shardyard.node_agent.warm import DEFAULT_TTL_S, Mode
+from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, Mode
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
@@ -104,6 +104,11 @@ class AgentSettings(ServiceSettings):
         gt=0,
         description="how long an unused standby lives once its job holds no spare and runs no shard here",
     )
+    standby_after_s: float = Field(
+        default=DEFAULT_GANG_AFTER_S,
+        ge=0,
+        description="standbys=gang: how long a shard trains before its standby is started",
+    )
 
     @model_validator(mode="after")
     def _lease_outlasts_a_heartbeat(self) -> Self:
@@ -155,6 +160,7 @@ def build_app(
         ),
         standbys=settings.standbys,
         standby_ttl_s=settings.standby_ttl_s,
+        standby_after_s=settings.standby_after_s,
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     handlers = AgentHandlers(

@@ -54,7 +54,7 @@ from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, St
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
 from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
 from shardyard.node_agent.outbox import Outbox, Publisher
-from shardyard.node_agent.warm import DEFAULT_TTL_S, WARM_AFTER, Mode, WarmBook
+from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, WARM_AFTER, Mode, WarmBook
 from shardyard.training import standby
 from shardyard.training.lease import renew
 from shardyard.training.preemption import STOP_SIGNAL
@@ -82,6 +82,8 @@ class NodeIdentity:
     standbys: Mode = "gang"
     """Which warm standbys to keep for the jobs whose shards are likely to start here soon."""
     standby_ttl_s: float = DEFAULT_TTL_S
+    standby_after_s: float = DEFAULT_GANG_AFTER_S
+    """``gang`` mode: how long a shard trains before its standby is started (short runs never pay for one)."""
 
 
 def _host_load() -> float:
@@ -119,6 +121,8 @@ class AgentHandlers:
         self.tasks: set[asyncio.Task[None]] = set()
         self.warm: WarmBook[Standby] = WarmBook(limit=max(1, len(gpus.uuids())), ttl_s=identity.standby_ttl_s)
         self._warming: set[asyncio.Task[None]] = set()
+        self._gang_due: dict[ShardKey, float] = {}
+        """``gang`` mode: training shards without their standby yet -> when it is due (monotonic seconds)"""
         self._members: dict[str, int] = {}
         """job -> the most shards of it that ran here at once (as many standbys are worth keeping after a failure)"""
         self._standbys = 0
@@ -246,15 +250,24 @@ class AgentHandlers:
         self.warm.add(job_id, warm, now=self.clock.monotonic())
         log.info("standby %d warming up for %s", warm.pid, job_id)
 
-    def _warm_the_gang(self, key: ShardKey) -> None:
-        """``gang`` mode: a multi-shard job training here keeps a standby per shard of it here."""
+    def _warm_the_gang(self, key: ShardKey, first: bool) -> None:
+        """``gang`` mode: a multi-shard job training here keeps a standby per shard of it here, started once the
+        shard trained ``standby_after_s`` (called on each progress report; ``first``: the shard's first)."""
         assignment = self.book.running.get(key)
         if self.me.standbys != "gang" or assignment is None or assignment.workload.entrypoint is not None:
             return
-        if assignment.world_size > 1:
-            here = sum(1 for job, _, _ in self.book.running if job == key[0])
-            if self.warm.count(key[0]) < here:
-                self._start_warming(key[0])
+        if assignment.world_size < 2:
+            return
+        now = self.clock.monotonic()
+        if first:
+            self._gang_due[key] = now + self.me.standby_after_s
+        due = self._gang_due.get(key)
+        if due is None or now < due:
+            return
+        del self._gang_due[key]
+        here = sum(1 for job, _, _ in self.book.running if job == key[0])
+        if self.warm.count(key[0]) < here:
+            self._start_warming(key[0])
 
     def _expire_standbys(self) -> None:
         holding = {job for job, _, _ in self.book.spares} | {job for job, _, _ in self.book.running}
@@ -274,8 +287,7 @@ class AgentHandlers:
             if not isinstance(report, dict):
                 continue
             if report.get("kind") == "progress":
-                if key not in self.book.utilization:
-                    self._warm_the_gang(key)  # it trains: its own start no longer competes with the standby's
+                self._warm_the_gang(key, first=key not in self.book.utilization)
                 self.book.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
                 await self._progress(key, report)
             elif report.get("kind") == "checkpointed":
@@ -330,6 +342,7 @@ class AgentHandlers:
         final: Mapping[str, object] | None = None,
     ) -> None:
         assignment = self.book.running.get(key)
+        self._gang_due.pop(key, None)
         event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
         # Its gang is about to be re-formed, most likely with as many members here again.
         warm = isinstance(event, ShardFailed) and event.cause in WARM_AFTER and self.me.standbys != "none"

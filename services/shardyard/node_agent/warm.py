@@ -3,10 +3,10 @@ agent starts and ends the processes, time comes in.
 
 A standby is started for a job when a shard of it is likely to start here soon (see :data:`Mode`): for each spare
 the node holds for the job; when a shard of the job ended here with a failure its gang recovers from; and, in
-``gang`` mode, for each shard of a multi-shard job training here, once it trains (so that the whole gang, survivors
-included, re-forms warm after a member's loss). It lives while the job holds a spare or runs a shard here, else
-``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU count: never more
-warm processes than shards it could run).
+``gang`` mode, for each shard of a multi-shard job training here, once it has trained a few seconds (so that the
+whole gang, survivors included, re-forms warm after a member's loss). It lives while the job holds a spare or runs
+a shard here, else ``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU
+count: never more warm processes than shards it could run).
 """
 
 from collections import Counter
@@ -22,6 +22,9 @@ also one per training shard of a multi-shard job (an idle interpreter with torch
 memory each)."""
 
 DEFAULT_TTL_S: Final = 60.0
+DEFAULT_GANG_AFTER_S: Final = 5.0
+"""``gang`` mode starts a shard's standby once it has trained this long: its own start no longer competes with the
+standby's imports, and short runs (quick experiments, most of a test suite's jobs) never pay for one."""
 
 WARM_AFTER: Final = frozenset(
     {FailureCause.PROCESS_EXIT, FailureCause.KILLED, FailureCause.COMM_ERROR, FailureCause.SYNC_TIMEOUT}
