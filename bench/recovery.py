@@ -9,8 +9,9 @@ shard 1's node is killed with SIGKILL (its shards die with it). Measured from th
   20 ms);
 - ``plan_s``: until the fault manager's recovery plan (``job.recovering``);
 - ``resumed_s``: until the first training step of the re-formed gang (its first progress report);
-- ``steps_lost``: the step the gang had reached at the kill minus the checkpoint step it resumed from; beside it the
-  last sync before the kill and the sync interval in force then (slow syncs widen it, S19);
+- ``steps_lost``: the step the gang had reached at the kill minus the step it resumed from (``resumed_step``, from
+  the re-formed shards' logs: its survivors' state, ``resumed_from_peers``, or the checkpoint); beside it the last
+  sync before the kill and the sync interval in force then (slow syncs widen it, S19);
 - ``warm_starts``: shards of the re-formed gang that started from a warm standby (the agents' logs), of ``members``.
 
 Scenarios: ``spare`` (the fault manager's ratio floor is 0.5, so the gang holds a spare and it is promoted) and
@@ -21,7 +22,11 @@ job is submitted at once. Measured from the kill: ``elected_s``, until the stand
 ``service.leader`` event), and ``assignment_s``, until the shard's assignment reached the bus (a consumer of the
 assignment topic, as an agent, receives it).
 
-    python bench/recovery.py [--runs 1]
+``--checkpoint-every N`` sets the agents' ``--checkpoint-every`` (default 1: a checkpoint at every sync); with a
+large N the gang can only resume from its survivors' state (``shardyard.training.peer_state``) to lose under one sync
+interval.
+
+    python bench/recovery.py [--runs 1] [--only node-loss|failover] [--checkpoint-every N]
 """
 
 import argparse
@@ -89,14 +94,30 @@ def _sync_steps(job: dict[str, Any]) -> list[int]:
     return [int(m.group(1)) for m in found if m]
 
 
-def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
+_RESUMED = re.compile(r"resuming from (?:(its peers' state) of step (\d+)|\S+ at step (\d+))")
+
+
+def _resumed_step(shard_logs: Path) -> tuple[int | None, bool]:
+    """The step the re-formed gang (attempt 2) resumed from, and whether from its peers' state, per its logs."""
+    for log in sorted(shard_logs.glob("victim/shard-*-attempt-2.log")):
+        found = _RESUMED.search(log.read_text(errors="replace"))
+        if found:
+            return int(found.group(2) or found.group(3)), found.group(1) is not None
+    return None, False
+
+
+def one_run(root: Path, *, spare: bool, checkpoint_every: int | None = None) -> dict[str, Any]:
     data = root / "data"
     create_demo_artifacts(data)
-    os.environ["SHARDYARD_REDUNDANCY_MIN_RATIO"] = "0.5" if spare else "0"
+    settings = {"SHARDYARD_REDUNDANCY_MIN_RATIO": "0.5" if spare else "0"}
+    if checkpoint_every is not None:
+        settings["SHARDYARD_CHECKPOINT_EVERY"] = str(checkpoint_every)  # the agents' --checkpoint-every
+    os.environ.update(settings)
     try:
         info = cluster.up(root / "run", nodes=["A100:1"] * 4, data_root=data, say=lambda _m: None)
     finally:
-        del os.environ["SHARDYARD_REDUNDANCY_MIN_RATIO"]
+        for name in settings:
+            del os.environ[name]
     job_url = f"{info.monitor_url}/api/jobs/victim"
     try:
         if spare:  # the ratio comes from the fault manager's first tick; the monitor seeing it means it is published
@@ -141,6 +162,7 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
         plans = [e for e in job["timeline"] if e["event"] == "recovering"]
         last = job.get("last_checkpoint") or {}
         checkpoint_step = last.get("step") if last.get("attempt") == 1 else None
+        resumed_step, from_peers = _resumed_step(root / "run" / "logs" / "shards")
         return {
             "spares_placed": len(spares),
             "detection_s": decided_at - killed,
@@ -153,7 +175,9 @@ def one_run(root: Path, *, spare: bool) -> dict[str, Any]:
             "attempt": job.get("attempt"),
             "step_at_kill": step_at_kill,
             "checkpoint_step": checkpoint_step,
-            "steps_lost": step_at_kill - checkpoint_step if checkpoint_step is not None else None,
+            "resumed_step": resumed_step,
+            "resumed_from_peers": from_peers,
+            "steps_lost": step_at_kill - (resumed_step or 0),
             "sync_interval_submitted": 20,
             "last_sync_step": sync_steps[-1] if sync_steps else None,
             # Slow syncs widen the interval (S19): the pace the gang reached its last sync at, as rank 0 reported it.
@@ -262,8 +286,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--only", choices=("failover", "node-loss"), help="run one part only")
+    parser.add_argument("--checkpoint-every", type=int, help="the agents' --checkpoint-every (default: theirs, 1)")
     args = parser.parse_args()
-    out: dict[str, Any] = {"bench": "recovery"}
+    out: dict[str, Any] = {"bench": "recovery", "checkpoint_every": args.checkpoint_every or 1}
     if args.only != "node-loss":
         failovers = []
         for _ in range(args.runs):
@@ -278,7 +303,7 @@ def main() -> None:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                runs.append(one_run(Path(tmp), spare=spare))
+                runs.append(one_run(Path(tmp), spare=spare, checkpoint_every=args.checkpoint_every))
         out[name] = {
             "runs": runs,
             "median_detection_s": statistics.median(r["detection_s"] for r in runs),

@@ -16,6 +16,7 @@ import pytest
 from shardyard.training import exitcodes
 from shardyard.training.artifacts import DemoArtifacts, create_demo_artifacts
 from shardyard.training.checkpoint import OPTIMIZER_FILE
+from shardyard.training.config import PEER_STATE_DIR_ENV
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.model import TinyGPTConfig, load_pretrained
 from shardyard.training.runner import TERMINATED_EXIT
@@ -222,6 +223,71 @@ def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_
         f" test model): {snapshot[len(snapshot) // 2]:.2f} ms snapshot on the training thread,"
         f" {write[len(write) // 2]:.2f} ms write in the background"
     )
+
+
+@pytest.mark.parametrize(
+    ("sync_interval", "lost"),
+    [(10, 1), (1, 0)],
+    ids=["local-sgd-rank-1-lost", "gradient-averaging-rank-0-lost"],
+)
+def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing_failed(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path, sync_interval: int, lost: int
+) -> None:
+    """No periodic checkpoint at all: the survivor keeps the gang's state of its last sync on its node; the re-formed
+    gang (the survivor on its node, the lost rank on a new one) continues from it and ends exactly where the same
+    run without the fault ends."""
+    survivor = 1 - lost
+    nodes = {name: tmp_path / name / "peer-state" for name in ("a", "b", "new")}
+    placed = {survivor: "a", lost: "b"}
+    run = {
+        "SHARDYARD_SYNC_INTERVAL": str(sync_interval),
+        "SHARDYARD_CHECKPOINT_EVERY": "0",
+        "SHARDYARD_SLOW_SYNC_FACTOR": "1000",
+    }
+    output_dir = tmp_path / "out"
+    shards = launch(
+        2,
+        _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_ATTEMPT="1", **run),
+        rank_env={rank: {PEER_STATE_DIR_ENV: str(nodes[node])} for rank, node in placed.items()},
+    )
+    until(lambda: len(shards[survivor].sync_lines()) >= 3, 60, "three syncs")
+    shards[lost].proc.kill()  # SIGKILL: the lost rank keeps nothing
+
+    assert _wait(shards[lost], 10) == -signal.SIGKILL
+    assert _wait(shards[survivor], 60) == exitcodes.COMM_ERROR, shards[survivor].stderr()
+    kept = json.loads((nodes["a"] / f"rank-{survivor}" / "state.json").read_text())
+    last_sync = shards[survivor].sync_lines()[-1]["step"]
+    if sync_interval == 1:  # every step syncs; progress lines are rate-limited, so the last one may lag
+        assert kept["step"] >= shards[survivor].progress()[-1]["step"]
+    else:
+        assert kept["step"] == last_sync
+    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)  # the survivor holds both ranks' optimizer state
+    assert f"kept the gang's state of step {kept['step']}" in shards[survivor].stderr()
+    assert not nodes["b"].exists() and not (output_dir / "checkpoint").exists()
+    resume_step = kept["step"]
+
+    max_steps = resume_step + 30
+    replaced = {survivor: "a", lost: "new"}
+    resumed = launch(
+        2,
+        _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS=str(max_steps), SHARDYARD_ATTEMPT="2", **run),
+        rank_env={rank: {PEER_STATE_DIR_ENV: str(nodes[node])} for rank, node in replaced.items()},
+    )
+    reference = launch(2, _train_env(artifacts, tmp_path / "reference", SHARDYARD_MAX_STEPS=str(max_steps), **run))
+    rcs = [_wait(shard, RUN_DEADLINE_S) for shard in [*resumed, *reference]]
+
+    assert rcs == [exitcodes.OK] * 4, "\n".join(s.stderr() for s in [*resumed, *reference])
+    state = f"resuming from its peers' state of step {resume_step} (attempt 1; this rank's from"
+    assert f"{state} this node)" in resumed[survivor].stderr()
+    assert f"{state} rank {survivor})" in resumed[lost].stderr()
+    for shard in resumed:
+        assert shard.progress()[0]["step"] == resume_step + 1 and shard.lines[-1]["steps"] == max_steps
+    # Every rank resumed with its own optimizer state and the synced weights: the run ends bit for bit as the
+    # reference does (the model has no dropout; the batches follow the step).
+    assert [s.lines[-1]["final_loss"] for s in resumed] == [s.lines[-1]["final_loss"] for s in reference]
+    assert (output_dir / "model.safetensors").read_bytes() == (
+        tmp_path / "reference" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_a_hung_peer_times_the_sync_out(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:

@@ -66,10 +66,16 @@ Launcher = Callable[..., list[Shard]]
 
 @contextlib.contextmanager
 def runners(tmp_path: Path) -> Iterator[Launcher]:
-    """``launch(world_size, env_overrides, ranks=None)`` starts runner processes; leftovers are killed at the end."""
+    """``launch(world_size, env_overrides, ranks=None, rank_env=None)`` starts runner processes (``rank_env``: more
+    variables for some ranks); leftovers are killed at the end."""
     shards: list[Shard] = []
 
-    def launch(world_size: int, overrides: dict[str, str], ranks: list[int] | None = None) -> list[Shard]:
+    def launch(
+        world_size: int,
+        overrides: dict[str, str],
+        ranks: list[int] | None = None,
+        rank_env: dict[int, dict[str, str]] | None = None,
+    ) -> list[Shard]:
         port = str(free_port())
         started: list[Shard] = []
         for rank in range(world_size) if ranks is None else ranks:
@@ -85,6 +91,7 @@ def runners(tmp_path: Path) -> Iterator[Launcher]:
                 "SHARDYARD_DIST_TIMEOUT_S": "30",
                 "OMP_NUM_THREADS": "1",
                 **overrides,
+                **(rank_env or {}).get(rank, {}),
             }
             stderr_path = tmp_path / f"rank{rank}-{time.monotonic_ns()}.log"
             with open(stderr_path, "wb") as log:

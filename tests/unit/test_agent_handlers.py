@@ -28,13 +28,14 @@ from shardyard.events import (
 )
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.artifacts import ArtifactWatch
-from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.book import AgentBook, RunnerOptions
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
 from shardyard.node_agent.load import LoadSource
 from shardyard.node_agent.warm import Mode
 from shardyard.training import exitcodes, standby
+from shardyard.training.config import PEER_STATE_DIR_ENV
 from shardyard.training.preemption import STOP_SIGNAL
 from tests.unit.builders import T0, assignment, job_spec, workload
 
@@ -153,6 +154,7 @@ class Agent:
         topology: Mapping[str, str] | None = None,
         host_load: Callable[[], float] = lambda: 0.25,
         standbys: Mode = "spares",
+        peer_state_dir: Path | None = None,
     ) -> None:
         self.root = tmp_path / "data"
         self.bus = Recorder()
@@ -173,6 +175,7 @@ class Agent:
             topology=dict(topology or {}),
             standbys=standbys,
             standby_ttl_s=60.0,
+            runner=RunnerOptions(peer_state_dir=None if peer_state_dir is None else str(peer_state_dir)),
         )
         self.clock = FixedClock()
         self.handlers = AgentHandlers(
@@ -512,3 +515,40 @@ async def test_in_gang_mode_every_training_member_of_a_gang_keeps_a_standby(tmp_
     solo.end(0)
     warm.process.end(0)
     await agent.until(lambda: not agent.handlers.tasks)
+
+
+async def test_a_reformed_gangs_shard_starts_once_the_older_attempt_here_has_exited(tmp_path: Path) -> None:
+    """Two attempts of a job never run at once on a node, and the old one keeps its gang's state before the new one
+    looks for it."""
+    kept = tmp_path / "peer-state"
+    agent = Agent(tmp_path, standbys="none", peer_state_dir=kept)
+    agent.inputs()
+    await agent.handlers.on_assignment(assignment())
+    (old,) = agent.launcher.processes
+    assert agent.launcher.specs[0].env[PEER_STATE_DIR_ENV] == str(kept / "job-1")
+
+    new = asyncio.create_task(agent.handlers.on_assignment(assignment(attempt=2)))
+    await asyncio.sleep(0.05)
+    assert len(agent.launcher.specs) == 1 and not new.done()  # attempt 1 is still running here
+
+    old.end(exitcodes.COMM_ERROR)
+    await asyncio.wait_for(new, 5.0)
+    assert [spec.env["SHARDYARD_ATTEMPT"] for spec in agent.launcher.specs] == ["1", "2"]
+    assert agent.launcher.specs[1].env[PEER_STATE_DIR_ENV] == str(kept / "job-1")
+
+
+async def test_the_kept_state_goes_with_its_job_and_entrypoints_get_none(tmp_path: Path) -> None:
+    kept = tmp_path / "peer-state"
+    agent = Agent(tmp_path, standbys="none", peer_state_dir=kept)
+    agent.inputs()
+    (kept / "job-1" / "rank-0").mkdir(parents=True)
+    (kept / "job-2" / "rank-0").mkdir(parents=True)
+
+    await agent.handlers.on_lifecycle(
+        JobSucceeded(occurred_at=T0, job_id="job-1", attempt=1, final_loss=None, checkpoint_dir=None)
+    )
+    assert sorted(p.name for p in kept.iterdir()) == ["job-2"]
+
+    command = workload(entrypoint=Entrypoint(command=["python", "train.py"]))
+    await agent.handlers.on_assignment(assignment(job_id="job-3", workload=command))
+    assert PEER_STATE_DIR_ENV not in agent.launcher.specs[0].env  # a job's own script keeps its own state

@@ -20,6 +20,7 @@ CHECKPOINT_EVERY_ENV = "SHARDYARD_CHECKPOINT_EVERY"
 SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
 SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
 DEVICE_ENV = "SHARDYARD_DEVICE"
+PEER_STATE_DIR_ENV = "SHARDYARD_PEER_STATE_DIR"
 GRADIENT_CHECKPOINT_STEPS = 100
 """With gradient averaging (``sync_interval`` 1) every step syncs; checkpoints then come every ``checkpoint_every`` x
 this many steps, not every ``checkpoint_every`` syncs (a checkpoint a step would cost more than the step)."""
@@ -68,6 +69,12 @@ class RunConfig:
     device: Device = "auto"
     """Where to train (``SHARDYARD_DEVICE``): ``auto`` is the GPU ``LOCAL_RANK`` names (NCCL) when CUDA is there, else
     the CPU (gloo); ``cpu`` and ``cuda`` insist."""
+    peer_state_dir: Path | None = None
+    """Where this rank keeps the gang's state of its last sync when it fails, for the re-formed gang to resume from
+    (``SHARDYARD_PEER_STATE_DIR``, a directory on the node; see :mod:`shardyard.training.peer_state`); None: off."""
+    attempt: int = 0
+    """The gang's attempt (``SHARDYARD_ATTEMPT``, set by the agent): it tells the snapshots of one gang from
+    another's."""
 
     @property
     def averages_gradients(self) -> bool:
@@ -106,6 +113,8 @@ class RunConfig:
         checkpoint_every = p.optional(CHECKPOINT_EVERY_ENV, int, lambda v: v >= 0, "an integer >= 0")
         sync_timeout = p.optional(SYNC_TIMEOUT_ENV, float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
         slow_factor = p.optional(SLOW_SYNC_FACTOR_ENV, float, lambda v: math.isfinite(v) and v > 1, "a float > 1")
+        peer_state_dir = p.optional(PEER_STATE_DIR_ENV, str, lambda v: v != "", "a directory path")
+        attempt = p.optional("SHARDYARD_ATTEMPT", int, lambda v: v >= 0, "an integer >= 0")
         device = p.optional(DEVICE_ENV, str.lower, lambda v: v in DEVICES, " or ".join(DEVICES))
         if rank is not None and world_size is not None and rank >= world_size:
             p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
@@ -138,6 +147,8 @@ class RunConfig:
             sync_timeout_s=DEFAULT_SYNC_TIMEOUT_S if sync_timeout is None else sync_timeout,
             slow_sync_factor=DEFAULT_SLOW_SYNC_FACTOR if slow_factor is None else slow_factor,
             device=cast(Device, device or "auto"),
+            peer_state_dir=None if peer_state_dir is None else Path(peer_state_dir),
+            attempt=attempt or 0,
         )
 
 

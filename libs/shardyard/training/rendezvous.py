@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from shardyard.training.config import Device, RunConfig
-from shardyard.training.errors import CommError, DeviceError, comm
+from shardyard.training.errors import DeviceError, comm
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,3 @@ def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGrou
         group = dist.new_group(timeout=timedelta(seconds=cfg.sync_timeout_s))
     assert group is not None  # every rank is a member
     return group
-
-
-def agree_on_start(cfg: RunConfig, start: int) -> None:
-    """Every rank resumed from the same step. A rank that read the checkpoint while the rank 0 of the broken gang was
-    still putting a later one in place can differ: the gang then fails (and is retried) instead of diverging."""
-    if cfg.world_size == 1:
-        return
-    starts: list[object] = [None] * cfg.world_size
-    with comm("start step all_gather"):
-        dist.all_gather_object(starts, start)
-    if len(set(starts)) > 1:
-        raise CommError(f"the ranks resumed from different steps {starts}: the checkpoint changed while they read it")

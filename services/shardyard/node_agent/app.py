@@ -109,12 +109,27 @@ class AgentSettings(ServiceSettings):
         ge=0,
         description="standbys=gang: how long a shard trains before its standby is started",
     )
+    peer_state: bool = Field(
+        default=True,
+        description="a failing shard keeps its gang's state of the last sync on this node, for the re-formed gang"
+        " to resume from (work lost: at most one sync interval, however seldom the gang checkpoints)",
+    )
+    peer_state_dir: Path | None = Field(
+        default=None, description="where shards keep that state (node-local); default: <log-dir>/peer-state/<node-id>"
+    )
 
     @model_validator(mode="after")
     def _lease_outlasts_a_heartbeat(self) -> Self:
         if self.lease_s <= self.heartbeat_interval_s:
             raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_interval_s ({self.heartbeat_interval_s})")
         return self
+
+
+def _peer_state_dir(settings: AgentSettings) -> str | None:
+    if not settings.peer_state:
+        return None
+    chosen = settings.peer_state_dir or settings.log_dir / "peer-state" / settings.node_id
+    return str(chosen.resolve())
 
 
 def topology(zone: str, rack: str) -> dict[str, str]:
@@ -157,6 +172,7 @@ def build_app(
             slow_sync_factor=settings.slow_sync_factor,
             lease_file=str(settings.log_dir.resolve() / f"{settings.node_id}.lease"),
             shard_lease_s=settings.shard_lease_s,
+            peer_state_dir=_peer_state_dir(settings),
         ),
         standbys=settings.standbys,
         standby_ttl_s=settings.standby_ttl_s,

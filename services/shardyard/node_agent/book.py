@@ -28,6 +28,7 @@ from shardyard.training.config import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_SLOW_SYNC_FACTOR,
     DEFAULT_SYNC_TIMEOUT_S,
+    PEER_STATE_DIR_ENV,
     SLOW_SYNC_FACTOR_ENV,
     SYNC_TIMEOUT_ENV,
 )
@@ -91,6 +92,9 @@ class RunnerOptions:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
     slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+    peer_state_dir: str | None = None
+    """Where the node's shards keep their gang's state when they fail, one directory per job (None: they keep
+    none); see :mod:`shardyard.training.peer_state`."""
     lease_file: str | None = None
     """The file the agent touches on every heartbeat the bus acknowledged; shards fence themselves on its age."""
     shard_lease_s: float = DEFAULT_SHARD_LEASE_S
@@ -342,24 +346,40 @@ def shard_env(
             "LOCAL_WORLD_SIZE": str(max(local_world_size, local_rank + 1)),
             entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
         }
-    return {
-        **first,
-        "RANK": str(assignment.shard_index),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(assignment.world_size),
-        "MASTER_ADDR": assignment.master_addr,
-        "MASTER_PORT": str(assignment.master_port),
-        "SHARDYARD_JOB_ID": assignment.job_id,
-        "SHARDYARD_ATTEMPT": str(assignment.attempt),
-        "SHARDYARD_MODEL_DIR": str(paths.model),
-        "SHARDYARD_DATASET_DIR": str(paths.dataset),
-        "SHARDYARD_OUTPUT_DIR": str(paths.output),
-        entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
-        "SHARDYARD_MAX_STEPS": str(workload.max_steps),
-        "SHARDYARD_BATCH_SIZE": str(workload.batch_size),
-        "SHARDYARD_SEQ_LEN": str(workload.seq_len),
-        "SHARDYARD_LR": repr(workload.lr),
-        "SHARDYARD_SEED": str(workload.seed),
-        **options.env(),
-        **last,
-    } | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
+    return (
+        {
+            **first,
+            "RANK": str(assignment.shard_index),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(assignment.world_size),
+            "MASTER_ADDR": assignment.master_addr,
+            "MASTER_PORT": str(assignment.master_port),
+            "SHARDYARD_JOB_ID": assignment.job_id,
+            "SHARDYARD_ATTEMPT": str(assignment.attempt),
+            "SHARDYARD_MODEL_DIR": str(paths.model),
+            "SHARDYARD_DATASET_DIR": str(paths.dataset),
+            "SHARDYARD_OUTPUT_DIR": str(paths.output),
+            entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
+            "SHARDYARD_MAX_STEPS": str(workload.max_steps),
+            "SHARDYARD_BATCH_SIZE": str(workload.batch_size),
+            "SHARDYARD_SEQ_LEN": str(workload.seq_len),
+            "SHARDYARD_LR": repr(workload.lr),
+            "SHARDYARD_SEED": str(workload.seed),
+            **options.env(),
+            **last,
+        }
+        | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
+        | peer_state_env(assignment, options)
+    )
+
+
+def peer_state_dir(options: RunnerOptions, job_id: str) -> Path | None:
+    """The directory where the built-in runner's shards of ``job_id`` keep their gang's state on this node."""
+    return None if options.peer_state_dir is None else Path(options.peer_state_dir) / job_id
+
+
+def peer_state_env(assignment: ShardAssignment, options: RunnerOptions) -> dict[str, str]:
+    where = peer_state_dir(options, assignment.job_id)
+    if where is None or assignment.workload.entrypoint is not None:  # a job's own script keeps its own state
+        return {}
+    return {PEER_STATE_DIR_ENV: str(where)}

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from shardyard.node_agent.book import (
     ShardKey,
     Verdict,
     key_of,
+    peer_state_dir,
     shard_argv,
     shard_env,
 )
@@ -177,6 +179,7 @@ class AgentHandlers:
             cwd=Path.cwd(),
             log_path=log_path,
         )
+        await self._older_attempts_gone(assignment)
         try:
             paths.output.parent.mkdir(parents=True, exist_ok=True)
             process = await self._warm_process(assignment, spec)
@@ -203,6 +206,21 @@ class AgentHandlers:
         task = asyncio.create_task(self._watch(key, process, log_path), name=f"shard-{job}-{shard}-{attempt}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _older_attempts_gone(self, assignment: ShardAssignment) -> None:
+        """Wait until this node's shards of the job's older attempts have exited (they were revoked just before):
+        two attempts never share a GPU, and a survivor of the broken gang has kept its state (peer state) before the
+        new gang looks for it. At most the revocation's grace period: SIGKILL ends them by then."""
+        older = [
+            process
+            for (job, _, attempt), process in self.processes.items()
+            if job == assignment.job_id and attempt < assignment.attempt
+        ]
+        if older:
+            waits = [asyncio.ensure_future(process.wait()) for process in older]
+            _, pending = await asyncio.wait(waits, timeout=TERMINATE_GRACE_S + 1.0)
+            for wait in pending:
+                wait.cancel()
 
     async def _warm_process(self, assignment: ShardAssignment, spec: LaunchSpec) -> ShardProcess | None:
         """The job's warm standby, given the shard's order; None when there is none (or it died: start cold)."""
@@ -404,6 +422,9 @@ class AgentHandlers:
             self._members.pop(event.job_id, None)
             for warm in self.warm.ended(event.job_id):
                 warm.discard()
+            kept = peer_state_dir(self.me.runner, event.job_id)
+            if kept is not None:
+                await asyncio.to_thread(shutil.rmtree, kept, True)  # the job's gang will not be re-formed
         if added and await self._look(added):
             await self.heartbeat()
 

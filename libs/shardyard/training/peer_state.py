@@ -1,0 +1,285 @@
+"""Resuming a re-formed gang from its surviving peers' state instead of the last checkpoint.
+
+After every sync a data-parallel gang holds one state: the parameters are the same on every rank (averaged), and
+each rank's optimizer state is its own (with gradient averaging the same on every rank too). A rank keeps that state
+in memory, in the checkpoint's layout (:mod:`shardyard.training.checkpoint`), so that a gang that loses members
+resumes at its last sync, not at its last checkpoint (written every ``checkpoint_every`` syncs, maybe seldom):
+
+- With local SGD (``sync_interval`` > 1), after each parameter sync every rank serializes the averaged parameters
+  and its optimizer state, and hands its optimizer state to the next rank of a ring (``rank + 1 mod world``): every
+  rank's state is then held by two ranks, so the loss of any one rank (or of any ranks that are not ring
+  neighbours) leaves the whole state with the survivors.
+- With gradient averaging (``sync_interval`` 1) every rank steps alike, so its own parameters and optimizer state
+  after its last completed step are the gang's; nothing is copied while training.
+
+When a rank fails (a collective error, a sync timeout, SIGTERM from its agent when the gang is re-formed, any error
+of the run) it writes that state to ``<SHARDYARD_PEER_STATE_DIR>/rank-<rank>/``, a directory on its node that the
+agent gives every shard of the job and removes when the job ends. The lost rank writes nothing: it is gone.
+
+The re-formed gang agrees at its rendezvous (:func:`agree_on_resume`): every process offers the snapshots on its node
+(their step, attempt and the ranks whose state they hold) and the checkpoint step it read. The newest step whose
+snapshots, all of one attempt, hold every rank's state wins if it is past the checkpoint: each rank loads its state
+from its own node when a snapshot there holds it, else receives it from a peer that has it (:func:`transfer`, point
+to point, in rank order). Else the gang resumes from the checkpoint, as before. A snapshot is never deleted by the
+gang: a re-formed gang that fails again before its first sync finds the same snapshots again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardyard.training.checkpoint import (
+    FORMAT,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    Checkpoint,
+    load_checkpoint,
+    optimizer_bytes,
+    rank_optimizer_file,
+)
+from shardyard.training.config import PEER_STATE_DIR_ENV, RunConfig
+from shardyard.training.errors import CommError, comm, sync_comm
+from shardyard.training.model import CheckpointError, TinyGPT, pretrained_files, write_dir_atomic
+
+__all__ = ["PEER_STATE_DIR_ENV", "Offer", "PeerSnapshots", "ResumePlan", "agree_on_resume", "choose", "read_offers"]
+
+_PREFIX = "shardyard.training"
+_SNAPSHOT_PREFIX = "rank-"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A snapshot on a process's node, as the gang sees it at its rendezvous."""
+
+    step: int
+    attempt: int
+    ranks: tuple[int, ...]
+    """The ranks whose optimizer state it holds (every rank with gradient averaging)."""
+    directory: str
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    step: int
+    attempt: int
+    sources: dict[int, tuple[int, str]]
+    """For each rank, the rank that holds its state and the snapshot directory on that rank's node."""
+
+
+def _state_document(cfg: RunConfig, step: int, loss: float | None, ranks: list[int]) -> bytes:
+    document = {
+        "format": FORMAT,
+        "step": step,
+        "loss": loss if loss is not None and math.isfinite(loss) else None,
+        "world_size": cfg.world_size,
+        "seed": cfg.seed,
+        "sync_interval": cfg.sync_interval,
+        "attempt": cfg.attempt,
+        "ranks": sorted(ranks),
+    }
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_offers(root: Path | None, cfg: RunConfig) -> list[Offer]:
+    """The snapshots under ``root`` that this gang can resume from: same world size, sync interval and seed, a step
+    within ``max_steps``; unreadable ones are left out."""
+    if root is None or not root.is_dir():
+        return []
+    offers = []
+    for directory in sorted(root.glob(f"{_SNAPSHOT_PREFIX}*")):
+        try:
+            raw = json.loads((directory / STATE_FILE).read_text())
+            fits = (raw["world_size"], raw["sync_interval"], raw["seed"]) == (
+                cfg.world_size,
+                cfg.sync_interval,
+                cfg.seed,
+            )
+            step, attempt, ranks = int(raw["step"]), int(raw["attempt"]), tuple(int(r) for r in raw["ranks"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if fits and 0 < step <= cfg.max_steps:
+            offers.append(Offer(step=step, attempt=attempt, ranks=ranks, directory=str(directory)))
+    return offers
+
+
+def choose(checkpoint_step: int, offers: list[list[Offer]], world_size: int) -> ResumePlan | None:
+    """The peers' state to resume from, given each rank's ``offers``: the newest (step, attempt) whose snapshots
+    hold every rank's state, if it is past ``checkpoint_step``; None to resume from the checkpoint. A rank takes its
+    state from its own node where it can, else from the lowest rank that has it."""
+    holders: dict[tuple[int, int], dict[int, list[tuple[int, str]]]] = {}
+    for rank, mine in enumerate(offers):
+        for offer in mine:
+            held = holders.setdefault((offer.step, offer.attempt), {})
+            for covered in offer.ranks:
+                held.setdefault(covered, []).append((rank, offer.directory))
+    for (step, attempt), held in sorted(holders.items(), reverse=True):
+        if step <= checkpoint_step:
+            return None
+        if all(rank in held for rank in range(world_size)):
+            sources = {}
+            for rank in range(world_size):
+                local = [h for h in held[rank] if h[0] == rank]
+                sources[rank] = (local or sorted(held[rank]))[0]
+            return ResumePlan(step=step, attempt=attempt, sources=sources)
+    return None
+
+
+def agree_on_resume(cfg: RunConfig, checkpoint_step: int, offers: list[Offer]) -> ResumePlan | None:
+    """Every rank learns the others' offers and checkpoint step and reaches the same plan. Without one, every rank
+    must have resumed from the same checkpoint step: a rank that read the checkpoint while the rank 0 of the broken
+    gang was still putting a later one in place can differ, and the gang then fails (and is retried) instead of
+    diverging."""
+    if cfg.world_size == 1:
+        return None
+    gathered: list[Any] = [None] * cfg.world_size
+    with comm("resume agreement all_gather"):
+        dist.all_gather_object(gathered, (checkpoint_step, [asdict(o) for o in offers]))
+    starts = [int(g[0]) for g in gathered]
+    everyone = [[Offer(**{**o, "ranks": tuple(o["ranks"])}) for o in g[1]] for g in gathered]
+    plan = choose(max(starts), everyone, cfg.world_size)
+    if plan is None and len(set(starts)) > 1:
+        raise CommError(f"the ranks resumed from different steps {starts}: the checkpoint changed while they read it")
+    return plan
+
+
+def _files_for(directory: Path, rank: int) -> dict[str, bytes]:
+    """The files a rank resumes from: the model, the state, and its optimizer state under the checkpoint's name for
+    it (``load_checkpoint(rank=rank)`` reads it)."""
+    own = directory / rank_optimizer_file(rank)
+    optimizer = own if own.is_file() else directory / OPTIMIZER_FILE  # gradient averaging: one state for all
+    names = [p.name for p in directory.iterdir() if p.is_file() and p.name.endswith((".json", ".safetensors"))]
+    files = {n: (directory / n).read_bytes() for n in names if not n.startswith("optimizer")}
+    files[rank_optimizer_file(rank)] = optimizer.read_bytes()
+    return files
+
+
+def transfer(cfg: RunConfig, plan: ResumePlan) -> Checkpoint:
+    """This rank's state under ``plan``: read on its node, or received from the rank that holds it. Every rank runs
+    the transfers in rank order, so each pair meets in the same one."""
+    mine: Checkpoint | None = None
+    for rank in range(cfg.world_size):
+        holder, directory = plan.sources[rank]
+        if holder == rank == cfg.rank:
+            mine = _load(Path(directory), rank)
+        elif holder == cfg.rank:
+            with comm(f"rank {rank}'s state to it"):
+                dist.send_object_list([_files_for(Path(directory), rank)], dst=rank)
+        elif rank == cfg.rank:
+            received: list[Any] = [None]
+            with comm(f"this rank's state from rank {holder}"):
+                dist.recv_object_list(received, src=holder)
+            with tempfile.TemporaryDirectory(prefix="shardyard-peer-state-") as scratch:
+                target = Path(scratch) / "state"
+                write_dir_atomic(target, received[0])
+                mine = _load(target, rank)
+    assert mine is not None  # the plan names a source for every rank
+    return mine
+
+
+def _load(directory: Path, rank: int) -> Checkpoint:
+    try:
+        return load_checkpoint(directory, rank=rank)
+    except CheckpointError as exc:
+        raise CommError(f"the peers' state for rank {rank} cannot be read: {exc}") from exc
+
+
+class PeerSnapshots:
+    """This rank's copy of the gang's state at its last sync, and its writing when the rank fails."""
+
+    def __init__(self, cfg: RunConfig, group: dist.ProcessGroup | None, device: torch.device) -> None:
+        self.cfg = cfg
+        self.group = group
+        self.device = device
+        self.root = cfg.peer_state_dir if cfg.world_size > 1 else None
+        self.files: dict[str, bytes] | None = None
+        self.step = 0
+        self.loss: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def stepped(self, step: int, loss: float | None) -> None:
+        """Gradient averaging: ``step`` is complete, and this rank's state is the gang's (serialized on failure)."""
+        self.step, self.loss = step, loss
+
+    def synced(self, step: int, loss: float | None, model: TinyGPT, optimizer: torch.optim.Optimizer) -> None:
+        """Local SGD, after the parameter sync of ``step``: snapshot the averaged parameters and this rank's
+        optimizer state, and hold the previous rank's. When the exchange fails the previous snapshot stays."""
+        if self.root is None:
+            return
+        cfg = self.cfg
+        own = optimizer_bytes(optimizer)
+        with sync_comm(f"optimizer state ring exchange at step {step}", cfg.sync_timeout_s):
+            previous = _ring_exchange(own, cfg.rank, cfg.world_size, self.group, self.device)
+        before = (cfg.rank - 1) % cfg.world_size
+        self.files = {
+            **pretrained_files(model),
+            rank_optimizer_file(cfg.rank): own,
+            rank_optimizer_file(before): previous,
+            STATE_FILE: _state_document(cfg, step, loss, [cfg.rank, before]),
+        }
+        self.step, self.loss = step, loss
+
+    def save(self, model: TinyGPT, optimizer: torch.optim.Optimizer) -> Path | None:
+        """Write the snapshot to this node (on failure); never raises. Returns where, or None when there is none."""
+        if self.root is None or self.step == 0:
+            return None
+        try:
+            files = self.files
+            if files is None and self.cfg.averages_gradients:
+                files = {
+                    **pretrained_files(model),
+                    OPTIMIZER_FILE: optimizer_bytes(optimizer),
+                    STATE_FILE: _state_document(self.cfg, self.step, self.loss, list(range(self.cfg.world_size))),
+                }
+            if files is None:
+                return None
+            target = self.root / f"{_SNAPSHOT_PREFIX}{self.cfg.rank}"
+            write_dir_atomic(target, files)
+        except Exception as exc:  # the rank is failing already: its own error is the one to report
+            print(f"{_PREFIX}[rank {self.cfg.rank}]: cannot keep the state of step {self.step}: {exc}", file=sys.stderr)
+            return None
+        return target
+
+
+def _ring_exchange(
+    payload: bytes, rank: int, world_size: int, group: dist.ProcessGroup | None, device: torch.device
+) -> bytes:
+    """Send ``payload`` to the next rank and return the previous rank's."""
+    after, before = (rank + 1) % world_size, (rank - 1) % world_size
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    their_size = torch.empty(1, dtype=torch.int64, device=device)
+    _exchange(size, their_size, after, before, group)
+    out = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    into = torch.empty(int(their_size.item()), dtype=torch.uint8, device=device)
+    _exchange(out, into, after, before, group)
+    return bytes(into.cpu().numpy().tobytes())
+
+
+def _exchange(out: torch.Tensor, into: torch.Tensor, after: int, before: int, group: dist.ProcessGroup | None) -> None:
+    ops = [dist.P2POp(dist.isend, out, after, group), dist.P2POp(dist.irecv, into, before, group)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def remove(root: str | os.PathLike[str]) -> None:
+    """Remove a job's peer state directory (the agent, when the job ends)."""
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def describe_plan(plan: ResumePlan, rank: int) -> str:
+    holder, _ = plan.sources[rank]
+    where = "this node" if holder == rank else f"rank {holder}"
+    return f"its peers' state of step {plan.step} (attempt {plan.attempt}; this rank's from {where})"
