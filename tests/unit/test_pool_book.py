@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardyard.bus.topics import HEARTBEATS, partition_of
 from shardyard.events import (
     ArtifactPlace,
     Event,
@@ -352,3 +353,65 @@ def test_silence_is_counted_from_the_last_heartbeats_sending(
 
     assert book.tick(at(quiet_at)) == []
     assert statuses(book.tick(at(suspect_at))) == [("NodeState", NodeStatus.SUSPECT)]
+
+
+# Replicas split the nodes by heartbeats partition.
+
+
+def _on_two_partitions() -> tuple[str, str]:
+    """Two node ids whose heartbeats land on different partitions."""
+    first = "node-a"
+    other = next(
+        f"node-{i}" for i in range(100) if partition_of(f"node-{i}", HEARTBEATS) != partition_of(first, HEARTBEATS)
+    )
+    return first, other
+
+
+def test_a_replica_judges_and_publishes_only_the_nodes_of_its_partitions() -> None:
+    mine, theirs = _on_two_partitions()
+    book = alive_book(mine, theirs)
+    book.assign([partition_of(mine, HEARTBEATS)], at(0))
+
+    assert [e.node_id for e in book.tick(at(4)) if isinstance(e, NodeState)] == [mine]  # type: ignore[attr-defined]
+    assert book.state_of(theirs, at(4)).status is NodeStatus.ALIVE  # the other replica's to judge
+    published = book.on_ledger_event(assignment(node_id=theirs, gpu_indices=(1,)), at(4))
+    assert published == [] and book.state_of(theirs, at(4)).allocated_gpus == (1,)  # kept, not published
+
+
+def test_a_replica_keeps_the_states_the_others_publish_of_their_nodes_only() -> None:
+    mine, theirs = _on_two_partitions()
+    book = alive_book(mine, theirs)
+    book.assign([partition_of(mine, HEARTBEATS)], at(0))
+
+    book.observe(node_state(theirs, status=NodeStatus.SUSPECT, draining=True))
+    book.observe(node_state(mine, status=NodeStatus.LOST))
+
+    assert book.state_of(theirs, at(1)).status is NodeStatus.SUSPECT and book.state_of(theirs, at(1)).draining
+    assert book.state_of(mine, at(1)).status is NodeStatus.ALIVE  # this replica is the authority on its own
+
+
+def test_nodes_taken_over_get_a_fresh_silence_window() -> None:
+    mine, theirs = _on_two_partitions()
+    book = alive_book(mine, theirs)  # both last heard at 0
+    book.assign([partition_of(mine, HEARTBEATS)], at(0))
+    book.tick(at(2.9))
+
+    # The other replica died: a rebalance gives this one every partition (the group stopped its reading meanwhile).
+    book.assign([partition_of(mine, HEARTBEATS), partition_of(theirs, HEARTBEATS)], at(2.9))
+
+    assert book.tick(at(3.0)) == []  # the heartbeats since the rebalance began are still to be read
+    assert book.tick(at(5.8)) == []
+    suspected = {e.node_id for e in book.tick(at(5.9)) if isinstance(e, NodeState)}  # type: ignore[attr-defined]
+    assert suspected == {mine, theirs}  # 3 s after the takeover
+
+
+def test_a_replica_that_was_not_running_suspects_nobody_for_its_own_gap() -> None:
+    book = alive_book()
+    book.pause_after_s = 1.0
+    book.tick(at(0.1))
+
+    assert book.tick(at(5.0)) == []  # 4.9 s without a tick: paused, not the node
+    book.on_heartbeat(heartbeat(seq=1, occurred_at=at(0.5)), at(5.1))  # the backlog: sent long ago
+    assert [book.tick(at(5.2 + 0.5 * i)) for i in range(5)] == [[]] * 5  # up to 7.2
+    # Its silence counts from its sending, less at most 0.5 s of transit: from 4.6.
+    assert statuses(book.tick(at(7.6))) == [("NodeState", NodeStatus.SUSPECT)]

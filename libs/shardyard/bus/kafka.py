@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import ConsumerRecord
+from aiokafka.abc import ConsumerRebalanceListener
 from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.middlewares import AckPolicy
 
@@ -105,10 +106,11 @@ class Bus:
         group: str | None,
         raw_routes: Mapping[Topic, RawHandler] | None = None,
         from_beginning: bool = True,
+        listener: ConsumerRebalanceListener | None = None,
     ) -> None:
         """One consumer (one group membership) for several topics: each message of a topic in ``routes`` is
         decoded and handed to that topic's handler; ``raw_routes`` handlers get the bytes. With a group, offsets are
-        committed only after the handler returns."""
+        committed only after the handler returns; ``listener`` hears of the group's partitions given and taken."""
         raw_routes = dict(raw_routes or {})
         by_name = {topic.name: topic for topic in [*routes, *raw_routes]}
 
@@ -133,6 +135,8 @@ class Bus:
                 await on_message(body, message)
 
         options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
+        if listener is not None:
+            options["listener"] = listener
         subscriber = self.broker.subscriber(
             *by_name,
             group_id=group,

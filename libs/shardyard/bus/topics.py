@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from aiokafka.partitioner import murmur2
+
 from shardyard.events import (
     AlertEvent,
     AssignmentEvent,
@@ -64,3 +66,9 @@ CATALOGUE: Final = (
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}
+
+
+def partition_of(key: str, topic: Topic) -> int:
+    """The partition of ``topic`` that a record keyed ``key`` goes to: Kafka's default partitioner (murmur2 of the
+    key, as aiokafka and the Java client compute it), which every Shardyard producer uses."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % topic.partitions

@@ -6,4 +6,4 @@ from shardyard.resource_pool.app import PoolSettings, build_app
 from shardyard.service import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(PoolSettings, build_app, prog="shardyard-resource-pool", service="resource-pool"))
+    sys.exit(run_main(PoolSettings, build_app, prog="shardyard-resource-pool"))

@@ -3,21 +3,23 @@
 from faststream import FastStream
 
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.replay import replay
-from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS, Topic
+from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
-from shardyard.events import NodeState
 from shardyard.resource_pool.book import PoolBook
-from shardyard.resource_pool.handlers import PoolHandlers
+from shardyard.resource_pool.handlers import Ownership, PoolHandlers
 from shardyard.service import Periodic, announce
-from shardyard.settings import ReplicatedSettings
+from shardyard.settings import ServiceSettings
 
 SERVICE = "resource-pool"
+GROUP = "shardyard-resource-pool"
+PAUSE_TICKS = 10
+"""A replica whose ticks were this many intervals apart (at least 1 s) was not running: it judges no silence then."""
 
 
-class PoolSettings(ReplicatedSettings):
-    """The resource pool: node inventory, liveness and reservations."""
+class PoolSettings(ServiceSettings):
+    """The resource pool: node inventory, liveness and reservations. Replicas split the nodes between them."""
 
     suspect_after_s: float = 3.0
     lost_after_s: float = 10.0
@@ -27,36 +29,39 @@ class PoolSettings(ReplicatedSettings):
 
 
 def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
+    """Every replica follows the ledger and the node states; the consumer group on the heartbeats topic splits the
+    nodes between the replicas, and a replica judges and publishes the nodes of its partitions only. When one dies,
+    the group gives its partitions to the others within its session timeout."""
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
     book = PoolBook(
         suspect_after_s=settings.suspect_after_s,
         lost_after_s=settings.lost_after_s,
         check_every_s=settings.tick_interval_s,
+        owned=frozenset(),  # until the group gives this replica partitions
+        pause_after_s=max(1.0, PAUSE_TICKS * settings.tick_interval_s),
     )
     handlers = PoolHandlers(book, bus, clock)
+    follower = Follower(
+        settings.bootstrap,
+        [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE],
+        handlers.on_followed,
+        name=f"{SERVICE}-{settings.instance}-follow",
+    )
     bus.subscribe(
-        {
-            HEARTBEATS: handlers.on_heartbeat,
-            ASSIGNMENTS: handlers.on_ledger_event,
-            SHARD_EVENTS: handlers.on_ledger_event,
-            LIFECYCLE: handlers.on_ledger_event,
-        },
-        group="shardyard-resource-pool",
+        {HEARTBEATS: handlers.on_heartbeat},
+        group=GROUP,
+        listener=Ownership(book, clock, instance=settings.instance),
     )
     ticker = Periodic("liveness", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)
 
-    def restore(_topic: Topic, event: object) -> None:
-        if isinstance(event, NodeState):
-            book.restore(event)
-        else:
-            book.on_ledger_event(event)
-
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        await replay(settings.bootstrap, [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE], restore)
+        await follower.start()
+        await follower.caught_up()  # the whole pool as the log has it, before any heartbeat is judged
+        handlers.live = True
 
     @app.after_startup
     async def ready() -> None:
@@ -66,5 +71,6 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     @app.on_shutdown
     async def stop() -> None:
         await ticker.stop()
+        await follower.stop()
 
     return app

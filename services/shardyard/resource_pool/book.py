@@ -9,15 +9,23 @@ trusted for at most :data:`MAX_TRANSIT_S` of that (a clock ahead of ours counts 
 cannot make a node suspect early by more). The periodic check is allowed for too: a node is SUSPECT at the first
 check at least ``suspect_after_s - check_every_s`` into its silence, so never later than ``suspect_after_s``.
 
+Replicas split the nodes by the partition of the heartbeats topic their heartbeats land on (:attr:`PoolBook.owned`,
+given by the consumer group): a replica judges the liveness of the nodes it owns and publishes their state; it keeps
+the other nodes' state from the node-state topic, ready to take them over. A replica that takes nodes over, or
+finds it was not running for a while (:attr:`PoolBook.pause_after_s`), gives each ALIVE node a fresh silence window:
+it cannot tell a node's silence from its own catching up.
+
 An operator drains a node (``NodeDrain``, on the heartbeats topic): it takes no new shards until undrained. The mark
 is the pool's, not the agent's: it outlives heartbeats and agent restarts, and comes back from the compacted
 node-state topic when the pool restarts.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final
 
+from shardyard.bus.topics import HEARTBEATS, partition_of
 from shardyard.events import (
     Event,
     Heartbeat,
@@ -70,6 +78,31 @@ class PoolBook:
     max_term: int = 0
     """The newest scheduler term seen on an assignment: assignments of older terms (a deposed leader's) are
     refused, so they reserve nothing."""
+    owned: frozenset[int] | None = None
+    """The heartbeats partitions whose nodes this replica judges and publishes; None: every node (one replica)."""
+    pause_after_s: float | None = None
+    """A gap this long between two ticks means this replica was not running (paused, starved): the nodes it owns get
+    a fresh silence window instead of being suspected. None: never assumed."""
+    last_tick: datetime | None = None
+
+    def owns(self, node_id: str) -> bool:
+        return self.owned is None or partition_of(node_id, HEARTBEATS) in self.owned
+
+    def assign(self, partitions: Iterable[int], now: datetime) -> None:
+        """The group gave this replica ``partitions`` (all it owns from now on): their nodes' silence starts now at
+        the earliest, as the heartbeats since the previous owner's last are yet to be read."""
+        self.owned = frozenset(partitions)
+        self._grace(now)
+
+    def _grace(self, now: datetime) -> None:
+        for node_id, record in self.nodes.items():
+            if record.status is NodeStatus.ALIVE and self.owns(node_id):
+                record.silent_since = max(record.silent_since or record.received_at, now)
+
+    def observe(self, state: NodeState) -> None:
+        """Another replica's publication: kept for a node this replica does not own (it may take it over)."""
+        if not self.owns(state.node_id):
+            self.restore(state)
 
     def state_of(self, node_id: str, now: datetime) -> NodeState:
         record = self.nodes[node_id]
@@ -159,12 +192,19 @@ class PoolBook:
                 pass
         if now is None:
             return []
-        return [self.state_of(node_id, now) for node_id in sorted(changed) if node_id in self.nodes]
+        return [self.state_of(n, now) for n in sorted(changed) if n in self.nodes and self.owns(n)]
 
     def tick(self, now: datetime) -> list[Event]:
-        """Passive transitions from silence: ALIVE -> SUSPECT -> LOST."""
+        """Passive transitions from silence of the nodes this replica owns: ALIVE -> SUSPECT -> LOST."""
+        last, self.last_tick = self.last_tick, now
+        pause = self.pause_after_s
+        if last is not None and pause is not None and (now - last).total_seconds() >= pause:
+            self._grace(now)
+            return []
         out: list[Event] = []
         for node_id, record in self.nodes.items():
+            if not self.owns(node_id):
+                continue
             silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= self.lost_after_s:
                 record.status = NodeStatus.LOST

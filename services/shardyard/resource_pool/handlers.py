@@ -1,10 +1,18 @@
-"""Resource-pool handlers: heartbeats and drain requests in, node state out; the ledger follows assignments and
-shard ends."""
+"""Resource-pool handlers: heartbeats and drain requests in (for the nodes this replica owns), node state out; every
+replica follows the ledger (assignments, shard ends, job ends) and the other replicas' node states."""
+
+import logging
+
+from aiokafka import TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 
 from shardyard.bus.kafka import Bus
+from shardyard.bus.topics import HEARTBEATS, Topic
 from shardyard.clock import Clock
-from shardyard.events import Heartbeat, NodeDrain
+from shardyard.events import Heartbeat, NodeDrain, NodeState
 from shardyard.resource_pool.book import PoolBook
+
+log = logging.getLogger(__name__)
 
 
 class PoolHandlers:
@@ -12,6 +20,8 @@ class PoolHandlers:
         self.book = book
         self.bus = bus
         self.clock = clock
+        self.live = False
+        """Whether followed events are current (publish what they change) or the log being caught up with."""
 
     async def on_heartbeat(self, event: Heartbeat | NodeDrain) -> None:
         """The heartbeats topic carries agents' heartbeats and operators' drain requests, both keyed by node."""
@@ -22,8 +32,35 @@ class PoolHandlers:
             case Heartbeat():
                 await self.bus.publish_all(self.book.on_heartbeat(event, now))
 
+    async def on_followed(self, _topic: Topic, event: object) -> None:
+        """Every replica's view of the whole pool: other replicas' node states, and the reservations ledger."""
+        if isinstance(event, NodeState):
+            self.book.observe(event)
+        elif self.live:
+            await self.on_ledger_event(event)
+        else:
+            self.book.on_ledger_event(event)
+
     async def on_ledger_event(self, event: object) -> None:
         await self.bus.publish_all(self.book.on_ledger_event(event, self.clock.now()))
 
     async def tick(self) -> None:
         await self.bus.publish_all(self.book.tick(self.clock.now()))
+
+
+class Ownership(ConsumerRebalanceListener):
+    """Which nodes this replica judges: those of the heartbeats partitions the consumer group gives it."""
+
+    def __init__(self, book: PoolBook, clock: Clock, *, instance: str) -> None:
+        self.book = book
+        self.clock = clock
+        self.instance = instance
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        taken = {tp.partition for tp in revoked if tp.topic == HEARTBEATS.name}
+        self.book.assign((self.book.owned or frozenset()) - taken, self.clock.now())
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        given = sorted(tp.partition for tp in assigned if tp.topic == HEARTBEATS.name)
+        self.book.assign(given, self.clock.now())
+        log.info("resource pool %s judges the nodes of heartbeats partitions %s", self.instance, given)
