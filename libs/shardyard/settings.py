@@ -78,7 +78,8 @@ def load_settings(cls: type[S], argv: Sequence[str], env: Mapping[str, str], *, 
 
 
 class ReplicatedSettings(ServiceSettings):
-    """A service that runs as several replicas with one leader, elected through Kafka (see ``bus.leadership``)."""
+    """A service that runs as several replicas: with one leader, elected through Kafka (see ``bus.leadership``), or
+    (the resource pool) splitting the work through a consumer group with the same timings."""
 
     election_session_timeout_ms: int = Field(default=2000, ge=100, description="a silent replica is dropped after")
     election_heartbeat_interval_ms: int = Field(default=250, ge=10, description="group heartbeats every")

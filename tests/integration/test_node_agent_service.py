@@ -351,7 +351,7 @@ async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, l
                 os.kill(broker.pid, signal.SIGCONT)
             async with Watcher(broker.bootstrap, [SHARD_EVENTS]) as watch:
                 failed = await watch.first(ShardFailed, job_id="agent-hung-bus", timeout_s=60)
-            assert failed.cause is FailureCause.REVOKED
+            assert failed.cause is FailureCause.FENCED
             assert failed.message.startswith("self-fenced: bus unreachable for")
 
             dead = await _start_long_shard(broker.bootstrap, "agent-dead-bus", node)

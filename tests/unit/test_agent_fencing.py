@@ -119,7 +119,7 @@ async def test_a_lost_bus_fences_the_shards_and_their_end_goes_out_once_it_is_ba
 
     (failed,) = agent.bus.of(ShardFailed)
     assert (failed.cause, failed.exit_code, failed.message) == (
-        FailureCause.REVOKED,
+        FailureCause.FENCED,
         -15,
         "self-fenced: bus unreachable for 6.5 s",
     )
@@ -211,4 +211,4 @@ async def test_a_shard_fenced_while_it_was_being_started_is_stopped_at_once(tmp_
     (process,) = launcher.processes
     assert process.exit.done()
     await agent.until(lambda: agent.bus.of(ShardFailed))
-    assert agent.bus.of(ShardFailed)[0].cause is FailureCause.REVOKED
+    assert agent.bus.of(ShardFailed)[0].cause is FailureCause.FENCED

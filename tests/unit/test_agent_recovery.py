@@ -94,7 +94,7 @@ def test_fencing_marks_every_running_shard_once() -> None:
         pytest.param(75, ShardPreempted, id="preempted-just-in-time"),
     ],
 )
-def test_a_fenced_shard_ends_revoked_unless_it_completed(returncode: int, kind: type) -> None:
+def test_a_fenced_shard_ends_fenced_unless_it_completed(returncode: int, kind: type) -> None:
     book = AgentBook("node-a")
     book.on_assignment(assignment())
     book.fence("self-fenced: bus unreachable for 6.2 s")
@@ -103,7 +103,7 @@ def test_a_fenced_shard_ends_revoked_unless_it_completed(returncode: int, kind: 
 
     assert isinstance(event, kind)
     if isinstance(event, ShardFailed):
-        assert (event.cause, event.exit_code) == (FailureCause.REVOKED, returncode)
+        assert (event.cause, event.exit_code) == (FailureCause.FENCED, returncode)
         assert event.message == "self-fenced: bus unreachable for 6.2 s"
     assert book.fenced == {}
 

@@ -79,6 +79,7 @@ def test_the_jobs_own_faults_fail_it_at_once(cause: FailureCause) -> None:
         pytest.param(C.GPU_FAULT, ("node-b",), id="gpu-fault"),
         pytest.param(C.LAUNCH_ERROR, ("node-b",), id="launch-error"),
         pytest.param(C.NODE_LOST, ("node-b",), id="node-lost"),
+        pytest.param(C.FENCED, (), id="fenced-node-never-suspected"),
     ],
 )
 def test_other_failures_become_one_recovery_per_attempt(cause: FailureCause, excluded: tuple[str, ...]) -> None:

@@ -107,10 +107,12 @@ class Bus:
         raw_routes: Mapping[Topic, RawHandler] | None = None,
         from_beginning: bool = True,
         listener: ConsumerRebalanceListener | None = None,
+        group_options: Mapping[str, Any] | None = None,
     ) -> None:
         """One consumer (one group membership) for several topics: each message of a topic in ``routes`` is
         decoded and handed to that topic's handler; ``raw_routes`` handlers get the bytes. With a group, offsets are
-        committed only after the handler returns; ``listener`` hears of the group's partitions given and taken."""
+        committed only after the handler returns; ``listener`` hears of the group's partitions given and taken;
+        ``group_options`` override :data:`GROUP_OPTIONS` (timeouts)."""
         raw_routes = dict(raw_routes or {})
         by_name = {topic.name: topic for topic in [*routes, *raw_routes]}
 
@@ -134,7 +136,7 @@ class Bus:
             with metrics.handling(source_record(message).topic):
                 await on_message(body, message)
 
-        options: dict[str, Any] = dict(GROUP_OPTIONS) if group else {}
+        options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {})} if group else {}
         if listener is not None:
             options["listener"] = listener
         subscriber = self.broker.subscriber(

@@ -145,6 +145,9 @@ class FailureCause(StrEnum):
     GPU_FAULT = "GPU_FAULT"
     SYNC_TIMEOUT = "SYNC_TIMEOUT"
     REVOKED = "REVOKED"
+    FENCED = "FENCED"
+    """The shard stopped because its node lost the bus: its agent, or the shard itself, fenced it once the lease ran
+    out. Nobody re-forms the gang on purpose, so the fault manager does."""
 
 
 class ShardPlacement(Model):

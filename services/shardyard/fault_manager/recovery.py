@@ -47,6 +47,9 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         FailureCause.SYNC_TIMEOUT: Disposition.RETRY,
         # The scheduler revoked the shard (preemption past its deadline, cancellation, the job's end).
         FailureCause.REVOKED: Disposition.IGNORE,
+        # Fenced: the node's agent lost the bus and its shards stopped (lease). The node is usually suspected and the
+        # gang re-formed already; when it was not (a pool handover, a short pause), this re-forms it.
+        FailureCause.FENCED: Disposition.RETRY,
     }
 )
 

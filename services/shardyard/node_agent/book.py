@@ -53,7 +53,7 @@ _CAUSE = {
     ExitCause.OOM: FailureCause.OOM,
     ExitCause.GPU_FAULT: FailureCause.GPU_FAULT,
     ExitCause.SYNC_TIMEOUT: FailureCause.SYNC_TIMEOUT,
-    ExitCause.FENCED: FailureCause.REVOKED,
+    ExitCause.FENCED: FailureCause.FENCED,
 }
 
 
@@ -268,7 +268,7 @@ class AgentBook:
         if cause is None and returncode is not None:
             exit_cause = classify_exit(returncode)
             if fenced is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
-                cause, message = FailureCause.REVOKED, fenced  # whatever it died of, we stopped it
+                cause, message = FailureCause.FENCED, fenced  # whatever it died of, we stopped it
             if gpu_fault is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
                 cause, message = FailureCause.GPU_FAULT, gpu_fault  # the hardware's fault, whoever stopped it
             if exit_cause is ExitCause.OK:

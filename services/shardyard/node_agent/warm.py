@@ -27,7 +27,13 @@ DEFAULT_GANG_AFTER_S: Final = 5.0
 standby's imports, and short runs (quick experiments, most of a test suite's jobs) never pay for one."""
 
 WARM_AFTER: Final = frozenset(
-    {FailureCause.PROCESS_EXIT, FailureCause.KILLED, FailureCause.COMM_ERROR, FailureCause.SYNC_TIMEOUT}
+    {
+        FailureCause.PROCESS_EXIT,
+        FailureCause.KILLED,
+        FailureCause.COMM_ERROR,
+        FailureCause.SYNC_TIMEOUT,
+        FailureCause.FENCED,
+    }
 )
 """Failures after which the gang is re-formed, most likely with a member on this node again. The causes that keep
 the recovery off this node (OOM, GPU fault, launch error) or end the job (user error, missing artifact) are not."""

@@ -10,7 +10,7 @@ from shardyard.clock import Clock
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.handlers import Ownership, PoolHandlers
 from shardyard.service import Periodic, announce
-from shardyard.settings import ServiceSettings
+from shardyard.settings import ReplicatedSettings
 
 SERVICE = "resource-pool"
 GROUP = "shardyard-resource-pool"
@@ -18,7 +18,7 @@ PAUSE_TICKS = 10
 """A replica whose ticks were this many intervals apart (at least 1 s) was not running: it judges no silence then."""
 
 
-class PoolSettings(ServiceSettings):
+class PoolSettings(ReplicatedSettings):
     """The resource pool: node inventory, liveness and reservations. Replicas split the nodes between them."""
 
     suspect_after_s: float = 3.0
@@ -48,10 +48,16 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         handlers.on_followed,
         name=f"{SERVICE}-{settings.instance}-follow",
     )
+    timings = settings.election_timings()  # a dead replica's nodes are judged again within one election's time
     bus.subscribe(
         {HEARTBEATS: handlers.on_heartbeat},
         group=GROUP,
         listener=Ownership(book, clock, instance=settings.instance),
+        group_options={
+            "session_timeout_ms": timings.session_timeout_ms,
+            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
+            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
+        },
     )
     ticker = Periodic("liveness", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)

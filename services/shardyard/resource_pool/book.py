@@ -12,8 +12,8 @@ check at least ``suspect_after_s - check_every_s`` into its silence, so never la
 Replicas split the nodes by the partition of the heartbeats topic their heartbeats land on (:attr:`PoolBook.owned`,
 given by the consumer group): a replica judges the liveness of the nodes it owns and publishes their state; it keeps
 the other nodes' state from the node-state topic, ready to take them over. A replica that takes nodes over, or
-finds it was not running for a while (:attr:`PoolBook.pause_after_s`), gives each ALIVE node a fresh silence window:
-it cannot tell a node's silence from its own catching up.
+finds it was not running for a while (:attr:`PoolBook.pause_after_s`), suspects no ALIVE node for
+:attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them.
 
 An operator drains a node (``NodeDrain``, on the heartbeats topic): it takes no new shards until undrained. The mark
 is the pool's, not the agent's: it outlives heartbeats and agent restarts, and comes back from the compacted
@@ -84,20 +84,24 @@ class PoolBook:
     """A gap this long between two ticks means this replica was not running (paused, starved): the nodes it owns get
     a fresh silence window instead of being suspected. None: never assumed."""
     last_tick: datetime | None = None
+    catch_up_s: float = 1.0
+    """After a takeover or a pause, the time an ALIVE node gets before it may be suspected: long enough to read the
+    heartbeats that came meanwhile, short enough that a node that died meanwhile is still suspected quickly."""
 
     def owns(self, node_id: str) -> bool:
         return self.owned is None or partition_of(node_id, HEARTBEATS) in self.owned
 
     def assign(self, partitions: Iterable[int], now: datetime) -> None:
-        """The group gave this replica ``partitions`` (all it owns from now on): their nodes' silence starts now at
-        the earliest, as the heartbeats since the previous owner's last are yet to be read."""
+        """The group gave this replica ``partitions`` (all it owns from now on): the heartbeats since the previous
+        owner's last are yet to be read, so no node of them is suspected for ``catch_up_s``."""
         self.owned = frozenset(partitions)
         self._grace(now)
 
     def _grace(self, now: datetime) -> None:
+        earliest = now - timedelta(seconds=max(self.suspect_after_s - self.catch_up_s, 0.0))
         for node_id, record in self.nodes.items():
             if record.status is NodeStatus.ALIVE and self.owns(node_id):
-                record.silent_since = max(record.silent_since or record.received_at, now)
+                record.silent_since = max(record.silent_since or record.received_at, earliest)
 
     def observe(self, state: NodeState) -> None:
         """Another replica's publication: kept for a node this replica does not own (it may take it over)."""
