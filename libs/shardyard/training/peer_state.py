@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -272,11 +270,6 @@ def _exchange(out: torch.Tensor, into: torch.Tensor, after: int, before: int, gr
     ops = [dist.P2POp(dist.isend, out, after, group), dist.P2POp(dist.irecv, into, before, group)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
-
-
-def remove(root: str | os.PathLike[str]) -> None:
-    """Remove a job's peer state directory (the agent, when the job ends)."""
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def describe_plan(plan: ResumePlan, rank: int) -> str:
