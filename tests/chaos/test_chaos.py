@@ -242,12 +242,13 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
         os.kill(shard[3], signal.SIGKILL)
 
         # 3. The scheduler's leader dies; its standby takes over. 4. One replica of every other service dies: the
-        # leader of each elected one, a resource pool replica (the other takes its nodes over), and a monitor. Jobs
-        # submitted after the queue's leader died are not lost.
-        for service in ("scheduler", "queue", "fault-manager"):
+        # queue's leader, a resource pool and a fault manager replica (the other takes their nodes or jobs over), and
+        # a monitor. Jobs submitted after the queue's leader died are not lost.
+        for service in ("scheduler", "queue"):
             term = kill_leader(info, service)["term"]
             wait_for(f"a new {service} leader", partial(newer_leader, info, service, term), 60)
         os.kill(info.pids["resource-pool-0"], signal.SIGKILL)
+        os.kill(info.pids["fault-manager-0"], signal.SIGKILL)
         os.kill(info.pids["monitor-0"], signal.SIGKILL)
         for index in range(JOBS - LATE, JOBS):
             client.submit(info.bootstrap, json.dumps(job_document(index)).encode())

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from shardyard.bus.topics import SHARD_EVENTS, partition_of
 from shardyard.events import (
     Event,
     FailureCause,
@@ -365,3 +366,30 @@ def test_a_failure_left_undecided_by_a_crash_is_decided_after_the_replay() -> No
     plan = one(book_with(*(fact for _, fact in FAILED_ATTEMPT_1)).decide(at(100)))
 
     assert isinstance(plan, JobRecovering) and plan.attempt == 1
+
+
+# -- replicas split the jobs by shard-events partition -----------------------------------------------------------
+
+
+def test_a_replica_decides_only_its_own_jobs_and_takes_the_others_over_undecided() -> None:
+    book = book_with(GANG)
+    job_partition = partition_of("job-1", SHARD_EVENTS)
+    book.owned = frozenset(p for p in range(SHARD_EVENTS.partitions) if p != job_partition)
+
+    assert fail(book, 5, failed(shard_index=1, node_id="node-b", cause=C.KILLED)) == []  # another replica's job
+
+    book.owned = frozenset({job_partition})  # that replica died: its partition comes here
+    plan = one(book.decide(at(6)))
+    assert isinstance(plan, JobRecovering) and (plan.job_id, plan.attempt) == ("job-1", 1)
+
+
+def test_a_replica_that_saw_the_owners_decision_does_not_decide_again() -> None:
+    book = book_with(GANG)
+    book.owned = frozenset()
+    fail(book, 5, failed(shard_index=1, node_id="node-b", cause=C.KILLED))
+    owner = book_with(GANG)
+    decided = one(fail(owner, 5, failed(shard_index=1, node_id="node-b", cause=C.KILLED)))
+
+    book.apply(decided)  # the owner's plan, followed from the lifecycle topic
+    book.owned = None
+    assert book.decide(at(6)) == []

@@ -6,4 +6,4 @@ from shardyard.fault_manager.app import FaultSettings, build_app
 from shardyard.service import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(FaultSettings, build_app, prog="shardyard-fault-manager", service="fault-manager"))
+    sys.exit(run_main(FaultSettings, build_app, prog="shardyard-fault-manager"))

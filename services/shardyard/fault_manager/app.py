@@ -6,18 +6,19 @@ from faststream import FastStream
 from pydantic import Field, model_validator
 
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.replay import replay
-from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
+from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.fault_manager.book import FaultBook
-from shardyard.fault_manager.handlers import FaultHandlers
+from shardyard.fault_manager.handlers import FaultHandlers, Ownership
 from shardyard.fault_manager.recovery import RetryPolicy
 from shardyard.fault_manager.redundancy import RedundancyPolicy, RedundancyTracker
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "fault-manager"
+GROUP = "shardyard-fault-manager"
 
 
 class FaultSettings(ReplicatedSettings):
@@ -62,43 +63,50 @@ class FaultSettings(ReplicatedSettings):
 
 
 def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
+    """Every replica follows every fact; the consumer group on the shard-events topic (keyed by job) splits the jobs
+    between the replicas, and a replica decides for the jobs of its partitions only. When one dies, the group gives
+    its partitions to the others within one election's time."""
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = FaultBook(policy=settings.retry_policy())
+    book = FaultBook(policy=settings.retry_policy(), owned=frozenset())  # until the group gives it partitions
     redundancy = RedundancyTracker(policy=settings.redundancy_policy())
     handlers = FaultHandlers(book, redundancy, bus, clock)
-    bus.subscribe({NODE_STATE: handlers.on_node_event}, group=None)
+    follower = Follower(
+        settings.bootstrap,
+        [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY],
+        handlers.on_followed,
+        name=f"{SERVICE}-{settings.instance}-follow",
+    )
+    timings = settings.election_timings()
     bus.subscribe(
-        {
-            LIFECYCLE: handlers.on_fact,
-            ASSIGNMENTS: handlers.on_fact,
-            SHARD_EVENTS: handlers.on_shard_event,
-            FAILURES: handlers.on_node_event,
+        {SHARD_EVENTS: handlers.on_owned},
+        group=GROUP,
+        from_beginning=False,
+        listener=Ownership(book, follower.caught_up, instance=settings.instance),
+        group_options={
+            "session_timeout_ms": timings.session_timeout_ms,
+            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
+            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
         },
-        group="shardyard-fault-manager",
     )
     ticker = Periodic("fault-decisions", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)
 
-    def restore(topic: Topic, event: object) -> None:
-        if topic is not REDUNDANCY:
-            book.apply(event)
-        if topic in (REDUNDANCY, SHARD_EVENTS):
-            redundancy.apply(event)
-
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        topics = [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY]
-        await replay(settings.bootstrap, topics, restore)
+        await follower.start()
+        await follower.caught_up()
+        handlers.live = True
 
     @app.after_startup
     async def ready() -> None:
-        ticker.start()  # its first tick decides what the replay left undecided
+        ticker.start()  # its first tick decides what the log left undecided (for the jobs this replica owns)
         await announce(bus, clock, instance=settings.instance)
 
     @app.on_shutdown
     async def stop() -> None:
         await ticker.stop()
+        await follower.stop()
 
     return app

@@ -12,6 +12,7 @@ again, so redelivered and replayed facts are harmless.
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from shardyard.bus.topics import SHARD_EVENTS, partition_of
 from shardyard.events import (
     Event,
     FailureCause,
@@ -99,6 +100,12 @@ class FaultBook:
     """jobs with an open failure"""
     _turned_bad: set[str] = field(default_factory=set)
     """nodes seen SUSPECT or LOST since the last decision"""
+    owned: frozenset[int] | None = None
+    """The shard-events partitions (keyed by job) whose jobs this replica decides; None: every job (one replica).
+    Every replica keeps every job's facts, so that it can take a partition over."""
+
+    def owns(self, job_id: str) -> bool:
+        return self.owned is None or partition_of(job_id, SHARD_EVENTS) in self.owned
 
     # -- facts ---------------------------------------------------------------------------------------------------
 
@@ -221,6 +228,8 @@ class FaultBook:
         self._hit_by_bad_nodes()
         out: list[Event] = []
         for job_id in sorted(self._undecided):
+            if not self.owns(job_id):
+                continue  # another replica's to decide; its decision comes back as a fact
             record = self.jobs[job_id]
             failure = record.open
             assert failure is not None

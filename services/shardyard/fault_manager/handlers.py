@@ -1,17 +1,30 @@
-"""Fault-manager handlers: facts to the book and the redundancy tracker, what they decide to the bus."""
+"""Fault-manager handlers: facts to the book and the redundancy tracker, what they decide to the bus.
 
+Every replica follows every fact; a replica decides for the jobs of the shard-events partitions the consumer group
+gives it, and the one holding partition 0 publishes the spare ratio."""
+
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiokafka import TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus
+from shardyard.bus.topics import FAILURES, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
 from shardyard.events import Event, JobFailed, JobRecovering
 from shardyard.fault_manager.book import FaultBook
 from shardyard.fault_manager.redundancy import RedundancyTracker
 
+log = logging.getLogger(__name__)
+
 DECISION_SPANS: Mapping[type[Event], str] = {JobRecovering: "recovery-plan", JobFailed: "completion"}
 """Each recovery plan, and the end of a job whose retries are spent, is a span of the job's trace."""
+
+RATIO_PARTITION = 0
+"""The replica that holds this shard-events partition publishes the spare ratio (every replica tracks it)."""
 
 
 class FaultHandlers:
@@ -20,20 +33,19 @@ class FaultHandlers:
         self.redundancy = redundancy
         self.bus = bus
         self.clock = clock
+        self.live = False
+        """Whether followed facts are current (decide on them) or the log being caught up with."""
 
-    async def on_fact(self, event: object) -> None:
-        """Lifecycle and assignments: who runs where, which attempts are decided or over."""
-        self.book.apply(event)
+    async def on_followed(self, topic: Topic, event: object) -> None:
+        if topic is not REDUNDANCY:
+            self.book.apply(event)
+        if topic in (REDUNDANCY, SHARD_EVENTS):
+            self.redundancy.apply(event)
+        if self.live and topic in (SHARD_EVENTS, NODE_STATE, FAILURES):
+            await self.decide()
 
-    async def on_shard_event(self, event: object) -> None:
-        self.book.apply(event)
-        self.redundancy.apply(event)
-        await self.decide()
-
-    async def on_node_event(self, event: object) -> None:
-        """Node state (every replica reads all of it) and node-lost events."""
-        self.book.apply(event)
-        await self.decide()
+    async def on_owned(self, _event: object) -> None:
+        """The group's subscription only tells this replica which partitions it owns; the facts come followed."""
 
     async def decide(self) -> None:
         started = time.time_ns()
@@ -43,6 +55,29 @@ class FaultHandlers:
         """Decisions that came due with time (the COMM_ERROR grace), and the redundancy ratio as the window moves."""
         now, started = self.clock.now(), time.time_ns()
         await tracing.publish_spanned(self.bus, self.book.decide(now), DECISION_SPANS, start_time=started)
+        if self.book.owned is not None and RATIO_PARTITION not in self.book.owned:
+            self.redundancy.window.prune(now)  # another replica publishes the ratio; this one follows it
+            return
         change = self.redundancy.check(now)
         if change is not None:
             await self.bus.publish(change)
+
+
+class Ownership(ConsumerRebalanceListener):
+    """Which jobs this replica decides: those of the shard-events partitions the consumer group gives it, once it
+    has read every fact written before (so it does not decide again what the previous owner decided)."""
+
+    def __init__(self, book: FaultBook, caught_up: Callable[[], Awaitable[None]], *, instance: str) -> None:
+        self.book = book
+        self.caught_up = caught_up
+        self.instance = instance
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        taken = {tp.partition for tp in revoked if tp.topic == SHARD_EVENTS.name}
+        self.book.owned = (self.book.owned or frozenset()) - taken
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        given = sorted(tp.partition for tp in assigned if tp.topic == SHARD_EVENTS.name)
+        await self.caught_up()
+        self.book.owned = frozenset(given)
+        log.info("fault manager %s decides the jobs of shard-events partitions %s", self.instance, given)
