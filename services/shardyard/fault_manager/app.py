@@ -78,10 +78,11 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
         name=f"{SERVICE}-{settings.instance}-follow",
     )
     timings = settings.election_timings()
+    # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
+    # dead-letters it (the follower only skips it).
     bus.subscribe(
-        {SHARD_EVENTS: handlers.on_owned},
+        {SHARD_EVENTS: handlers.on_owned, FAILURES: handlers.on_owned},
         group=GROUP,
-        from_beginning=False,
         listener=Ownership(book, follower.caught_up, instance=settings.instance),
         group_options={
             "session_timeout_ms": timings.session_timeout_ms,
