@@ -321,12 +321,14 @@ def test_slow_syncs_widen_the_interval_alike_on_every_rank(
     until(lambda: len(rank1.sync_lines()) >= 6, 60, "six syncs at full speed")
     done = threading.Event()
 
-    def throttle() -> None:  # rank 1 runs at half speed from now on: rank 0 waits for it at every sync
+    def throttle() -> None:
+        # Rank 1 runs at a quarter of its speed from now on, so rank 0 waits for it at every sync for about three
+        # times the 10 steps' own time: well past the 50 ms floor of a slow sync even when a step takes 5 ms.
         while not done.is_set() and rank1.proc.poll() is None:
             rank1.proc.send_signal(signal.SIGSTOP)
-            time.sleep(0.05)
+            time.sleep(0.03)
             rank1.proc.send_signal(signal.SIGCONT)
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     thread = threading.Thread(target=throttle, daemon=True)
     thread.start()
