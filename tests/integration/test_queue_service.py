@@ -1,15 +1,19 @@
 """The queue as a real process on a real broker: valid jobs are accepted, bad input is rejected with a reason,
-the queue keeps consuming after bad input, and jobs wait for, are released by and fail with their dependencies."""
+the queue keeps consuming after bad input, and jobs wait for, are released by and fail with their dependencies; two
+replicas split the jobs, and one takes them all over when the other dies."""
 
 import json
+import re
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.replay import replay
-from shardyard.bus.topics import DEADLETTER, LIFECYCLE, SERVICES, SUBMISSIONS
+from shardyard.bus.topics import DEADLETTER, LIFECYCLE, SERVICES, SUBMISSIONS, partition_of
 from shardyard.events import (
     Event,
     FailureCause,
@@ -29,6 +33,7 @@ from shardyard.events import (
 )
 from tests.support.events import Producer, Watcher, dumps
 from tests.support.processes import service
+from tests.support.runners import free_port
 
 pytestmark = pytest.mark.broker
 EXAMPLE = json.loads((Path(__file__).parents[2] / "examples" / "fine_tune_gpt2.json").read_text())
@@ -225,3 +230,91 @@ async def test_a_restarted_queue_releases_what_it_missed(bootstrap: str, log_dir
     log: list[Event] = []
     await replay(bootstrap, [LIFECYCLE], lambda _topic, event: log.append(event))
     assert len([e for e in log if isinstance(e, JobReady) and e.job_id == "r-child"]) == 1
+
+
+def _published(port: int) -> float:
+    """How many lifecycle events the replica serving ``/metrics`` on ``port`` published."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    found = re.search(r'shardyard_events_published_total\{topic="shardyard\.jobs\.lifecycle"\} ([0-9.e+]+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def _owned(log: Path) -> list[int] | None:
+    """The submissions partitions a replica last said it decides."""
+    found = re.findall(r"decides the jobs of submissions partitions \[([0-9, ]*)\]", log.read_text(errors="replace"))
+    return [int(p) for p in found[-1].split(",") if p.strip()] if found else None
+
+
+async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_other_dies(
+    bootstrap: str, log_dir: Path
+) -> None:
+    await ensure_topics(bootstrap)
+    run = uuid4().hex[:8]
+
+    def one_job_per_partition(round_: str) -> dict[int, str]:
+        jobs: dict[int, str] = {}
+        for i in range(200):
+            jobs.setdefault(partition_of(f"qs-{round_}-{run}-{i}", SUBMISSIONS), f"qs-{round_}-{run}-{i}")
+        assert len(jobs) == SUBMISSIONS.partitions
+        return jobs
+
+    def child_of(job_id: str) -> str:
+        """A child of ``job_id`` whose submissions partition is another one."""
+        return next(
+            child
+            for child in (f"{job_id}-child-{k}" for k in range(100))
+            if partition_of(child, SUBMISSIONS) != partition_of(job_id, SUBMISSIONS)
+        )
+
+    async def submit_each_twice(jobs: dict[int, str]) -> None:
+        """Each job twice: unkeyed on the next partition (forwarded to its own), then keyed. Whichever copy comes
+        first is accepted, the other is a duplicate: one replica decides a job id, however it is submitted. Each
+        job's child, in another partition, waits for it and is released when it ends."""
+        for partition, job_id in jobs.items():
+            await send.raw(SUBMISSIONS.name, dumps(variant(job_id)), partition=(partition + 1) % SUBMISSIONS.partitions)
+            await send.raw(SUBMISSIONS.name, dumps(variant(job_id)), key=job_id.encode())
+        for job_id in jobs.values():
+            await watch.first(JobReady, job_id=job_id, timeout_s=30)
+            rejected = await watch.first(JobRejected, job_id=job_id, timeout_s=30)
+            assert rejected.reason is RejectReason.DUPLICATE_JOB
+            child = child_of(job_id)
+            await send.raw(SUBMISSIONS.name, dumps(variant(child, depends_on=[job_id])), key=child.encode())
+            await watch.first(JobWaiting, job_id=child, timeout_s=30)
+        for job_id in jobs.values():
+            for event in _ran(job_id):
+                await send.event(event)
+        for job_id in jobs.values():
+            await watch.first(JobReady, job_id=child_of(job_id), timeout_s=30)
+
+    ports = [free_port(), free_port()]
+    logs = log_dir / f"queue-split-{run}"
+    replicas = [["--instance", f"qs-{i}-{run}", "--metrics-port", str(ports[i])] for i in (0, 1)]
+    async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+        with (
+            service("shardyard.queue", replicas[0], bootstrap=bootstrap, log_dir=logs) as first,
+            service("shardyard.queue", replicas[1], bootstrap=bootstrap, log_dir=logs),
+        ):
+            await watch.until(lambda: len(watch.of(ServiceReady, service="queue")) >= 2, timeout_s=60)
+            await watch.until(
+                lambda: len(list(logs.iterdir())) == 2 and all(len(_owned(p) or []) == 2 for p in logs.iterdir()),
+                timeout_s=60,
+                what="two partitions each",
+            )
+            before = one_job_per_partition("before")
+            await submit_each_twice(before)
+            assert all(_published(port) > 0 for port in ports)  # both replicas decided
+
+            survivor = next(p for p in logs.iterdir() if f"qs-1-{run}" in p.read_text(errors="replace"))
+            first.kill()
+            await watch.until(lambda: _owned(survivor) == [0, 1, 2, 3], timeout_s=60, what="the survivor owning all")
+            after = one_job_per_partition("after")
+            await submit_each_twice(after)
+
+    for job_id in [*before.values(), *after.values()]:
+        for decided in (JobAccepted, JobReady, JobRejected):
+            assert len(watch.of(decided, job_id=job_id)) == 1, f"{job_id}: {decided.__name__} not exactly once"
+        assert len(watch.of(JobReady, job_id=child_of(job_id))) == 1

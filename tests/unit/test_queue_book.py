@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardyard.bus.topics import SUBMISSIONS, partition_of
 from shardyard.events import (
     Event,
     FailureCause,
@@ -10,11 +11,13 @@ from shardyard.events import (
     JobReady,
     JobRejected,
     JobRunning,
+    JobSucceeded,
+    JobWaiting,
     RejectReason,
 )
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.lifecycle import JobState
-from shardyard.queue.book import QueueBook
+from shardyard.queue.book import Forward, QueueBook
 from tests.unit.builders import EXAMPLE, at, raw, scheduled, submission
 
 TOPIC = "shardyard.jobs.submissions"
@@ -156,3 +159,53 @@ def test_apply_ignores_illegal_moves() -> None:
     book.apply(JobRunning(occurred_at=at(3), job_id=JOB, attempt=1))
 
     assert book.states[JOB] is JobState.FAILED
+
+
+# --- replicas split the jobs by submissions partition -----------------------------------------------------------------
+def _partition(job_id: str) -> int:
+    return partition_of(job_id, SUBMISSIONS)
+
+
+def test_a_submission_read_on_another_partition_goes_to_its_job_s() -> None:
+    book = QueueBook(DEFAULT_TFLOPS, owned=frozenset(range(SUBMISSIONS.partitions)))
+    home = _partition(JOB)
+    elsewhere = (home + 1) % SUBMISSIONS.partitions
+
+    assert book.forward_to(GOOD, source=src(1, elsewhere), partition=elsewhere) == Forward(JOB, home)
+    assert book.forward_to(GOOD, source=src(1, elsewhere), partition=home) is None  # arrived: decide it here
+    # An invalid document that names its job is decided by that job's owner too (the same id, one decider) ...
+    invalid = raw(submission(shard_count="many"))
+    assert book.forward_to(invalid, source=src(2, elsewhere), partition=elsewhere) == Forward(JOB, home)
+    # ... bytes that name no job are rejected where they are read, under an id made of where that is ...
+    for nameless in (b"\x00not json", raw([1, 2]), raw(submission(task_id="no spaces allowed"))):
+        assert book.forward_to(nameless, source=src(3, elsewhere), partition=elsewhere) is None
+    # ... and a submission already decided is a no-op wherever it is read again.
+    book.on_submission(GOOD, source=src(1, elsewhere), now=at(1))
+    assert book.forward_to(GOOD, source=src(1, elsewhere), partition=elsewhere) is None
+
+
+def test_a_replica_settles_only_the_jobs_of_its_partitions() -> None:
+    parent = "parent-job"
+    children = {_partition(f"child-{i}"): f"child-{i}" for i in range(100)}
+    assert len(children) == SUBMISSIONS.partitions
+    mine = frozenset({0, 1})
+    whole = QueueBook(DEFAULT_TFLOPS)  # every fact a replica follows comes from the whole queue
+    facts = whole.on_submission(raw(submission(task_id=parent)), source=src(1), now=at(1))
+    for offset, child in enumerate(children.values(), start=2):
+        facts += whole.on_submission(raw(submission(task_id=child, depends_on=[parent])), source=src(offset), now=at(1))
+
+    replica = QueueBook(DEFAULT_TFLOPS, owned=mine)
+    for fact in facts:
+        assert isinstance(fact, JobAccepted | JobReady | JobWaiting)
+        replica.apply(fact)
+    decided = replica.on_lifecycle(scheduled(parent, "n1"), at(3))
+    end = JobSucceeded(occurred_at=at(3), job_id=parent, attempt=1, final_loss=1.0, checkpoint_dir=None)
+    decided += replica.on_lifecycle(end, at(3))
+
+    assert sorted(e.job_id for e in decided) == sorted(children[p] for p in mine)
+    assert all(isinstance(e, JobReady) for e in decided)
+    # Given the other partitions, it settles what their owner left undone, once.
+    replica.owned = frozenset(range(SUBMISSIONS.partitions))
+    taken = replica.reconcile(at(4))
+    assert sorted(e.job_id for e in taken) == sorted(children[p] for p in set(children) - mine)
+    assert replica.reconcile(at(5)) == []

@@ -82,6 +82,13 @@ class Bus:
         metrics.EVENTS_PUBLISHED.labels(topic_of(event).name).inc()
         metrics.CONSUMER_LAG.ensure_sampling()
 
+    async def publish_raw(
+        self, raw: bytes, topic: Topic, *, key: str, partition: int, headers: Mapping[str, str]
+    ) -> None:
+        """Send bytes that are not an event (a user's submission, forwarded) to one partition of ``topic``."""
+        await self.broker.publish(raw, topic=topic.name, key=key.encode(), partition=partition, headers=dict(headers))
+        metrics.EVENTS_PUBLISHED.labels(topic.name).inc()
+
     async def publish_all(self, events: Sequence[Event]) -> None:
         for event in events:
             await self.publish(event)

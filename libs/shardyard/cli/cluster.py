@@ -22,10 +22,10 @@ from shardyard.errors import ClusterError
 
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "monitor")
 REPLICAS = 2
-"""Processes per service: the scheduler's standby is warm (it follows the log), the queue's stands by until elected,
-the resource pool's split the nodes and the fault manager's the jobs between them; both monitors serve the status
-API."""
-ELECTED = ("queue", "scheduler")
+"""Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
+by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
+serve the status API."""
+ELECTED = ("scheduler",)
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 CLUSTER_FILE = "cluster.json"
 RENDEZVOUS_BASE = 29500

@@ -6,4 +6,4 @@ from shardyard.queue.app import QueueSettings, build_app
 from shardyard.service import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(QueueSettings, build_app, prog="shardyard-queue", service="queue"))
+    sys.exit(run_main(QueueSettings, build_app, prog="shardyard-queue"))

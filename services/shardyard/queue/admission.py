@@ -59,6 +59,18 @@ def _job_id_of(document: Any, fallback: str) -> str:
     return fallback
 
 
+def named_job(raw: bytes) -> str | None:
+    """The job a submission names: its ``task_id`` when the bytes are a JSON object with a usable one, else None.
+    Every decision about that job (acceptance, rejection, duplicate) is made by one queue replica, the owner of the
+    job's submissions partition."""
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    job_id = _job_id_of(document, "")
+    return job_id or None
+
+
 def admit(
     raw: bytes, *, catalogue: Mapping[str, float], submitted_at: datetime, fallback_id: str
 ) -> Admitted | Refused:

@@ -4,17 +4,18 @@ from faststream import FastStream
 from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.replay import replay
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
-from shardyard.queue.handlers import QueueHandlers
+from shardyard.queue.handlers import Ownership, QueueHandlers
 from shardyard.service import announce
 from shardyard.settings import GpuFigures, ReplicatedSettings
 
 SERVICE = "queue"
+GROUP = "shardyard-queue"
 
 
 class QueueSettings(ReplicatedSettings):
@@ -24,25 +25,42 @@ class QueueSettings(ReplicatedSettings):
 
 
 def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
+    """Every replica follows the lifecycle topic (the whole job table); the consumer group on the submissions topic
+    (keyed by job) splits the jobs between the replicas, and a replica admits and settles the jobs of its partitions
+    only. When one dies, the group gives its partitions to the others within one election's time."""
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = QueueBook(catalogue_with(settings.gpu_tflops))
+    book = QueueBook(catalogue_with(settings.gpu_tflops), owned=frozenset())  # until the group gives it partitions
     handlers = QueueHandlers(book, bus, clock)
-    # Lifecycle facts are read by every replica in full (no group): each needs the whole job table.
-    bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
-    bus.subscribe({}, raw_routes={SUBMISSIONS: handlers.on_submission}, group="shardyard-queue")
+    follower = Follower(
+        settings.bootstrap, [LIFECYCLE], handlers.on_followed, name=f"{SERVICE}-{settings.instance}-follow"
+    )
+    timings = settings.election_timings()
+    bus.subscribe(
+        {},
+        raw_routes={SUBMISSIONS: handlers.on_submission},
+        group=GROUP,
+        listener=Ownership(handlers, follower.caught_up, instance=settings.instance),
+        group_options={
+            "session_timeout_ms": timings.session_timeout_ms,
+            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
+            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
+        },
+    )
     app = FastStream(broker)
 
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        await replay(settings.bootstrap, [LIFECYCLE], lambda _topic, event: book.apply(event))
+        await follower.start()
+        await follower.caught_up()
 
     @app.after_startup
     async def ready() -> None:
-        # Publishing needs the started broker, hence here and not right after the replay. ``reconcile`` decides
-        # synchronously, so a lifecycle message handled meanwhile cannot make it decide the same thing twice.
-        await handlers.reconcile()
         await announce(bus, clock, instance=settings.instance)
+
+    @app.on_shutdown
+    async def stop() -> None:
+        await follower.stop()
 
     return app

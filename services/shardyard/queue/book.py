@@ -7,10 +7,14 @@ replayed fact never decides twice:
 
 - ``on_submission``: admit or refuse a submission (accepted jobs are then settled, see below);
 - ``on_lifecycle``: a live lifecycle fact; a parent's end settles its children, a cancel request cancels a held job;
-- ``reconcile``: once after the start-up replay, settle every job the queue holds (a crash between a fact and its
-  consequence is repaired here).
+- ``reconcile``: when a replica takes jobs over, once it has read the log, settle every one of them the queue holds
+  (a crash between a fact and its consequence is repaired here).
 
 The queue owns a job only while it is ACCEPTED or WAITING ("held"); from READY on the scheduler does.
+
+Replicas split the jobs by the submissions partition of their id (``owned``): every replica applies every fact, and
+decides only for its jobs. A submission read from another partition than its job's (a producer that did not key it
+by ``task_id``) is forwarded there (``forward_to``), so one replica alone decides whether an id is taken.
 """
 
 import json
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
+from shardyard.bus.topics import SUBMISSIONS, partition_of
 from shardyard.events import (
     Event,
     FailureCause,
@@ -37,7 +42,7 @@ from shardyard.events import (
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
-from shardyard.queue.admission import Admitted, admit
+from shardyard.queue.admission import Admitted, admit, named_job
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
@@ -52,9 +57,19 @@ class WaitingFor:
     waiting_for: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Forward:
+    """Send a submission on to the partition of the job it names, whose owner decides it."""
+
+    job_id: str
+    partition: int
+
+
 class QueueBook:
-    def __init__(self, catalogue: Mapping[str, float]) -> None:
+    def __init__(self, catalogue: Mapping[str, float], *, owned: frozenset[int] | None = None) -> None:
         self.catalogue = catalogue
+        self.owned = owned
+        """The submissions partitions whose jobs this replica decides; None: all of them (a single queue)."""
         self.states: dict[str, JobState] = {}
         self.sources: set[str] = set()
         self.specs: dict[str, JobSpec] = {}
@@ -110,7 +125,21 @@ class QueueBook:
         if self.states.get(event.job_id) in HELD:
             self.cancel_requests[event.job_id] = event.requested_by
 
+    def owns(self, job_id: str) -> bool:
+        return self.owned is None or partition_of(job_id, SUBMISSIONS) in self.owned
+
     # --- decisions ------------------------------------------------------------------------------------------------
+    def forward_to(self, raw: bytes, *, source: str, partition: int) -> Forward | None:
+        """Where a submission read from submissions ``partition`` must go instead, or None to decide it here: a
+        submission naming a job of another partition goes to that one (one replica decides everything about a job
+        id). Bytes that name no job are rejected wherever they are read; a decided ``source`` is a no-op anywhere."""
+        if source in self.sources:
+            return None
+        job_id = named_job(raw)
+        if job_id is None or (target := partition_of(job_id, SUBMISSIONS)) == partition:
+            return None
+        return Forward(job_id, target)
+
     def on_submission(self, raw: bytes, *, source: str, now: datetime) -> list[Event]:
         """Admit or refuse one submission. ``source`` (topic/partition/offset) makes redelivery a no-op."""
         if source in self.sources:
@@ -184,7 +213,8 @@ class QueueBook:
         return []
 
     def reconcile(self, now: datetime) -> list[LifecycleFact]:
-        """After the start-up replay: settle every held job (release, wait, fail or cancel as its facts say)."""
+        """When this replica takes jobs over (it started, or the group gave it partitions) and has read the log: settle
+        every held job it owns (release, wait, fail or cancel as its facts say)."""
         return self._settle(sorted(job for job, state in self.states.items() if state in HELD), now)
 
     def _settle(self, jobs: Iterable[str], now: datetime) -> list[LifecycleFact]:
@@ -205,7 +235,7 @@ class QueueBook:
     def _decide(self, job_id: str, now: datetime) -> LifecycleFact | None:
         """The one event that moves a held job on, or None when it is where it should be."""
         state = self.states.get(job_id)
-        if state is None or state not in HELD:
+        if state is None or state not in HELD or not self.owns(job_id):
             return None
         if job_id in self.cancel_requests:
             return JobCancelled(

@@ -1,17 +1,28 @@
-"""Queue handlers: decode, call the book, publish. No decisions here."""
+"""Queue handlers: decode, call the book, publish. No decisions here.
+
+Every replica follows the lifecycle topic; the consumer group on the submissions topic gives each replica some of
+its partitions, and a replica decides for the jobs of those partitions only."""
 
 import logging
+from collections.abc import Awaitable, Callable
 
+from aiokafka import TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from faststream.kafka import KafkaMessage
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus, source_of, source_record
+from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
 from shardyard.events import JobAccepted
 from shardyard.lifecycle import LifecycleFact
 from shardyard.queue.book import QueueBook
 
 log = logging.getLogger(__name__)
+
+FORWARDED_FROM = "x-shardyard-submitted-as"
+"""Header of a forwarded submission: where it was first written (``topic/partition/offset``), the source that makes
+its admission happen once however often it is forwarded or redelivered."""
 
 
 class QueueHandlers:
@@ -21,7 +32,22 @@ class QueueHandlers:
         self.clock = clock
 
     async def on_submission(self, raw: bytes, message: KafkaMessage) -> None:
-        source = source_of(message)
+        record = source_record(message)
+        headers = dict(record.headers or ())
+        source = headers[FORWARDED_FROM].decode() if FORWARDED_FROM in headers else source_of(message)
+        forward = self.book.forward_to(raw, source=source, partition=record.partition)
+        if forward is not None:
+            # The trace context travels on: the admission span still continues the submitter's trace.
+            carried = {name: value.decode(errors="replace") for name, value in headers.items()}
+            await self.bus.publish_raw(
+                raw,
+                SUBMISSIONS,
+                key=forward.job_id,
+                partition=forward.partition,
+                headers={**carried, FORWARDED_FROM: source},
+            )
+            log.info("forwarded submission %s of job %r to partition %d", source, forward.job_id, forward.partition)
+            return
         events = self.book.on_submission(raw, source=source, now=self.clock.now())
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
@@ -31,18 +57,40 @@ class QueueHandlers:
         with tracing.job_span(
             "admission",
             job_id,
-            parent=tracing.extract(tracing.from_headers(source_record(message).headers)),
+            parent=tracing.extract(tracing.from_headers(record.headers)),
             restart=isinstance(events[0], JobAccepted),
             attributes={**tracing.event_attributes(events[0]), "shardyard.outcome": type(events[0]).__name__},
         ):
             await self.bus.publish_all(events)
 
-    async def on_lifecycle(self, event: LifecycleFact) -> None:
+    async def on_followed(self, _topic: Topic, event: LifecycleFact) -> None:
         await self.bus.publish_all(self.book.on_lifecycle(event, self.clock.now()))
 
-    async def reconcile(self) -> None:
-        """Once, after the start-up replay: carry out what the log says is due but was never published."""
+    async def take_over(self, partitions: frozenset[int]) -> None:
+        """The group gave this replica ``partitions`` (it has read the log): carry out what is due for their jobs
+        and was never published."""
+        self.book.owned = partitions
         events = self.book.reconcile(self.clock.now())
         if events:
-            log.info("reconciled after the replay: %s", ", ".join(f"{type(e).__name__} {e.job_id}" for e in events))
+            log.info("settled on taking jobs over: %s", ", ".join(f"{type(e).__name__} {e.job_id}" for e in events))
         await self.bus.publish_all(events)
+
+
+class Ownership(ConsumerRebalanceListener):
+    """Which jobs this replica decides: those of the submissions partitions the consumer group gives it, once it has
+    read every lifecycle fact written before (so it does not decide again what the previous owner decided)."""
+
+    def __init__(self, handlers: QueueHandlers, caught_up: Callable[[], Awaitable[None]], *, instance: str) -> None:
+        self.handlers = handlers
+        self.caught_up = caught_up
+        self.instance = instance
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        book = self.handlers.book
+        book.owned = (book.owned or frozenset()) - {tp.partition for tp in revoked if tp.topic == SUBMISSIONS.name}
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        given = frozenset(tp.partition for tp in assigned if tp.topic == SUBMISSIONS.name)
+        await self.caught_up()
+        await self.handlers.take_over(given)  # the whole assignment: aiokafka revokes all, then assigns all
+        log.info("queue %s decides the jobs of submissions partitions %s", self.instance, sorted(given))
