@@ -8,7 +8,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -225,49 +225,31 @@ def test_a_checkpoint_at_every_sync_survives_a_killed_rank_and_the_gang_resumes_
     )
 
 
-@pytest.mark.parametrize(
-    ("sync_interval", "lost"),
-    [(10, 1), (1, 0)],
-    ids=["local-sgd-rank-1-lost", "gradient-averaging-rank-0-lost"],
-)
-def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing_failed(
-    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path, sync_interval: int, lost: int
-) -> None:
-    """No periodic checkpoint at all: the survivor keeps the gang's state of its last sync on its node; the re-formed
-    gang (the survivor on its node, the lost rank on a new one) continues from it and ends exactly where the same
-    run without the fault ends."""
-    survivor = 1 - lost
-    nodes = {name: tmp_path / name / "peer-state" for name in ("a", "b", "new")}
-    placed = {survivor: "a", lost: "b"}
-    run = {
+def _peer_run(sync_interval: int) -> dict[str, str]:
+    return {
         "SHARDYARD_SYNC_INTERVAL": str(sync_interval),
         "SHARDYARD_CHECKPOINT_EVERY": "0",
         "SHARDYARD_SLOW_SYNC_FACTOR": "1000",
     }
+
+
+def _resumes_as_if_nothing_failed(
+    artifacts: DemoArtifacts,
+    launch: Launcher,
+    tmp_path: Path,
+    *,
+    sync_interval: int,
+    survivor: int,
+    nodes: dict[str, Path],
+    resume_step: int,
+) -> None:
+    """The re-formed gang (the survivor on its node ``a``, the lost rank on a ``new`` one) resumes from the state the
+    survivor kept at ``resume_step`` and ends bit for bit as the same run without the fault."""
+    lost = 1 - survivor
     output_dir = tmp_path / "out"
-    shards = launch(
-        2,
-        _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_ATTEMPT="1", **run),
-        rank_env={rank: {PEER_STATE_DIR_ENV: str(nodes[node])} for rank, node in placed.items()},
-    )
-    until(lambda: len(shards[survivor].sync_lines()) >= 3, 60, "three syncs")
-    shards[lost].proc.kill()  # SIGKILL: the lost rank keeps nothing
-
-    assert _wait(shards[lost], 10) == -signal.SIGKILL
-    assert _wait(shards[survivor], 60) == exitcodes.COMM_ERROR, shards[survivor].stderr()
-    kept = json.loads((nodes["a"] / f"rank-{survivor}" / "state.json").read_text())
-    last_sync = shards[survivor].sync_lines()[-1]["step"]
-    if sync_interval == 1:  # every step syncs; progress lines are rate-limited, so the last one may lag
-        assert kept["step"] >= shards[survivor].progress()[-1]["step"]
-    else:
-        assert kept["step"] == last_sync
-    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)  # the survivor holds both ranks' optimizer state
-    assert f"kept the gang's state of step {kept['step']}" in shards[survivor].stderr()
-    assert not nodes["b"].exists() and not (output_dir / "checkpoint").exists()
-    resume_step = kept["step"]
-
     max_steps = resume_step + 30
     replaced = {survivor: "a", lost: "new"}
+    run = _peer_run(sync_interval)
     resumed = launch(
         2,
         _train_env(artifacts, output_dir, SHARDYARD_MAX_STEPS=str(max_steps), SHARDYARD_ATTEMPT="2", **run),
@@ -288,6 +270,131 @@ def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing
     assert (output_dir / "model.safetensors").read_bytes() == (
         tmp_path / "reference" / "model.safetensors"
     ).read_bytes()
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of a process, in clock ticks (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _idle_for(pid: int, quiet_s: float) -> Callable[[], bool]:
+    """A condition: the process used no CPU for ``quiet_s`` (it is blocked)."""
+    last = [_cpu_ticks(pid), time.monotonic()]
+
+    def idle() -> bool:
+        ticks = _cpu_ticks(pid)
+        if ticks != last[0]:
+            last[:] = [ticks, time.monotonic()]
+        return time.monotonic() - last[1] >= quiet_s
+
+    return idle
+
+
+SYNC_CASES = pytest.mark.parametrize(
+    ("sync_interval", "lost"),
+    [(10, 1), (1, 0)],
+    ids=["local-sgd-rank-1-lost", "gradient-averaging-rank-0-lost"],
+)
+
+
+@SYNC_CASES
+def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing_failed(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path, sync_interval: int, lost: int
+) -> None:
+    """No periodic checkpoint at all: the survivor keeps the gang's state of its last sync on its node; the re-formed
+    gang (the survivor on its node, the lost rank on a new one) continues from it and ends exactly where the same
+    run without the fault ends."""
+    survivor = 1 - lost
+    nodes = {name: tmp_path / name / "peer-state" for name in ("a", "b", "new")}
+    placed = {survivor: "a", lost: "b"}
+    output_dir = tmp_path / "out"
+    shards = launch(
+        2,
+        _train_env(
+            artifacts, output_dir, SHARDYARD_MAX_STEPS="1000000", SHARDYARD_ATTEMPT="1", **_peer_run(sync_interval)
+        ),
+        rank_env={rank: {PEER_STATE_DIR_ENV: str(nodes[node])} for rank, node in placed.items()},
+    )
+    until(lambda: len(shards[survivor].sync_lines()) >= 3, 60, "three syncs")
+    shards[lost].proc.kill()  # SIGKILL: the lost rank keeps nothing
+
+    assert _wait(shards[lost], 10) == -signal.SIGKILL
+    assert _wait(shards[survivor], 60) == exitcodes.COMM_ERROR, shards[survivor].stderr()
+    kept = json.loads((nodes["a"] / f"rank-{survivor}" / "state.json").read_text())
+    last_sync = shards[survivor].sync_lines()[-1]["step"]
+    if sync_interval == 1:  # every step syncs; progress lines are rate-limited, so the last one may lag
+        assert kept["step"] >= shards[survivor].progress()[-1]["step"]
+    else:
+        assert kept["step"] == last_sync
+    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)  # the survivor holds both ranks' optimizer state
+    assert f"kept the gang's state of step {kept['step']}" in shards[survivor].stderr()
+    assert not nodes["b"].exists() and not (output_dir / "checkpoint").exists()
+    _resumes_as_if_nothing_failed(
+        artifacts,
+        launch,
+        tmp_path,
+        sync_interval=sync_interval,
+        survivor=survivor,
+        nodes=nodes,
+        resume_step=kept["step"],
+    )
+
+
+@SYNC_CASES
+def test_a_survivor_stuck_in_a_collective_keeps_the_state_when_its_agent_terminates_it(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path, sync_interval: int, lost: int
+) -> None:
+    """The lost rank hangs with its connections open (a node powered off or cut off), so the survivor blocks in its
+    next collective until its sync timeout (2 minutes here). SIGTERM, which its agent sends when it re-forms the
+    gang, makes it keep the gang's state at once, stuck as it is, and end a second later, well within the agent's
+    5 s grace before SIGKILL; the re-formed gang resumes from that state as if nothing had failed."""
+    survivor = 1 - lost
+    nodes = {name: tmp_path / name / "peer-state" for name in ("a", "b", "new")}
+    placed = {survivor: "a", lost: "b"}
+    run = {**_peer_run(sync_interval), "SHARDYARD_SYNC_TIMEOUT_S": "120"}
+    shards = launch(
+        2,
+        _train_env(artifacts, tmp_path / "out", SHARDYARD_MAX_STEPS="1000000", SHARDYARD_ATTEMPT="1", **run),
+        rank_env={rank: {PEER_STATE_DIR_ENV: str(nodes[node])} for rank, node in placed.items()},
+    )
+    until(lambda: len(shards[survivor].sync_lines()) >= 3, 60, "three syncs")
+    shards[lost].proc.send_signal(signal.SIGSTOP)
+    try:
+        until(_idle_for(shards[survivor].proc.pid, 1.0), 30, "the survivor to block in a collective")
+        shards[survivor].proc.send_signal(signal.SIGTERM)
+        terminated = time.monotonic()
+        kept_file = nodes["a"] / f"rank-{survivor}" / "state.json"
+        until(kept_file.exists, 5, "the survivor to keep the gang's state within the agent's grace")
+        kept_after = time.monotonic() - terminated
+        assert shards[survivor].proc.poll() is None  # still stuck: another thread wrote the state
+        assert _wait(shards[survivor], 4) == TERMINATED_EXIT, shards[survivor].stderr()
+        ended_after = time.monotonic() - terminated
+    finally:
+        for shard in shards:
+            shard.proc.kill()
+            shard.proc.send_signal(signal.SIGCONT)
+    kept = json.loads(kept_file.read_text())
+    last_progress = shards[survivor].progress()[-1]["step"]
+    if sync_interval == 1:
+        assert kept["step"] >= last_progress
+    else:
+        assert kept["step"] == shards[survivor].sync_lines()[-1]["step"]
+    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)
+    assert "still in a collective 1 s after SIGTERM; ending now" in shards[survivor].stderr()
+    print(
+        f"\nstuck survivor kept the state of step {kept['step']} {kept_after:.2f} s after SIGTERM,"
+        f" ended {ended_after:.2f} s after it"
+    )
+    _resumes_as_if_nothing_failed(
+        artifacts,
+        launch,
+        tmp_path,
+        sync_interval=sync_interval,
+        survivor=survivor,
+        nodes=nodes,
+        resume_step=kept["step"],
+    )
 
 
 def test_a_hung_peer_times_the_sync_out(artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path) -> None:

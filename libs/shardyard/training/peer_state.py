@@ -16,6 +16,12 @@ When a rank fails (a collective error, a sync timeout, SIGTERM from its agent wh
 of the run) it writes that state to ``<SHARDYARD_PEER_STATE_DIR>/rank-<rank>/``, a directory on its node that the
 agent gives every shard of the job and removes when the job ends. The lost rank writes nothing: it is gone.
 
+A survivor whose peer vanished without closing its connections (a node powered off or cut off) is blocked in a
+collective until its sync timeout, and Python runs no signal handler meanwhile; the agent would kill it after its
+grace period, state unwritten. So SIGTERM also wakes a thread (:class:`TermWatch`), which writes the state at once
+when the training thread is waiting on the gang: the training thread holds the state's lock at all other times
+(:meth:`PeerSnapshots.waiting_on_gang`), so what that thread writes is a state the training thread had completed.
+
 The re-formed gang agrees at its rendezvous (:func:`agree_on_resume`): every process offers the snapshots on its node
 (their step, attempt and the ranks whose state they hold) and the checkpoint step it read. The newest step whose
 snapshots, all of one attempt, hold every rank's state wins if it is past the checkpoint: each rank loads its state
@@ -26,10 +32,16 @@ gang: a re-formed gang that fails again before its first sync finds the same sna
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import socket
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,10 +62,21 @@ from shardyard.training.config import PEER_STATE_DIR_ENV, RunConfig
 from shardyard.training.errors import CommError, comm, sync_comm
 from shardyard.training.model import CheckpointError, TinyGPT, pretrained_files, write_dir_atomic
 
-__all__ = ["PEER_STATE_DIR_ENV", "Offer", "PeerSnapshots", "ResumePlan", "agree_on_resume", "choose", "read_offers"]
+__all__ = [
+    "PEER_STATE_DIR_ENV",
+    "Offer",
+    "PeerSnapshots",
+    "ResumePlan",
+    "TermWatch",
+    "agree_on_resume",
+    "choose",
+    "read_offers",
+]
 
 _PREFIX = "shardyard.training"
 _SNAPSHOT_PREFIX = "rank-"
+STUCK_AFTER_TERM_S = 1.0
+"""A rank still in a collective this long after SIGTERM is stuck on a peer that is gone (see ``save_on_term``)."""
 
 
 @dataclass(frozen=True)
@@ -203,10 +226,40 @@ class PeerSnapshots:
         self.files: dict[str, bytes] | None = None
         self.step = 0
         self.loss: float | None = None
+        self.lock = threading.Lock()
+        """Held by the training thread (:meth:`hold`) except while it waits on the gang: whoever writes the state
+        holds it, so the state written is one the training thread completed."""
+        self._kept: int | None = None
+        """The step of the state last written."""
+        self.waiting = False
+        """Whether the training thread is in a collective."""
+        self.left = threading.Event()
+        """Set when the training thread has left the training loop."""
 
     @property
     def enabled(self) -> bool:
         return self.root is not None
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """The training thread holds the state while it trains (but see :meth:`waiting_on_gang`)."""
+        try:
+            with self.lock:
+                yield
+        finally:
+            self.left.set()
+
+    @contextlib.contextmanager
+    def waiting_on_gang(self) -> Iterator[None]:
+        """Around a collective: the state is complete and untouched meanwhile (a gradient AllReduce writes the
+        gradients only, a parameter sync the live parameters, not the snapshot), so another thread may write it."""
+        self.waiting = True
+        self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.acquire()
+            self.waiting = False
 
     def stepped(self, step: int, loss: float | None) -> None:
         """Gradient averaging: ``step`` is complete, and this rank's state is the gang's (serialized on failure)."""
@@ -219,7 +272,7 @@ class PeerSnapshots:
             return
         cfg = self.cfg
         own = optimizer_bytes(optimizer)
-        with sync_comm(f"optimizer state ring exchange at step {step}", cfg.sync_timeout_s):
+        with self.waiting_on_gang(), sync_comm(f"optimizer state ring exchange at step {step}", cfg.sync_timeout_s):
             previous = _ring_exchange(own, cfg.rank, cfg.world_size, self.group, self.device)
         before = (cfg.rank - 1) % cfg.world_size
         self.files = {
@@ -231,9 +284,13 @@ class PeerSnapshots:
         self.step, self.loss = step, loss
 
     def save(self, model: TinyGPT, optimizer: torch.optim.Optimizer) -> Path | None:
-        """Write the snapshot to this node (on failure); never raises. Returns where, or None when there is none."""
+        """Write the snapshot to this node (on failure), holding :attr:`lock`; never raises. Returns where, or None
+        when there is none. A state already written is not written again."""
         if self.root is None or self.step == 0:
             return None
+        target = self.root / f"{_SNAPSHOT_PREFIX}{self.cfg.rank}"
+        if self._kept == self.step:
+            return target
         try:
             files = self.files
             if files is None and self.cfg.averages_gradients:
@@ -244,12 +301,66 @@ class PeerSnapshots:
                 }
             if files is None:
                 return None
-            target = self.root / f"{_SNAPSHOT_PREFIX}{self.cfg.rank}"
             write_dir_atomic(target, files)
         except Exception as exc:  # the rank is failing already: its own error is the one to report
             print(f"{_PREFIX}[rank {self.cfg.rank}]: cannot keep the state of step {self.step}: {exc}", file=sys.stderr)
             return None
+        self._kept = self.step
         return target
+
+    def save_on_term(self, model: TinyGPT, optimizer: torch.optim.Optimizer, *, exit_code: int) -> None:
+        """From :class:`TermWatch`'s thread: write the state as soon as the training thread lets go of it (at once
+        when it is stuck in a collective; else when it ends its step, and has then written it itself). A training
+        thread still in a collective ``STUCK_AFTER_TERM_S`` later waits on a peer that is gone: the process ends
+        with ``exit_code`` then, instead of at its agent's SIGKILL a grace period later."""
+        with self.lock:
+            step, where = self.step, self.save(model, optimizer)
+        if where is not None:
+            print(f"{_PREFIX}[rank {self.cfg.rank}]: kept the gang's state of step {step} in {where}", file=sys.stderr)
+        if not self.left.wait(STUCK_AFTER_TERM_S) and self.waiting:
+            print(
+                f"{_PREFIX}[rank {self.cfg.rank}]: still in a collective {STUCK_AFTER_TERM_S:g} s after SIGTERM;"
+                " ending now",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(exit_code)
+
+
+class TermWatch:
+    """Calls ``on_term`` in a thread of its own when SIGTERM arrives, even while the main thread is blocked in a
+    collective, where Python cannot run the signal's handler: the interpreter's C handler writes the signal's number
+    to the wake-up socket (:func:`signal.set_wakeup_fd`) this thread reads. The signal's Python handler (the runner's
+    flag) still runs when the main thread gets to it. Only from the main thread; a no-op elsewhere."""
+
+    def __init__(self, on_term: Callable[[], None]) -> None:
+        self.on_term = on_term
+        self._reader: socket.socket | None = None
+        self._writer: socket.socket | None = None
+        self._previous = -1
+
+    def __enter__(self) -> TermWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="shardyard-term-watch", daemon=True).start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._writer is None:
+            return
+        signal.set_wakeup_fd(self._previous)
+        self._writer.close()  # the watching thread reads the end of the stream and returns
+
+    def _watch(self) -> None:
+        assert self._reader is not None
+        with self._reader:
+            while received := self._reader.recv(64):
+                if signal.SIGTERM in received:
+                    self.on_term()
+                    return
 
 
 def _ring_exchange(

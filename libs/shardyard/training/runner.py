@@ -32,6 +32,7 @@ first: R steps/s``. ``bench/training.py`` reads it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -40,6 +41,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -66,7 +68,14 @@ from shardyard.training.gang_checkpoints import GangCheckpoints
 from shardyard.training.gang_sync import GangSync
 from shardyard.training.lease import start_watchdog
 from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
-from shardyard.training.peer_state import PeerSnapshots, agree_on_resume, describe_plan, read_offers, transfer
+from shardyard.training.peer_state import (
+    PeerSnapshots,
+    TermWatch,
+    agree_on_resume,
+    describe_plan,
+    read_offers,
+    transfer,
+)
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
 from shardyard.training.progress import ProgressReporter
 from shardyard.training.rendezvous import init_process_group, place
@@ -223,48 +232,54 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
     rate = _Rate()
     checkpoints = GangCheckpoints(cfg, reporter)
     peers = PeerSnapshots(cfg, group, placement.device)
+    on_term = partial(peers.save_on_term, model, optimizer, exit_code=TERMINATED_EXIT)
+    keeper = TermWatch(on_term) if peers.enabled else contextlib.nullcontext()
     try:
-        for step in range(start + 1, cfg.max_steps + 1):
-            if term is not None and term.requested:
-                raise Terminated(f"terminated after step {step - 1}")
-            inputs, targets = (t.to(placement.device, non_blocking=True) for t in next(stream))
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-            optimizer.zero_grad(set_to_none=True)
-            torch.autograd.backward(loss)
-            synced = syncs.gradients(step, stop=stop.requested)  # sync_interval 1: every rank, the same update
-            optimizer.step()
-            loss_value = float(loss.item())
-            if synced is None:
-                synced = syncs.parameters(step, stop=stop.requested)  # local SGD: every sync_interval steps
-                if synced is False and step < cfg.max_steps:
-                    peers.synced(step, loss_value, model, optimizer)
-            else:
-                peers.stepped(step, loss_value)
-            stopped = bool(synced)
-            checkpointed = synced is not None and not stopped and step < cfg.max_steps
-            checkpointed = checkpointed and checkpoints.due(step, syncs.count)
-            if checkpointed:
-                checkpoints.submit(step, loss_value, model, optimizer)  # the weights just averaged
-            reporter.progress(
-                step=step,
-                loss=loss_value,
-                samples=(step - start) * cfg.batch_size,
-                allreduce_ms=syncs.stats.ms,
-                allreduce_bytes=syncs.stats.bytes,
-                syncs=syncs.count,
-                sync_interval=syncs.pacer.interval,
-                slow_syncs=syncs.pacer.slow_syncs,
-                force=checkpointed or (synced is not None and not syncs.averages_gradients),
-            )
-            rate.stepped(step)
-            if stopped:
-                checkpoints.write_now(step, loss_value, model, optimizer)
-                break
-    except BaseException:
-        if peers.enabled and (where_kept := peers.save(model, optimizer)) is not None:
-            print(f"{where}: kept the gang's state of step {peers.step} in {where_kept}", file=sys.stderr)
-        raise
+        with keeper, peers.hold():
+            try:
+                for step in range(start + 1, cfg.max_steps + 1):
+                    if term is not None and term.requested:
+                        raise Terminated(f"terminated after step {step - 1}")
+                    inputs, targets = (t.to(placement.device, non_blocking=True) for t in next(stream))
+                    logits = model(inputs)
+                    loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.autograd.backward(loss)
+                    with peers.waiting_on_gang():  # sync_interval 1: every rank, the same update
+                        synced = syncs.gradients(step, stop=stop.requested)
+                    optimizer.step()
+                    loss_value = float(loss.item())
+                    if synced is None:
+                        with peers.waiting_on_gang():  # local SGD: every sync_interval steps
+                            synced = syncs.parameters(step, stop=stop.requested)
+                        if synced is False and step < cfg.max_steps:
+                            peers.synced(step, loss_value, model, optimizer)
+                    else:
+                        peers.stepped(step, loss_value)
+                    stopped = bool(synced)
+                    checkpointed = synced is not None and not stopped and step < cfg.max_steps
+                    checkpointed = checkpointed and checkpoints.due(step, syncs.count)
+                    if checkpointed:
+                        checkpoints.submit(step, loss_value, model, optimizer)  # the weights just averaged
+                    reporter.progress(
+                        step=step,
+                        loss=loss_value,
+                        samples=(step - start) * cfg.batch_size,
+                        allreduce_ms=syncs.stats.ms,
+                        allreduce_bytes=syncs.stats.bytes,
+                        syncs=syncs.count,
+                        sync_interval=syncs.pacer.interval,
+                        slow_syncs=syncs.pacer.slow_syncs,
+                        force=checkpointed or (synced is not None and not syncs.averages_gradients),
+                    )
+                    rate.stepped(step)
+                    if stopped:
+                        checkpoints.write_now(step, loss_value, model, optimizer)
+                        break
+            except BaseException:
+                if peers.enabled and (where_kept := peers.save(model, optimizer)) is not None:
+                    print(f"{where}: kept the gang's state of step {peers.step} in {where_kept}", file=sys.stderr)
+                raise
     finally:
         checkpoints.close()
     rate.report(where)
