@@ -215,3 +215,18 @@ def test_after_the_spare_grace_the_gang_starts_without_spares() -> None:
     (scheduled,) = of(book.cycle(at(2)), JobScheduled)
 
     assert [p.spare for p in scheduled.placements] == [False, False]
+
+
+def test_a_duplicated_plan_or_release_changes_nothing() -> None:
+    """A replica of the fault manager or the queue that was paused past its group's session can publish, as it
+    resumes, a decision its successor also made: a second plan for the same failed attempt, a second release of a
+    job. The scheduler carries out the first and ignores the second."""
+    book = cluster("n1", "n2", "n3")
+    first = running(book)
+    lost = first.placements[1].node_id
+    (second,) = of(book.on_recovering(plan(exclude=(lost,)), at(10)), JobScheduled)
+
+    assert book.on_recovering(plan(exclude=(lost,), when=10.5), at(10.5)) == []
+    book.apply(JobReady(occurred_at=at(11), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
+    assert of(book.cycle(at(12)), JobScheduled) == []
+    assert book.gangs["job-1"].scheduled == second
