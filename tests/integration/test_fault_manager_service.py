@@ -2,8 +2,6 @@
 job, a node that goes SUSPECT under a gang recovers it without it, COMM_ERRORs alone wait out their grace, the spare
 ratio follows the failures; a restarted replica decides nothing twice and keeps the ratio."""
 
-import re
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from uuid import uuid4
@@ -11,7 +9,7 @@ from uuid import uuid4
 import pytest
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.topics import LIFECYCLE, REDUNDANCY, SERVICES, SHARD_EVENTS, partition_of
+from shardyard.bus.topics import LIFECYCLE, REDUNDANCY, SERVICES, SHARD_EVENTS
 from shardyard.events import (
     FailureCause,
     GpuStatus,
@@ -28,7 +26,7 @@ from shardyard.events import (
 )
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
-from tests.support.runners import free_port
+from tests.support.replicas import one_key_per_partition, two_replicas
 
 pytestmark = pytest.mark.broker
 
@@ -148,35 +146,11 @@ async def test_failures_become_plans_or_ends_and_set_the_spare_ratio(bootstrap: 
             assert len(watch.of(RedundancyChanged)) == changes_before_restart, "the ratio was restored, not re-set"
 
 
-def _published_plans(port: int) -> float:
-    """How many lifecycle events the replica serving ``/metrics`` on ``port`` published."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    found = re.search(r'shardyard_events_published_total\{topic="shardyard\.jobs\.lifecycle"\} ([0-9.e+]+)', text)
-    return float(found.group(1)) if found else 0.0
-
-
-def _owned(log: Path) -> list[int] | None:
-    """The shard-events partitions a replica last said it decides."""
-    found = re.findall(r"decides the jobs of shard-events partitions \[([0-9, ]*)\]", log.read_text(errors="replace"))
-    return [int(p) for p in found[-1].split(",") if p.strip()] if found else None
-
-
 async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_other_dies(
     bootstrap: str, log_dir: Path
 ) -> None:
     await ensure_topics(bootstrap)
     run = uuid4().hex[:8]
-
-    def one_job_per_partition(round_: str) -> dict[int, str]:
-        jobs: dict[int, str] = {}
-        for i in range(200):
-            jobs.setdefault(partition_of(f"fm-{round_}-{run}-{i}", SHARD_EVENTS), f"fm-{round_}-{run}-{i}")
-        assert len(jobs) == SHARD_EVENTS.partitions
-        return jobs
 
     async def fail_each(jobs: dict[int, str]) -> None:
         for job_id in jobs.values():
@@ -185,28 +159,22 @@ async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_
         for job_id in jobs.values():
             await watch.first(JobRecovering, job_id=job_id, timeout_s=30)
 
-    ports = [free_port(), free_port()]
-    logs = log_dir / f"fm-split-{run}"
-    replicas = [["--instance", f"fm-split-{i}-{run}", "--metrics-port", str(ports[i])] for i in (0, 1)]
     async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
-        with (
-            service("shardyard.fault_manager", replicas[0], bootstrap=bootstrap, log_dir=logs) as first,
-            service("shardyard.fault_manager", replicas[1], bootstrap=bootstrap, log_dir=logs),
-        ):
-            await watch.until(lambda: len(watch.of(ServiceReady, service="fault-manager")) >= 2, timeout_s=60)
-            await watch.until(
-                lambda: len(list(logs.iterdir())) == 2 and all(len(_owned(p) or []) == 2 for p in logs.iterdir()),
-                timeout_s=60,
-                what="two partitions each",
-            )
-            before = one_job_per_partition("before")
+        split = two_replicas(
+            "shardyard.fault_manager",
+            f"fm-split-{run}",
+            SHARD_EVENTS,
+            bootstrap=bootstrap,
+            log_dir=log_dir,
+            watch=watch,
+        )
+        async with split as replicas:
+            before = one_key_per_partition(f"fm-before-{run}", SHARD_EVENTS)
             await fail_each(before)
-            assert all(_published_plans(port) > 0 for port in ports)  # both replicas decided
+            assert replicas.both_published(LIFECYCLE)  # both replicas decided
 
-            survivor = next(p for p in logs.iterdir() if f"fm-split-1-{run}" in p.read_text(errors="replace"))
-            first.kill()
-            await watch.until(lambda: _owned(survivor) == [0, 1, 2, 3], timeout_s=60, what="the survivor owning all")
-            after = one_job_per_partition("after")
+            await replicas.kill_the_first(watch)
+            after = one_key_per_partition(f"fm-after-{run}", SHARD_EVENTS)
             await fail_each(after)
 
             for job_id in [*before.values(), *after.values()]:

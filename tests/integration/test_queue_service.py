@@ -3,8 +3,6 @@ the queue keeps consuming after bad input, and jobs wait for, are released by an
 replicas split the jobs, and one takes them all over when the other dies."""
 
 import json
-import re
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from uuid import uuid4
@@ -33,7 +31,7 @@ from shardyard.events import (
 )
 from tests.support.events import Producer, Watcher, dumps
 from tests.support.processes import service
-from tests.support.runners import free_port
+from tests.support.replicas import one_key_per_partition, two_replicas
 
 pytestmark = pytest.mark.broker
 EXAMPLE = json.loads((Path(__file__).parents[2] / "examples" / "fine_tune_gpt2.json").read_text())
@@ -232,35 +230,11 @@ async def test_a_restarted_queue_releases_what_it_missed(bootstrap: str, log_dir
     assert len([e for e in log if isinstance(e, JobReady) and e.job_id == "r-child"]) == 1
 
 
-def _published(port: int) -> float:
-    """How many lifecycle events the replica serving ``/metrics`` on ``port`` published."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    found = re.search(r'shardyard_events_published_total\{topic="shardyard\.jobs\.lifecycle"\} ([0-9.e+]+)', text)
-    return float(found.group(1)) if found else 0.0
-
-
-def _owned(log: Path) -> list[int] | None:
-    """The submissions partitions a replica last said it decides."""
-    found = re.findall(r"decides the jobs of submissions partitions \[([0-9, ]*)\]", log.read_text(errors="replace"))
-    return [int(p) for p in found[-1].split(",") if p.strip()] if found else None
-
-
 async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_other_dies(
     bootstrap: str, log_dir: Path
 ) -> None:
     await ensure_topics(bootstrap)
     run = uuid4().hex[:8]
-
-    def one_job_per_partition(round_: str) -> dict[int, str]:
-        jobs: dict[int, str] = {}
-        for i in range(200):
-            jobs.setdefault(partition_of(f"qs-{round_}-{run}-{i}", SUBMISSIONS), f"qs-{round_}-{run}-{i}")
-        assert len(jobs) == SUBMISSIONS.partitions
-        return jobs
 
     def child_of(job_id: str) -> str:
         """A child of ``job_id`` whose submissions partition is another one."""
@@ -290,28 +264,17 @@ async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_
         for job_id in jobs.values():
             await watch.first(JobReady, job_id=child_of(job_id), timeout_s=30)
 
-    ports = [free_port(), free_port()]
-    logs = log_dir / f"queue-split-{run}"
-    replicas = [["--instance", f"qs-{i}-{run}", "--metrics-port", str(ports[i])] for i in (0, 1)]
     async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
-        with (
-            service("shardyard.queue", replicas[0], bootstrap=bootstrap, log_dir=logs) as first,
-            service("shardyard.queue", replicas[1], bootstrap=bootstrap, log_dir=logs),
-        ):
-            await watch.until(lambda: len(watch.of(ServiceReady, service="queue")) >= 2, timeout_s=60)
-            await watch.until(
-                lambda: len(list(logs.iterdir())) == 2 and all(len(_owned(p) or []) == 2 for p in logs.iterdir()),
-                timeout_s=60,
-                what="two partitions each",
-            )
-            before = one_job_per_partition("before")
+        split = two_replicas(
+            "shardyard.queue", f"qs-{run}", SUBMISSIONS, bootstrap=bootstrap, log_dir=log_dir, watch=watch
+        )
+        async with split as replicas:
+            before = one_key_per_partition(f"qs-before-{run}", SUBMISSIONS)
             await submit_each_twice(before)
-            assert all(_published(port) > 0 for port in ports)  # both replicas decided
+            assert replicas.both_published(LIFECYCLE)  # both replicas decided
 
-            survivor = next(p for p in logs.iterdir() if f"qs-1-{run}" in p.read_text(errors="replace"))
-            first.kill()
-            await watch.until(lambda: _owned(survivor) == [0, 1, 2, 3], timeout_s=60, what="the survivor owning all")
-            after = one_job_per_partition("after")
+            await replicas.kill_the_first(watch)
+            after = one_key_per_partition(f"qs-after-{run}", SUBMISSIONS)
             await submit_each_twice(after)
 
     for job_id in [*before.values(), *after.values()]:

@@ -2,15 +2,13 @@
 mark is published at once and kept across heartbeats and pool restarts."""
 
 import asyncio
-import re
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.topics import FAILURES, HEARTBEATS, NODE_STATE, SERVICES, partition_of
+from shardyard.bus.topics import FAILURES, HEARTBEATS, NODE_STATE, SERVICES
 from shardyard.events import (
     ArtifactPlace,
     GpuStatus,
@@ -23,6 +21,7 @@ from shardyard.events import (
 )
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
+from tests.support.replicas import one_key_per_partition, published
 from tests.support.runners import free_port
 
 pytestmark = pytest.mark.broker
@@ -102,25 +101,11 @@ async def test_drain_is_published_at_once_and_outlives_heartbeats_and_restarts(b
             await watch.until(lambda: latest().draining is False, what="undrained")
 
 
-def _published_states(port: int) -> float:
-    """How many node states the replica serving ``/metrics`` on ``port`` published."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    found = re.search(r'shardyard_events_published_total\{topic="shardyard\.nodes\.state"\} ([0-9.e+]+)', text)
-    return float(found.group(1)) if found else 0.0
-
-
 async def test_two_replicas_split_the_nodes_and_one_takes_them_all_over_when_the_other_dies(
     bootstrap: str, log_dir: Path
 ) -> None:
     await ensure_topics(bootstrap)
-    nodes: dict[int, str] = {}
-    for i in range(200):  # one node on every partition of the heartbeats topic
-        nodes.setdefault(partition_of(f"split-n{i}", HEARTBEATS), f"split-n{i}")
-    assert len(nodes) == HEARTBEATS.partitions
+    nodes = one_key_per_partition("split-n", HEARTBEATS)  # one node on every partition of the heartbeats topic
     ports = [free_port(), free_port()]
     logs = log_dir / "split"
     replicas = [["--instance", f"split-{i}", "--metrics-port", str(ports[i])] for i in (0, 1)]
@@ -147,11 +132,11 @@ async def test_two_replicas_split_the_nodes_and_one_takes_them_all_over_when_the
                     await watch.first(NodeState, node_id=node, status=NodeStatus.ALIVE, timeout_s=30)
                 # Both replicas work: each publishes the states of the nodes of its partitions.
                 await watch.until(
-                    lambda: all(_published_states(port) > 0 for port in ports), timeout_s=60, what="both publishing"
+                    lambda: all(published(port, NODE_STATE) > 0 for port in ports), timeout_s=60, what="both publishing"
                 )
 
                 survivor_log = next(p for p in logs.iterdir() if "split-1" in p.read_text(errors="replace"))
-                owns_all = "split-1 judges the nodes of heartbeats partitions [0, 1, 2, 3]"
+                owns_all = f"split-1 judges the nodes of {HEARTBEATS.name} partitions [0, 1, 2, 3]"
                 before = survivor_log.read_text().count(owns_all)  # it may have been alone at first
                 first.kill()  # SIGKILL: its partitions go to the survivor after the group's session timeout
                 await watch.until(

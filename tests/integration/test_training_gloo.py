@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from shardyard.training.config import PEER_STATE_DIR_ENV
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.model import TinyGPTConfig, load_pretrained
 from shardyard.training.runner import TERMINATED_EXIT
-from tests.support.runners import Launcher, runners, train_env, until
+from tests.support.runners import Launcher, Shard, runners, train_env, until
 from tests.support.runners import wait_exit as _wait
 
 # Smaller than the default TinyGPT so that 300 steps take a few seconds on 2 CPU cores.
@@ -272,6 +273,17 @@ def _resumes_as_if_nothing_failed(
     ).read_bytes()
 
 
+def _kept_state(state_file: Path, survivor: Shard, sync_interval: int) -> dict[str, Any]:
+    """The state the survivor kept (its ``state.json``): of its last sync, and with both ranks' optimizer state."""
+    kept: dict[str, Any] = json.loads(state_file.read_text())
+    if sync_interval == 1:  # every step syncs; progress lines are rate-limited, so the last one may lag
+        assert kept["step"] >= survivor.progress()[-1]["step"]
+    else:
+        assert kept["step"] == survivor.sync_lines()[-1]["step"]
+    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)  # the survivor holds both ranks' optimizer state
+    return kept
+
+
 def _cpu_ticks(pid: int) -> int:
     """User plus system CPU time of a process, in clock ticks (``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -321,13 +333,7 @@ def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing
 
     assert _wait(shards[lost], 10) == -signal.SIGKILL
     assert _wait(shards[survivor], 60) == exitcodes.COMM_ERROR, shards[survivor].stderr()
-    kept = json.loads((nodes["a"] / f"rank-{survivor}" / "state.json").read_text())
-    last_sync = shards[survivor].sync_lines()[-1]["step"]
-    if sync_interval == 1:  # every step syncs; progress lines are rate-limited, so the last one may lag
-        assert kept["step"] >= shards[survivor].progress()[-1]["step"]
-    else:
-        assert kept["step"] == last_sync
-    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)  # the survivor holds both ranks' optimizer state
+    kept = _kept_state(nodes["a"] / f"rank-{survivor}" / "state.json", shards[survivor], sync_interval)
     assert f"kept the gang's state of step {kept['step']}" in shards[survivor].stderr()
     assert not nodes["b"].exists() and not (output_dir / "checkpoint").exists()
     _resumes_as_if_nothing_failed(
@@ -374,13 +380,7 @@ def test_a_survivor_stuck_in_a_collective_keeps_the_state_when_its_agent_termina
         for shard in shards:
             shard.proc.kill()
             shard.proc.send_signal(signal.SIGCONT)
-    kept = json.loads(kept_file.read_text())
-    last_progress = shards[survivor].progress()[-1]["step"]
-    if sync_interval == 1:
-        assert kept["step"] >= last_progress
-    else:
-        assert kept["step"] == shards[survivor].sync_lines()[-1]["step"]
-    assert (kept["ranks"], kept["attempt"]) == ([0, 1], 1)
+    kept = _kept_state(kept_file, shards[survivor], sync_interval)
     assert "still in a collective 1 s after SIGTERM; ending now" in shards[survivor].stderr()
     print(
         f"\nstuck survivor kept the state of step {kept['step']} {kept_after:.2f} s after SIGTERM,"

@@ -56,6 +56,14 @@ class ElectionTimings:
         if not 0 < self.lease_s < bound:
             raise ValueError(f"lease_s must be below {bound:.2f} s, before the group could elect another leader")
 
+    def group_options(self) -> dict[str, int]:
+        """These timings for a consumer group whose partitions move between replicas within an election's time."""
+        return {
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+        }
+
 
 def group_of(service: str) -> str:
     return f"shardyard-{service}-leader"

@@ -8,10 +8,11 @@ from pydantic import Field, model_validator
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.fault_manager.book import FaultBook
-from shardyard.fault_manager.handlers import FaultHandlers, Ownership
+from shardyard.fault_manager.handlers import FaultHandlers
 from shardyard.fault_manager.recovery import RetryPolicy
 from shardyard.fault_manager.redundancy import RedundancyPolicy, RedundancyTracker
 from shardyard.service import Periodic, announce
@@ -77,18 +78,19 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
         handlers.on_followed,
         name=f"{SERVICE}-{settings.instance}-follow",
     )
-    timings = settings.election_timings()
     # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
     # dead-letters it (the follower only skips it).
     bus.subscribe(
         {SHARD_EVENTS: handlers.on_owned, FAILURES: handlers.on_owned},
         group=GROUP,
-        listener=Ownership(book, follower.caught_up, instance=settings.instance),
-        group_options={
-            "session_timeout_ms": timings.session_timeout_ms,
-            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
-            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
-        },
+        listener=Ownership(
+            SHARD_EVENTS,
+            handlers.own,
+            lambda: book.owned,
+            who=f"fault manager {settings.instance} decides the jobs",
+            caught_up=follower.caught_up,
+        ),
+        group_options=settings.election_timings().group_options(),
     )
     ticker = Periodic("fault-decisions", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)

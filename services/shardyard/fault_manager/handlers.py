@@ -5,10 +5,7 @@ gives it, and the one holding partition 0 publishes the spare ratio."""
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-
-from aiokafka import TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
+from collections.abc import Mapping
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus
@@ -44,6 +41,10 @@ class FaultHandlers:
         if self.live and topic in (SHARD_EVENTS, NODE_STATE, FAILURES):
             await self.decide()
 
+    async def own(self, partitions: frozenset[int]) -> None:
+        """The shard-events partitions whose jobs this replica decides from now on."""
+        self.book.owned = partitions
+
     async def on_owned(self, _event: object) -> None:
         """The group's subscription only tells this replica which partitions it owns; the facts come followed."""
 
@@ -61,23 +62,3 @@ class FaultHandlers:
         change = self.redundancy.check(now)
         if change is not None:
             await self.bus.publish(change)
-
-
-class Ownership(ConsumerRebalanceListener):
-    """Which jobs this replica decides: those of the shard-events partitions the consumer group gives it, once it
-    has read every fact written before (so it does not decide again what the previous owner decided)."""
-
-    def __init__(self, book: FaultBook, caught_up: Callable[[], Awaitable[None]], *, instance: str) -> None:
-        self.book = book
-        self.caught_up = caught_up
-        self.instance = instance
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        taken = {tp.partition for tp in revoked if tp.topic == SHARD_EVENTS.name}
-        self.book.owned = (self.book.owned or frozenset()) - taken
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        given = sorted(tp.partition for tp in assigned if tp.topic == SHARD_EVENTS.name)
-        await self.caught_up()
-        self.book.owned = frozenset(given)
-        log.info("fault manager %s decides the jobs of shard-events partitions %s", self.instance, given)

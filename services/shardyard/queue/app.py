@@ -6,11 +6,12 @@ from pydantic import Field
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
-from shardyard.queue.handlers import Ownership, QueueHandlers
+from shardyard.queue.handlers import QueueHandlers
 from shardyard.service import announce
 from shardyard.settings import GpuFigures, ReplicatedSettings
 
@@ -35,17 +36,18 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     follower = Follower(
         settings.bootstrap, [LIFECYCLE], handlers.on_followed, name=f"{SERVICE}-{settings.instance}-follow"
     )
-    timings = settings.election_timings()
     bus.subscribe(
         {},
         raw_routes={SUBMISSIONS: handlers.on_submission},
         group=GROUP,
-        listener=Ownership(handlers, follower.caught_up, instance=settings.instance),
-        group_options={
-            "session_timeout_ms": timings.session_timeout_ms,
-            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
-            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
-        },
+        listener=Ownership(
+            SUBMISSIONS,
+            handlers.own,
+            lambda: book.owned,
+            who=f"queue {settings.instance} decides the jobs",
+            caught_up=follower.caught_up,
+        ),
+        group_options=settings.election_timings().group_options(),
     )
     app = FastStream(broker)
 

@@ -4,10 +4,7 @@ Every replica follows the lifecycle topic; the consumer group on the submissions
 its partitions, and a replica decides for the jobs of those partitions only."""
 
 import logging
-from collections.abc import Awaitable, Callable
 
-from aiokafka import TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from faststream.kafka import KafkaMessage
 
 from shardyard import tracing
@@ -66,31 +63,14 @@ class QueueHandlers:
     async def on_followed(self, _topic: Topic, event: LifecycleFact) -> None:
         await self.bus.publish_all(self.book.on_lifecycle(event, self.clock.now()))
 
-    async def take_over(self, partitions: frozenset[int]) -> None:
-        """The group gave this replica ``partitions`` (it has read the log): carry out what is due for their jobs
-        and was never published."""
+    async def own(self, partitions: frozenset[int]) -> None:
+        """The submissions partitions whose jobs this replica decides from now on. Given new ones (it has read the
+        log), it carries out what is due for their jobs and was never published."""
+        gained = partitions - (self.book.owned or frozenset())
         self.book.owned = partitions
+        if not gained:
+            return
         events = self.book.reconcile(self.clock.now())
         if events:
             log.info("settled on taking jobs over: %s", ", ".join(f"{type(e).__name__} {e.job_id}" for e in events))
         await self.bus.publish_all(events)
-
-
-class Ownership(ConsumerRebalanceListener):
-    """Which jobs this replica decides: those of the submissions partitions the consumer group gives it, once it has
-    read every lifecycle fact written before (so it does not decide again what the previous owner decided)."""
-
-    def __init__(self, handlers: QueueHandlers, caught_up: Callable[[], Awaitable[None]], *, instance: str) -> None:
-        self.handlers = handlers
-        self.caught_up = caught_up
-        self.instance = instance
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        book = self.handlers.book
-        book.owned = (book.owned or frozenset()) - {tp.partition for tp in revoked if tp.topic == SUBMISSIONS.name}
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        given = frozenset(tp.partition for tp in assigned if tp.topic == SUBMISSIONS.name)
-        await self.caught_up()
-        await self.handlers.take_over(given)  # the whole assignment: aiokafka revokes all, then assigns all
-        log.info("queue %s decides the jobs of submissions partitions %s", self.instance, sorted(given))

@@ -5,10 +5,11 @@ from faststream import FastStream
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.resource_pool.book import PoolBook
-from shardyard.resource_pool.handlers import Ownership, PoolHandlers
+from shardyard.resource_pool.handlers import PoolHandlers
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 
@@ -52,12 +53,10 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     bus.subscribe(
         {HEARTBEATS: handlers.on_heartbeat},
         group=GROUP,
-        listener=Ownership(book, clock, instance=settings.instance),
-        group_options={
-            "session_timeout_ms": timings.session_timeout_ms,
-            "heartbeat_interval_ms": timings.heartbeat_interval_ms,
-            "rebalance_timeout_ms": timings.rebalance_timeout_ms,
-        },
+        listener=Ownership(
+            HEARTBEATS, handlers.own, lambda: book.owned, who=f"resource pool {settings.instance} judges the nodes"
+        ),
+        group_options=timings.group_options(),
     )
     ticker = Periodic("liveness", settings.tick_interval_s, handlers.tick)
     app = FastStream(broker)

@@ -3,11 +3,8 @@ replica follows the ledger (assignments, shard ends, job ends) and the other rep
 
 import logging
 
-from aiokafka import TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
-
 from shardyard.bus.kafka import Bus
-from shardyard.bus.topics import HEARTBEATS, Topic
+from shardyard.bus.topics import Topic
 from shardyard.clock import Clock
 from shardyard.events import Heartbeat, NodeDrain, NodeState
 from shardyard.resource_pool.book import PoolBook
@@ -44,23 +41,9 @@ class PoolHandlers:
     async def on_ledger_event(self, event: object) -> None:
         await self.bus.publish_all(self.book.on_ledger_event(event, self.clock.now()))
 
+    async def own(self, partitions: frozenset[int]) -> None:
+        """The heartbeats partitions whose nodes this replica judges from now on."""
+        self.book.assign(partitions, self.clock.now())
+
     async def tick(self) -> None:
         await self.bus.publish_all(self.book.tick(self.clock.now()))
-
-
-class Ownership(ConsumerRebalanceListener):
-    """Which nodes this replica judges: those of the heartbeats partitions the consumer group gives it."""
-
-    def __init__(self, book: PoolBook, clock: Clock, *, instance: str) -> None:
-        self.book = book
-        self.clock = clock
-        self.instance = instance
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        taken = {tp.partition for tp in revoked if tp.topic == HEARTBEATS.name}
-        self.book.assign((self.book.owned or frozenset()) - taken, self.clock.now())
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        given = sorted(tp.partition for tp in assigned if tp.topic == HEARTBEATS.name)
-        self.book.assign(given, self.clock.now())
-        log.info("resource pool %s judges the nodes of heartbeats partitions %s", self.instance, given)
