@@ -71,7 +71,7 @@ def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(clus
     assert done["step"] == TRAINING["max_steps"]
     logs = sorted((cluster / "logs" / "shards" / "faulty").glob("shard-*-attempt-2.log"))
     resumed = [re.search(r"resuming from its peers' state of step (\d+)", log.read_text()) for log in logs]
-    assert len(logs) == 2 and all(resumed), [log.read_text()[-2000:] for log in logs]
+    assert len(logs) == 2 and all(resumed), ([log.read_text()[-2000:] for log in logs], done["timeline"][-12:])
     resumed_at = {int(found.group(1)) for found in resumed if found}
     assert len(resumed_at) == 1 and min(resumed_at) >= 120, resumed_at  # no checkpoint: the survivor's state
     final, clean_final = float(done["final_loss"]), float(reference["final_loss"])

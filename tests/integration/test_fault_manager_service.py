@@ -83,9 +83,10 @@ def node(node_id: str, status: NodeStatus) -> NodeState:
 async def test_failures_become_plans_or_ends_and_set_the_spare_ratio(bootstrap: str, log_dir: Path) -> None:
     await ensure_topics(bootstrap)
     run = uuid4().hex[:8]
-    killed, user, frozen, comm, marker = (f"fm-{name}-{run}" for name in ("killed", "user", "frozen", "comm", "mark"))
+    names = ("killed", "user", "frozen", "comm", "silent", "mark")
+    killed, user, frozen, comm, silent, marker = (f"fm-{name}-{run}" for name in names)
     n1, n2, n3, n4 = (f"fm-n{i}-{run}" for i in range(1, 5))
-    args = ["--comm-grace-s", "1", "--redundancy-window-s", "120"]
+    args = ["--comm-grace-s", "1", "--silent-grace-s", "2.5", "--redundancy-window-s", "120"]
     started_at = now()
 
     async with Watcher(bootstrap, [LIFECYCLE, REDUNDANCY, SERVICES]) as watch, Producer(bootstrap) as send:
@@ -117,13 +118,20 @@ async def test_failures_become_plans_or_ends_and_set_the_spare_ratio(bootstrap: 
             plan = await watch.first(JobRecovering, job_id=frozen)
             assert (plan.cause, plan.exclude_nodes) == (FailureCause.NODE_LOST, (n4,))
 
-            # COMM_ERRORs alone: held for the grace, then recovered without exclusion.
+            # COMM_ERRORs alone: held for the grace, then recovered without exclusion; while a shard of the gang
+            # says nothing (its node may be down, its verdict to come), held for the longer silent grace.
             await send.event(gang(comm, n1, n3))
+            await send.event(gang(silent, n1, n3))
             sent = now()
-            await send.event(shard_failed(comm, 0, n1, FailureCause.COMM_ERROR))
+            for i, n in enumerate((n1, n3)):
+                await send.event(shard_failed(comm, i, n, FailureCause.COMM_ERROR))
+            await send.event(shard_failed(silent, 0, n1, FailureCause.COMM_ERROR))
             plan = await watch.first(JobRecovering, job_id=comm)
             assert (plan.cause, plan.exclude_nodes) == (FailureCause.COMM_ERROR, ())
             assert (plan.occurred_at - sent).total_seconds() >= 1.0
+            plan = await watch.first(JobRecovering, job_id=silent)
+            assert (plan.cause, plan.exclude_nodes) == (FailureCause.COMM_ERROR, ())
+            assert (plan.occurred_at - sent).total_seconds() >= 2.5
 
             # The failures moved the spare ratio off zero.
             def raised() -> list[RedundancyChanged]:
@@ -140,7 +148,7 @@ async def test_failures_become_plans_or_ends_and_set_the_spare_ratio(bootstrap: 
             await send.event(shard_failed(marker, 0, n1, FailureCause.USER_ERROR))
             await watch.first(JobFailed, job_id=marker)
 
-            for job_id in (killed, frozen, comm):
+            for job_id in (killed, frozen, comm, silent):
                 assert len(watch.of(JobRecovering, job_id=job_id)) == 1, f"{job_id} decided again after the restart"
             assert len(watch.of(JobFailed, job_id=user)) == 1
             assert len(watch.of(RedundancyChanged)) == changes_before_restart, "the ratio was restored, not re-set"

@@ -116,6 +116,37 @@ def test_comm_errors_alone_wait_out_the_grace_then_recover_without_exclusion() -
     assert [c.shard_index for c in plan.causes] == [0, 1]
 
 
+def test_a_silent_shards_node_is_waited_for_past_the_comm_grace_and_then_excluded() -> None:
+    """The peer of a shard on a dead node reports COMM_ERROR at once; the dead node's agent reports nothing, and its
+    SUSPECT verdict may come after the COMM_ERROR grace on a loaded control plane. Deciding at the grace would
+    re-form the gang on the dead node; the plan waits for the verdict instead."""
+    book = book_with(GANG, state("node-b", NodeStatus.ALIVE, 0), policy=RetryPolicy(comm_grace_s=3.5))
+    assert fail(book, 1, failed(shard_index=0, node_id="node-a", cause=C.COMM_ERROR, occurred_at=at(1))) == []
+
+    assert book.decide(at(6)) == [], "shard 1 said nothing: its node's verdict is awaited"
+    plan = one(fail(book, 7, state("node-b", NodeStatus.SUSPECT, 7)))
+
+    assert isinstance(plan, JobRecovering)
+    assert (plan.cause, plan.exclude_nodes) == (C.NODE_LOST, ("node-b",))
+
+
+def test_a_silent_shard_is_waited_for_up_to_the_silent_grace() -> None:
+    book = book_with(GANG, policy=RetryPolicy(comm_grace_s=3.5, silent_grace_s=10))
+    assert fail(book, 1, failed(shard_index=0, node_id="node-a", cause=C.COMM_ERROR, occurred_at=at(1))) == []
+
+    assert book.decide(at(10.9)) == []
+    plan = one(book.decide(at(11)))
+
+    assert isinstance(plan, JobRecovering) and (plan.cause, plan.exclude_nodes) == (C.COMM_ERROR, ())
+
+
+def test_a_shard_that_completed_is_not_silent() -> None:
+    book = book_with(GANG, completed(shard_index=1, node_id="node-b"), policy=RetryPolicy(comm_grace_s=3.5))
+    assert fail(book, 1, failed(shard_index=0, node_id="node-a", cause=C.COMM_ERROR, occurred_at=at(1))) == []
+
+    assert isinstance(one(book.decide(at(4.5))), JobRecovering)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -207,6 +238,7 @@ def test_a_spares_node_going_bad_is_no_culprit_for_comm_errors() -> None:
     book = book_with(spare_gang(), policy=RetryPolicy(comm_grace_s=3.5))
 
     assert fail(book, 1, failed(shard_index=0, node_id="node-a", cause=C.COMM_ERROR, occurred_at=at(1))) == []
+    assert fail(book, 1, failed(shard_index=1, node_id="node-b", cause=C.COMM_ERROR, occurred_at=at(1))) == []
     assert fail(book, 2, state("node-s", NodeStatus.SUSPECT, 2)) == []
     plan = one(book.decide(at(4.5)))
 

@@ -165,6 +165,22 @@ def test_no_retries_at_all() -> None:
 
 
 @pytest.mark.parametrize(
+    ("silent", "now_s", "due"),
+    [
+        pytest.param(False, 3.5, True, id="every-shard-reported-comm-grace"),
+        pytest.param(True, 3.5, False, id="a-silent-shard-waits-longer"),
+        pytest.param(True, 9.9, False, id="within-the-silent-grace"),
+        pytest.param(True, 10.0, True, id="after-the-silent-grace"),
+    ],
+)
+def test_a_silent_shard_stretches_the_wait_for_the_culprit(silent: bool, now_s: float, due: bool) -> None:
+    policy = RetryPolicy(comm_grace_s=3.5, silent_grace_s=10.0)
+
+    assert is_due([cause(C.COMM_ERROR, 0)], frozenset(), at(0), policy, at(now_s), silent=silent) is due
+    assert is_due([cause(C.KILLED, 0)], frozenset(), at(0), policy, at(0), silent=silent), "a culprit: at once"
+
+
+@pytest.mark.parametrize(
     ("causes", "bad", "now_s", "due"),
     [
         pytest.param([C.COMM_ERROR], frozenset(), 3.0, False, id="comm-only-within-grace-waits"),

@@ -34,6 +34,11 @@ class FaultSettings(ReplicatedSettings):
     comm_grace_s: float = Field(
         default=3.5, ge=0, description="how long COMM_ERRORs alone wait for their culprit (a node turning SUSPECT)"
     )
+    silent_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="the same wait while a training shard of the gang has reported nothing (its node may be down)",
+    )
     tick_interval_s: float = Field(default=0.25, gt=0, description="how often due decisions and the ratio are checked")
     redundancy_window_s: float = Field(default=600.0, gt=0, description="window of the shard failure rate")
     redundancy_min_ratio: float = Field(default=0.0, ge=0, le=1, description="lowest spare ratio")
@@ -52,6 +57,7 @@ class FaultSettings(ReplicatedSettings):
             backoff_s=self.retry_backoff_s,
             backoff_max_s=self.retry_backoff_max_s,
             comm_grace_s=self.comm_grace_s,
+            silent_grace_s=self.silent_grace_s,
         )
 
     def redundancy_policy(self) -> RedundancyPolicy:

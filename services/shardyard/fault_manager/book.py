@@ -237,7 +237,9 @@ class FaultBook:
             gang = record.gang if record.gang is not None and record.gang.attempt == failure.attempt else None
             bad = self._bad_nodes(gang, causes)
             suspects = bad - set(gang.spares.values()) if gang is not None else bad  # a spare trains nothing
-            if not is_due(causes, suspects, failure.first_at, self.policy, now):
+            # A training shard that neither failed nor stopped may sit on a dead node, its verdict still to come.
+            silent = gang is not None and any(i not in failure.causes and i not in gang.stopped for i in gang.shards)
+            if not is_due(causes, suspects, failure.first_at, self.policy, now, silent=silent):
                 continue
             decision = outcome(
                 FailedAttempt(

@@ -75,8 +75,13 @@ class RetryPolicy:
     """Wait before the second retry (the first one is immediate); it doubles for each retry after."""
     backoff_max_s: float = 30.0
     comm_grace_s: float = 3.5
-    """How long an attempt whose failures are all COMM_ERRORs waits for its culprit to show (a node turning
-    SUSPECT, a non-COMM failure) before it is recovered without exclusions."""
+    """How long an attempt whose failures are all COMM_ERRORs, one from each of its training shards, waits for its
+    culprit to show (a node turning SUSPECT, a non-COMM failure) before it is recovered without exclusions."""
+    silent_grace_s: float = 10.0
+    """The same wait while some training shard has reported nothing. A shard whose peers lost it and that says
+    nothing itself is most likely on a dead node, whose SUSPECT verdict the resource pool gives within
+    ``suspect_after_s`` (3 s) of its last heartbeat, later on a loaded or failing-over control plane: the plan waits
+    for that verdict, which keeps the recovered gang off the node, rather than race it."""
 
     def backoff(self, retry: int) -> timedelta:
         """The wait before the ``retry``-th retry (1-based): 0, then backoff_s, doubling, capped."""
@@ -125,14 +130,22 @@ def exclusions(causes: Iterable[ShardCause], bad_nodes: Iterable[str]) -> tuple[
 
 
 def is_due(
-    causes: Sequence[ShardCause], bad_nodes: frozenset[str], first_at: datetime, policy: RetryPolicy, now: datetime
+    causes: Sequence[ShardCause],
+    bad_nodes: frozenset[str],
+    first_at: datetime,
+    policy: RetryPolicy,
+    now: datetime,
+    *,
+    silent: bool = False,
 ) -> bool:
     """Whether a failed attempt can be decided now. Peers of a dead shard report COMM_ERROR first, so an attempt
-    with nothing else waits (up to ``comm_grace_s``) for its culprit: a failure of another kind, or a gang node
-    turning SUSPECT or LOST (``bad_nodes``: those hosting its training shards), which the plan then excludes."""
+    with nothing else waits for its culprit: a failure of another kind, or a gang node turning SUSPECT or LOST
+    (``bad_nodes``: those hosting its training shards), which the plan then excludes. It waits up to
+    ``comm_grace_s``, or up to ``silent_grace_s`` while some training shard has reported nothing (``silent``)."""
     if not only_comm_errors(causes) or bad_nodes:
         return True
-    return now >= first_at + timedelta(seconds=policy.comm_grace_s)
+    grace = policy.silent_grace_s if silent else policy.comm_grace_s
+    return now >= first_at + timedelta(seconds=grace)
 
 
 def describe(cause: ShardCause) -> str:
