@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -174,6 +175,25 @@ def test_rendezvous_timeout_exits_comm_error(artifacts: DemoArtifacts, launch: L
     assert _wait(shard, 60) == exitcodes.COMM_ERROR, shard.stderr()
     assert "init_process_group" in shard.stderr()
     assert shard.lines == []
+
+
+def test_a_failed_shard_exits_with_its_cause_whatever_the_interpreters_teardown_would_do(
+    artifacts: DemoArtifacts, launch: Launcher, tmp_path: Path
+) -> None:
+    """gloo can abort the process while the interpreter tears down a process group that a failed collective left
+    behind ("terminate called without an active exception", seen after a peer's death): the shard then dies by
+    SIGABRT, KILLED to its agent, not the COMM_ERROR it printed. A failed shard ends without that teardown: here the
+    teardown is made to abort for sure (an exit hook in the survivor) and the survivor still exits COMM_ERROR."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text("import atexit\nimport os\n\natexit.register(os.abort)\n")
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
+    rank0, rank1 = launch(2, _sync_env(artifacts, tmp_path / "out"), rank_env={0: {"PYTHONPATH": path}})
+    until(lambda: len(rank0.sync_lines()) >= 2, 60, "two syncs")
+    rank1.proc.kill()
+
+    assert _wait(rank0, 60) == exitcodes.COMM_ERROR, rank0.stderr()
+    assert "communication error" in rank0.stderr()
 
 
 def _sync_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[str, str]:

@@ -337,19 +337,31 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, 
             outcome = train(cfg, reporter, stop, term)
     except UserError as exc:
         print(f"{where}: user error: {exc}", file=sys.stderr)
-        return exitcodes.USER_ERROR
+        return _failed(exitcodes.USER_ERROR, reporter, in_process=env is not None)
     except Terminated as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         reporter.close()
         _exit_now(TERMINATED_EXIT)
     except Exception as exc:
-        return _failure(where, exc)
+        return _failed(_failure(where, exc), reporter, in_process=env is not None)
     finally:
         reporter.close()
     if outcome.preempted:
         print(f"{where}: preempted at step {outcome.steps}", file=sys.stderr)
         return exitcodes.PREEMPTED
     return exitcodes.OK
+
+
+def _failed(code: int, reporter: ProgressReporter, *, in_process: bool) -> int:
+    """A failed run's exit: at once (:func:`_exit_now`) in a shard's own process. A process group left behind by a
+    failed collective is torn down at the interpreter's exit, and gloo's can abort the process there ("terminate
+    called without an active exception", seen after a peer's death): the shard would then die by SIGABRT, a KILLED
+    shard to its agent instead of the COMM_ERROR it printed, and a KILLED shard is a culprit that a recovery plan
+    does not wait on. Run in-process (tests), the code is returned."""
+    if in_process:
+        return code
+    reporter.close()
+    _exit_now(code)
 
 
 def _exit_now(code: int) -> NoReturn:
