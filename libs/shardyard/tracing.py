@@ -22,11 +22,12 @@ tracer still hands the incoming context on, so a process without export keeps a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
@@ -385,7 +386,9 @@ def span(name: str, attributes: Attributes | None = None, *, parent: SpanContext
 
 
 class Publisher(Protocol):
-    async def publish(self, event: Event) -> None: ...
+    async def send(self, event: Event) -> Awaitable[object]:
+        """Hand ``event`` to the producer (its headers taken now); the result is awaited for the broker's ack."""
+        ...
 
 
 async def publish_spanned(
@@ -398,8 +401,10 @@ async def publish_spanned(
 ) -> None:
     """Publish ``events`` in order. The first event of a type in ``names`` opens that span for its job (from
     ``start_time``: when the decision began), and it and the job's later events in the batch are published inside
-    it; the spans end once the batch is out. Order is kept across jobs: per-node assignment order matters."""
+    it; the spans end once the batch is out. Order is kept across jobs: per-node assignment order matters. Every
+    event is handed to the producer before any acknowledgement is awaited (one round trip for the batch)."""
     opened: dict[str, Span] = {}
+    sent: list[Awaitable[object]] = []
     try:
         for event in events:
             job_id = job_of(event)
@@ -417,9 +422,10 @@ async def publish_spanned(
                 opened[job_id] = started
             if job_id is not None and job_id in opened:
                 with _within(job_id, opened[job_id]):
-                    await bus.publish(event)
+                    sent.append(await bus.send(event))
             else:
-                await bus.publish(event)
+                sent.append(await bus.send(event))
+        await asyncio.gather(*sent)
     except Exception as exc:
         for failed in opened.values():
             failed.record_exception(exc)

@@ -69,7 +69,9 @@ async def test_drain_is_published_at_once_and_outlives_heartbeats_and_restarts(b
     topology = {"zone": "z1", "rack": "r1"}
 
     def beat(seq: int) -> Heartbeat:
-        return heartbeat("drain-n1", seq).model_copy(update={"artifacts": artifacts, "topology": topology})
+        # Each beat's load differs by more than the pool's step, so each one changes the node's state.
+        update = {"artifacts": artifacts, "topology": topology, "cpu_load": 0.1 * seq}
+        return heartbeat("drain-n1", seq).model_copy(update=update)
 
     def latest() -> NodeState:
         states: list[NodeState] = watch.of(NodeState, node_id="drain-n1")
@@ -86,7 +88,7 @@ async def test_drain_is_published_at_once_and_outlives_heartbeats_and_restarts(b
             drained = await watch.first(NodeState, node_id="drain-n1", draining=True)
             assert drained.status is NodeStatus.ALIVE
             await send.event(beat(2))
-            await watch.until(lambda: len(watch.of(NodeState, node_id="drain-n1")) >= 3, what="the next heartbeat")
+            await watch.until(lambda: len(watch.of(NodeState, node_id="drain-n1")) >= 3, what="the next state")
             assert latest().draining is True
 
         with service("shardyard.resource_pool", ["--instance", "p-2"], bootstrap=bootstrap, log_dir=log_dir):
@@ -136,7 +138,9 @@ async def test_two_replicas_split_the_nodes_and_one_takes_them_all_over_when_the
                 )
 
                 survivor_log = next(p for p in logs.iterdir() if "split-1" in p.read_text(errors="replace"))
-                owns_all = f"split-1 judges the nodes of {HEARTBEATS.name} partitions [0, 1, 2, 3]"
+                owns_all = (
+                    f"split-1 judges the nodes of {HEARTBEATS.name} partitions {list(range(HEARTBEATS.partitions))}"
+                )
                 before = survivor_log.read_text().count(owns_all)  # it may have been alone at first
                 first.kill()  # SIGKILL: its partitions go to the survivor after the group's session timeout
                 await watch.until(

@@ -234,6 +234,10 @@ class RecordingBus:
     async def publish(self, event: Event) -> None:
         self.published.append(event)
 
+    async def send(self, event: Event) -> Awaitable[object]:
+        self.published.append(event)
+        return asyncio.sleep(0)
+
     async def publish_all(self, events: Iterable[Event]) -> None:
         self.published.extend(events)
 

@@ -1,7 +1,7 @@
 """Trace context across processes: which variables turn export on, header and environment carriers, the per-process
 job -> trace record, and the spans the handlers open around their decisions."""
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -223,6 +223,10 @@ def test_a_job_without_a_trace_gets_a_new_one_and_an_explicit_parent_wins(spans:
     assert traces.get("job-sub") == admission.context
 
 
+async def acknowledged() -> None:
+    """The broker's acknowledgement of a send, at once."""
+
+
 class Recorder:
     """A bus that remembers each event with the headers it would have carried."""
 
@@ -230,8 +234,9 @@ class Recorder:
         self.traces = traces
         self.sent: list[tuple[Event, dict[str, str] | None]] = []
 
-    async def publish(self, event: Event) -> None:
+    async def send(self, event: Event) -> Awaitable[object]:
         self.sent.append((event, tracing.headers_for(event, self.traces)))
+        return acknowledged()
 
 
 async def test_a_batch_opens_one_span_per_decided_job_keeps_order_and_parents_the_jobs_events(
@@ -261,7 +266,7 @@ async def test_a_batch_opens_one_span_per_decided_job_keeps_order_and_parents_th
 
 async def test_a_failed_publication_marks_the_batch_span_failed(spans: InMemorySpanExporter) -> None:
     class Broken:
-        async def publish(self, event: Event) -> None:
+        async def send(self, event: Event) -> Awaitable[object]:
             raise OSError("broker gone")
 
     with pytest.raises(OSError):

@@ -1,9 +1,11 @@
 """The thin layer over FastStream/aiokafka every service uses.
 
 - ``make_broker``: a FastStream KafkaBroker with idempotence off (the embedded broker has no InitProducerId).
-- ``Bus.publish``: encode an event and send it to its topic under its key.
+- ``Bus.publish``: encode an event and send it to its topic under its key; ``Bus.publish_all`` hands every event to
+  the producer first and then awaits their acknowledgements: one broker round trip for the lot, not one per event.
 - ``Bus.subscribe``: commit-after-processing subscriptions; a message that does not decode goes to the dead-letter
   topic and is then acknowledged, a handler that keeps failing does the same: a consumer never dies on a message.
+- ``Bus.subscribe_batch``: the same guarantees for busy topics, a batch at a time (see :mod:`shardyard.bus.batch`).
 - Trace context rides in the headers of every event about a job, both ways (see :mod:`shardyard.tracing`).
 """
 
@@ -18,6 +20,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from shardyard import metrics, tracing
+from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, BatchConsumer, BatchHandler, RawBatchHandler
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import DEADLETTER, Topic
 from shardyard.errors import EventDecodeError
@@ -38,6 +41,22 @@ GROUP_OPTIONS: dict[str, Any] = {
 HANDLER_ATTEMPTS = 3
 
 
+def _pending(sent: object) -> "asyncio.Future[Any]":
+    """The acknowledgement of a send as a future: what aiokafka returns, or a done one where the producer answered
+    at once (FastStream's in-memory test broker returns nothing)."""
+    if isinstance(sent, asyncio.Future):
+        return sent
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done.set_result(sent)
+    return done
+
+
+async def confirmed(futures: Sequence["asyncio.Future[Any]"]) -> None:
+    """Wait for the broker's acknowledgement of every send in ``futures``; the first failure is raised."""
+    if futures:
+        await asyncio.gather(*futures)
+
+
 def make_broker(bootstrap: str, *, client_id: str, middlewares: Sequence[Any] = ()) -> KafkaBroker:
     return KafkaBroker(
         bootstrap,
@@ -55,6 +74,11 @@ async def _raw_body(message: KafkaMessage) -> bytes:
     return bytes(message.body)
 
 
+async def _no_body(_message: KafkaMessage) -> None:
+    """A batch's records are read from the message itself (``raw_message``): nothing to decode per body."""
+    return None
+
+
 def source_record(message: KafkaMessage) -> ConsumerRecord[bytes, bytes]:
     """The Kafka record behind a (non-batch) FastStream message."""
     record = message.raw_message
@@ -64,7 +88,10 @@ def source_record(message: KafkaMessage) -> ConsumerRecord[bytes, bytes]:
 
 def source_of(message: KafkaMessage) -> str:
     """``topic/partition/offset``: where a message came from, stable across redeliveries."""
-    record = source_record(message)
+    return source_of_record(source_record(message))
+
+
+def source_of_record(record: ConsumerRecord[bytes, bytes]) -> str:
     return f"{record.topic}/{record.partition}/{record.offset}"
 
 
@@ -75,36 +102,67 @@ class Bus:
         self.broker = broker
         self.service = service
 
-    async def publish(self, event: Event) -> None:
-        """Send ``event``; an event about a job carries the job's trace context in its headers."""
+    async def send(self, event: Event) -> "asyncio.Future[Any]":
+        """Hand ``event`` to the producer and return without waiting for the broker: the future resolves once the
+        broker acknowledged it. Sends keep their order within a partition. An event about a job carries the job's
+        trace context in its headers (taken now, from the span current at the call)."""
         headers = tracing.headers_for(event)
-        await self.broker.publish(encode(event), topic=topic_of(event).name, key=key_of(event), headers=headers)
-        metrics.EVENTS_PUBLISHED.labels(topic_of(event).name).inc()
+        name = topic_of(event).name
+        future = _pending(
+            await self.broker.publish(encode(event), topic=name, key=key_of(event), headers=headers, no_confirm=True)
+        )
+        metrics.EVENTS_PUBLISHED.labels(name).inc()
         metrics.CONSUMER_LAG.ensure_sampling()
+        return future
+
+    async def publish(self, event: Event) -> None:
+        """Send ``event`` and wait until the broker has it."""
+        await (await self.send(event))
 
     async def publish_raw(
         self, raw: bytes, topic: Topic, *, key: str, partition: int, headers: Mapping[str, str]
     ) -> None:
         """Send bytes that are not an event (a user's submission, forwarded) to one partition of ``topic``."""
-        await self.broker.publish(raw, topic=topic.name, key=key.encode(), partition=partition, headers=dict(headers))
+        await (await self.send_raw(raw, topic, key=key, partition=partition, headers=headers))
+
+    async def send_raw(
+        self, raw: bytes, topic: Topic, *, key: str, partition: int, headers: Mapping[str, str]
+    ) -> "asyncio.Future[Any]":
+        """``publish_raw`` without waiting for the broker: the future resolves once it has the bytes."""
+        future = _pending(
+            await self.broker.publish(
+                raw, topic=topic.name, key=key.encode(), partition=partition, headers=dict(headers), no_confirm=True
+            )
+        )
         metrics.EVENTS_PUBLISHED.labels(topic.name).inc()
+        return future
 
     async def publish_all(self, events: Sequence[Event]) -> None:
-        for event in events:
-            await self.publish(event)
+        """Send ``events`` in order and wait until the broker has every one: all are handed to the producer before
+        any acknowledgement is awaited, so the producer batches them (one round trip per partition, not per event)."""
+        await confirmed([await self.send(event) for event in events])
 
     async def dead_letter(self, raw: bytes, message: KafkaMessage, error: str) -> None:
         await self.dead_letter_record(raw, source_record(message), error)
 
     async def dead_letter_record(self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str) -> None:
         """Dead-letter a record read without FastStream (the monitor reads its topics in batches)."""
+        await (await self.send_dead_letter(raw, record, error))
+
+    async def send_dead_letter(
+        self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str
+    ) -> "asyncio.Future[Any]":
+        """Hand a dead letter to the producer; the future resolves once the broker has it."""
         headers = {
             "x-shardyard-error": error[:2000],
             "x-shardyard-source": f"{record.topic}/{record.partition}/{record.offset}",
             "x-shardyard-service": self.service,
         }
-        await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers)
+        future = _pending(
+            await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers, no_confirm=True)
+        )
         metrics.EVENTS_DEAD_LETTERED.labels(record.topic).inc()
+        return future
 
     def subscribe(
         self,
@@ -155,6 +213,45 @@ class Bus:
             **options,
         )
         subscriber(measured)
+        metrics.CONSUMER_LAG.track(subscriber, group=group)
+
+    def subscribe_batch(
+        self,
+        routes: Mapping[Topic, BatchHandler],
+        *,
+        group: str,
+        raw_routes: Mapping[Topic, RawBatchHandler] | None = None,
+        listener: ConsumerRebalanceListener | None = None,
+        group_options: Mapping[str, Any] | None = None,
+        max_records: int = MAX_RECORDS,
+        batch_timeout_ms: int = BATCH_TIMEOUT_MS,
+        from_beginning: bool = True,
+    ) -> None:
+        """One group membership for busy topics, read a batch at a time: each topic's handler takes the batch's
+        events of its topic and returns the events they cause; those are published without awaiting each, and the
+        batch is committed once they are all acknowledged (see :mod:`shardyard.bus.batch`)."""
+        consumer = BatchConsumer(self, routes, raw_routes)
+
+        async def on_batch(_body: Any, message: KafkaMessage) -> None:
+            records = message.raw_message
+            metrics.CONSUMER_LAG.ensure_sampling()
+            await consumer.handle(records if isinstance(records, tuple) else (records,))
+
+        options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {})}
+        if listener is not None:
+            options["listener"] = listener
+        subscriber = self.broker.subscriber(
+            *consumer.by_name,
+            group_id=group,
+            batch=True,
+            max_records=max_records,
+            batch_timeout_ms=batch_timeout_ms,
+            ack_policy=AckPolicy.ACK,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            decoder=_no_body,
+            **options,
+        )
+        subscriber(on_batch)
         metrics.CONSUMER_LAG.track(subscriber, group=group)
 
     async def _call(self, handler: Handler, event: Any, raw: bytes, message: KafkaMessage) -> None:

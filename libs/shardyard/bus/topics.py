@@ -36,7 +36,8 @@ class Topic:
 
 SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)")
 LIFECYCLE: Final = Topic("shardyard.jobs.lifecycle", 4, "job id", JobLifecycleEvent)
-HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 4, "node id", HeartbeatEvent)
+HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 16, "node id", HeartbeatEvent)
+"""The busiest topic (a message a node a second): its partitions bound how many resource-pool replicas share it."""
 NODE_STATE: Final = Topic("shardyard.nodes.state", 4, "node id", NodeState, compacted=True)
 ASSIGNMENTS: Final = Topic("shardyard.assignments", 4, "node id", AssignmentEvent)
 SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)

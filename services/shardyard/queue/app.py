@@ -36,9 +36,9 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     follower = Follower(
         settings.bootstrap, [LIFECYCLE], handlers.on_followed, name=f"{SERVICE}-{settings.instance}-follow"
     )
-    bus.subscribe(
+    bus.subscribe_batch(
         {},
-        raw_routes={SUBMISSIONS: handlers.on_submission},
+        raw_routes={SUBMISSIONS: handlers.on_submissions},
         group=GROUP,
         listener=Ownership(
             SUBMISSIONS,

@@ -4,11 +4,11 @@ Every replica follows the lifecycle topic; the consumer group on the submissions
 its partitions, and a replica decides for the jobs of those partitions only."""
 
 import logging
-
-from faststream.kafka import KafkaMessage
+from collections.abc import Awaitable, Sequence
 
 from shardyard import tracing
-from shardyard.bus.kafka import Bus, source_of, source_record
+from shardyard.bus.batch import Record
+from shardyard.bus.kafka import Bus, source_of_record
 from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
 from shardyard.events import JobAccepted
@@ -28,27 +28,37 @@ class QueueHandlers:
         self.bus = bus
         self.clock = clock
 
-    async def on_submission(self, raw: bytes, message: KafkaMessage) -> None:
-        record = source_record(message)
+    async def on_submissions(self, records: Sequence[Record]) -> list[Awaitable[object]]:
+        """A batch of submissions, in log order: each is admitted (or forwarded to its job's partition) and what it
+        causes is handed to the producer; the acknowledgements are returned, for the bus to await before it commits
+        the batch."""
+        sent: list[Awaitable[object]] = []
+        for record in records:
+            sent.extend(await self.on_submission(record))
+        return sent
+
+    async def on_submission(self, record: Record) -> list[Awaitable[object]]:
+        raw = record.value or b""
         headers = dict(record.headers or ())
-        source = headers[FORWARDED_FROM].decode() if FORWARDED_FROM in headers else source_of(message)
+        source = headers[FORWARDED_FROM].decode() if FORWARDED_FROM in headers else source_of_record(record)
         forward = self.book.forward_to(raw, source=source, partition=record.partition)
         if forward is not None:
             # The trace context travels on: the admission span still continues the submitter's trace.
             carried = {name: value.decode(errors="replace") for name, value in headers.items()}
-            await self.bus.publish_raw(
-                raw,
-                SUBMISSIONS,
-                key=forward.job_id,
-                partition=forward.partition,
-                headers={**carried, FORWARDED_FROM: source},
-            )
-            log.info("forwarded submission %s of job %r to partition %d", source, forward.job_id, forward.partition)
-            return
+            log.info("forwarding submission %s of job %r to partition %d", source, forward.job_id, forward.partition)
+            return [
+                await self.bus.send_raw(
+                    raw,
+                    SUBMISSIONS,
+                    key=forward.job_id,
+                    partition=forward.partition,
+                    headers={**carried, FORWARDED_FROM: source},
+                )
+            ]
         events = self.book.on_submission(raw, source=source, now=self.clock.now())
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
-            return
+            return []
         # The admission span continues the submitter's trace (its ``traceparent`` header), or starts the job's trace
         # (a plain-JSON submission, from kcat say). Only an acceptance (re)starts the job's trace everywhere.
         with tracing.job_span(
@@ -58,7 +68,7 @@ class QueueHandlers:
             restart=isinstance(events[0], JobAccepted),
             attributes={**tracing.event_attributes(events[0]), "shardyard.outcome": type(events[0]).__name__},
         ):
-            await self.bus.publish_all(events)
+            return [await self.bus.send(event) for event in events]
 
     async def on_followed(self, _topic: Topic, event: LifecycleFact) -> None:
         await self.bus.publish_all(self.book.on_lifecycle(event, self.clock.now()))

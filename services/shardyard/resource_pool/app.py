@@ -1,6 +1,7 @@
 """Wiring of the resource-pool service."""
 
 from faststream import FastStream
+from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
@@ -8,7 +9,7 @@ from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
-from shardyard.resource_pool.book import PoolBook
+from shardyard.resource_pool.book import PoolBook, Tolerance
 from shardyard.resource_pool.handlers import PoolHandlers
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
@@ -27,6 +28,8 @@ class PoolSettings(ReplicatedSettings):
     tick_interval_s: float = 0.1
     """How often silences are checked: a node turns SUSPECT between this long before its 3 s of silence end and
     their end."""
+    state_refresh_s: float = Field(default=30.0, gt=0, description="republish an unchanged node's state this often")
+    load_step: float = Field(default=0.05, gt=0, description="CPU load change that republishes a node's state")
 
 
 def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
@@ -41,6 +44,8 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         check_every_s=settings.tick_interval_s,
         owned=frozenset(),  # until the group gives this replica partitions
         pause_after_s=max(1.0, PAUSE_TICKS * settings.tick_interval_s),
+        refresh_s=settings.state_refresh_s,
+        tolerance=Tolerance(load=settings.load_step),
     )
     handlers = PoolHandlers(book, bus, clock)
     follower = Follower(
@@ -50,8 +55,8 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         name=f"{SERVICE}-{settings.instance}-follow",
     )
     timings = settings.election_timings()  # a dead replica's nodes are judged again within one election's time
-    bus.subscribe(
-        {HEARTBEATS: handlers.on_heartbeat},
+    bus.subscribe_batch(
+        {HEARTBEATS: handlers.on_heartbeats},
         group=GROUP,
         listener=Ownership(
             HEARTBEATS, handlers.own, lambda: book.owned, who=f"resource pool {settings.instance} judges the nodes"

@@ -15,11 +15,21 @@ the other nodes' state from the node-state topic, ready to take them over. A rep
 finds it was not running for a while (:attr:`PoolBook.pause_after_s`), suspects no ALIVE node for
 :attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them.
 
+Node state is published when it changes, not per heartbeat: its status, drain mark or reservations; its inventory
+(GPUs and their health, cores, memory, address, running shards, artifacts, topology); its CPU load by at least
+:attr:`PoolBook.load_step`, or a GPU's use by at least the :class:`Tolerance` steps. Unchanged, a node's state is
+still republished every :attr:`PoolBook.refresh_s` (its last heartbeat's receipt stays fresh on the compacted topic),
+and once after each takeover or restart of a replica. A heartbeat that changes nothing costs one comparison.
+
+The periodic check costs what changes too: the nodes a replica judges are kept in the order their last heartbeat
+arrived, and a check reads them from the oldest until the first whose silence is short of suspicion.
+
 An operator drains a node (``NodeDrain``, on the heartbeats topic): it takes no new shards until undrained. The mark
 is the pool's, not the agent's: it outlives heartbeats and agent restarts, and comes back from the compacted
 node-state topic when the pool restarts.
 """
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -53,6 +63,59 @@ def silent_since(heartbeat: Heartbeat, received_at: datetime) -> datetime:
     return received_at - timedelta(seconds=min(max(transit, 0.0), MAX_TRANSIT_S))
 
 
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a node's telemetry may move before its state is published again (placement reads load and GPU memory;
+    the monitor reads the exact figures from the heartbeats themselves)."""
+
+    load: float = 0.05
+    """CPU load, as a fraction of the node's cores."""
+    gpu_utilization: float = 0.1
+    gpu_memory: float = 0.05
+    """GPU memory in use, as a fraction of the GPU's memory."""
+    temperature_c: float = 5.0
+
+
+def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
+    """What a heartbeat says that is not telemetry: any change of it is published at once."""
+    return (
+        heartbeat.agent_instance,
+        heartbeat.host,
+        heartbeat.address,
+        heartbeat.rendezvous_ports,
+        tuple(
+            (g.index, g.model, g.tflops, g.memory_bytes, g.simulated, g.tflops_source, g.healthy, g.fault)
+            for g in heartbeat.gpus
+        ),
+        heartbeat.cpu_cores,
+        heartbeat.memory_bytes,
+        heartbeat.running,
+        heartbeat.artifacts,
+        heartbeat.topology,
+    )
+
+
+def _past(change: float, step: float) -> bool:
+    return abs(change) >= step * (1 - 1e-9)  # 0.15 - 0.10 is a whole step of 0.05, float rounding aside
+
+
+def moved(now: Heartbeat, then: Heartbeat, tolerance: Tolerance) -> bool:
+    """Whether the telemetry of ``now`` moved past ``tolerance`` from ``then`` (same inventory)."""
+    if _past(now.cpu_load - then.cpu_load, tolerance.load):
+        return True
+    for gpu, old in zip(now.gpus, then.gpus, strict=True):
+        if _past(gpu.utilization - old.utilization, tolerance.gpu_utilization):
+            return True
+        if _past(gpu.memory_used_bytes - old.memory_used_bytes, tolerance.gpu_memory * max(gpu.memory_bytes, 1)):
+            return True
+        hot, was = gpu.temperature_c, old.temperature_c
+        if (hot is None) != (was is None):
+            return True
+        if hot is not None and was is not None and _past(hot - was, tolerance.temperature_c):
+            return True
+    return False
+
+
 @dataclass
 class NodeRecord:
     heartbeat: Heartbeat
@@ -61,6 +124,9 @@ class NodeRecord:
     draining: bool = False
     silent_since: datetime | None = None
     """When the node went quiet: the sending of its last heartbeat (see :func:`silent_since`); the receipt if None."""
+    published: Heartbeat | None = None
+    """The heartbeat of the node's last published state, with ``published_at`` its time; None: publish the next."""
+    published_at: datetime | None = None
 
     def silence(self, now: datetime) -> float:
         return (now - (self.silent_since or self.received_at)).total_seconds()
@@ -87,6 +153,13 @@ class PoolBook:
     catch_up_s: float = 1.0
     """After a takeover or a pause, the time an ALIVE node gets before it may be suspected: long enough to read the
     heartbeats that came meanwhile, short enough that a node that died meanwhile is still suspected quickly."""
+    refresh_s: float = 30.0
+    """An unchanged node's state is republished this often."""
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    watched: "OrderedDict[str, None]" = field(default_factory=OrderedDict)
+    """The owned nodes that are not LOST, by the receipt of their last heartbeat, oldest first: what ``tick`` reads."""
+    _unordered: bool = False
+    """``watched`` must be sorted again (nodes were restored or taken over out of receipt order)."""
 
     def owns(self, node_id: str) -> bool:
         return self.owned is None or partition_of(node_id, HEARTBEATS) in self.owned
@@ -95,7 +168,10 @@ class PoolBook:
         """The group gave this replica ``partitions`` (all it owns from now on): the heartbeats since the previous
         owner's last are yet to be read, so no node of them is suspected for ``catch_up_s``."""
         self.owned = frozenset(partitions)
+        for record in self.nodes.values():
+            record.published = None  # a takeover republishes each node once: the new owner's word on it
         self._grace(now)
+        self._unordered = True
 
     def _grace(self, now: datetime) -> None:
         earliest = now - timedelta(seconds=max(self.suspect_after_s - self.catch_up_s, 0.0))
@@ -103,14 +179,26 @@ class PoolBook:
             if record.status is NodeStatus.ALIVE and self.owns(node_id):
                 record.silent_since = max(record.silent_since or record.received_at, earliest)
 
+    def _watch_order(self) -> None:
+        """Rebuild ``watched`` from every owned node that is not LOST, oldest receipt first."""
+        judged = [
+            (record.received_at, node_id)
+            for node_id, record in self.nodes.items()
+            if record.status is not NodeStatus.LOST and self.owns(node_id)
+        ]
+        self.watched = OrderedDict((node_id, None) for _, node_id in sorted(judged))
+        self._unordered = False
+
     def observe(self, state: NodeState) -> None:
         """Another replica's publication: kept for a node this replica does not own (it may take it over)."""
         if not self.owns(state.node_id):
             self.restore(state)
 
     def state_of(self, node_id: str, now: datetime) -> NodeState:
+        """The node's state to publish now (recorded as its last published one)."""
         record = self.nodes[node_id]
         hb = record.heartbeat
+        record.published, record.published_at = hb, now
         allocated = sorted({g for gpus in self.allocations.get(node_id, {}).values() for g in gpus})
         return NodeState(
             occurred_at=now,
@@ -137,11 +225,24 @@ class PoolBook:
         same_agent = record is not None and record.heartbeat.agent_instance == heartbeat.agent_instance
         if same_agent and record is not None and heartbeat.seq < record.heartbeat.seq:
             return []  # a late, reordered heartbeat says nothing new
-        draining = record is not None and record.draining
-        self.nodes[heartbeat.node_id] = NodeRecord(
-            heartbeat, now, NodeStatus.ALIVE, draining, silent_since=silent_since(heartbeat, now)
-        )
+        fresh = NodeRecord(heartbeat, now, NodeStatus.ALIVE, silent_since=silent_since(heartbeat, now))
+        if record is not None:
+            fresh.draining, fresh.published, fresh.published_at = record.draining, record.published, record.published_at
+        self.nodes[heartbeat.node_id] = fresh
+        if self.owns(heartbeat.node_id):
+            self.watched[heartbeat.node_id] = None
+            self.watched.move_to_end(heartbeat.node_id)
+        if record is not None and record.status is NodeStatus.ALIVE and not self._due(fresh, now):
+            return []
         return [self.state_of(heartbeat.node_id, now)]
+
+    def _due(self, record: NodeRecord, now: datetime) -> bool:
+        """Whether the node's state must go out again: what it says changed, or its refresh is due."""
+        last, at = record.published, record.published_at
+        if last is None or at is None or (now - at).total_seconds() >= self.refresh_s:
+            return True
+        beat = record.heartbeat
+        return inventory_of(beat) != inventory_of(last) or moved(beat, last, self.tolerance)
 
     def on_drain(self, drain: NodeDrain, now: datetime) -> list[Event]:
         """Mark or unmark a node as draining; its fresh state goes out at once. Unknown nodes and requests that
@@ -171,6 +272,10 @@ class PoolBook:
             topology=state.topology,
         )
         self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status, state.draining)
+        self.watched.pop(state.node_id, None)
+        if state.status is not NodeStatus.LOST and self.owns(state.node_id):
+            self.watched[state.node_id] = None
+            self._unordered = True
 
     def on_ledger_event(self, event: object, now: datetime | None = None) -> list[Event]:
         """Reserve or release GPUs; with ``now``, return the fresh state of each node whose reservations changed."""
@@ -205,21 +310,29 @@ class PoolBook:
         if last is not None and pause is not None and (now - last).total_seconds() >= pause:
             self._grace(now)
             return []
+        if self._unordered:
+            self._watch_order()
+        suspect_at = self.suspect_after_s - self.check_every_s
         out: list[Event] = []
-        for node_id, record in self.nodes.items():
-            if not self.owns(node_id):
-                continue
+        gone: list[str] = []
+        for node_id in self.watched:
+            record = self.nodes[node_id]
+            if (now - record.received_at).total_seconds() + MAX_TRANSIT_S < suspect_at:
+                break  # this node's silence, and every later one's, is short of suspicion
             silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= self.lost_after_s:
                 record.status = NodeStatus.LOST
                 self.allocations.pop(node_id, None)
+                gone.append(node_id)
                 out.append(self.state_of(node_id, now))
                 out.append(
                     NodeLost(
                         occurred_at=now, node_id=node_id, last_heartbeat_at=record.received_at, silent_for_s=silent
                     )
                 )
-            elif record.status is NodeStatus.ALIVE and silent >= self.suspect_after_s - self.check_every_s:
+            elif record.status is NodeStatus.ALIVE and silent >= suspect_at:
                 record.status = NodeStatus.SUSPECT
                 out.append(self.state_of(node_id, now))
+        for node_id in gone:
+            del self.watched[node_id]
         return out

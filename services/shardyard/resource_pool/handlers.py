@@ -2,11 +2,12 @@
 replica follows the ledger (assignments, shard ends, job ends) and the other replicas' node states."""
 
 import logging
+from collections.abc import Sequence
 
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import Topic
 from shardyard.clock import Clock
-from shardyard.events import Heartbeat, NodeDrain, NodeState
+from shardyard.events import Event, Heartbeat, NodeDrain, NodeState
 from shardyard.resource_pool.book import PoolBook
 
 log = logging.getLogger(__name__)
@@ -20,14 +21,18 @@ class PoolHandlers:
         self.live = False
         """Whether followed events are current (publish what they change) or the log being caught up with."""
 
-    async def on_heartbeat(self, event: Heartbeat | NodeDrain) -> None:
-        """The heartbeats topic carries agents' heartbeats and operators' drain requests, both keyed by node."""
+    async def on_heartbeats(self, events: Sequence[Heartbeat | NodeDrain]) -> list[Event]:
+        """A batch of the heartbeats topic: agents' heartbeats and operators' drain requests, both keyed by node.
+        Returns the node states they change (the bus publishes them, then commits the batch)."""
         now = self.clock.now()
-        match event:
-            case NodeDrain():
-                await self.bus.publish_all(self.book.on_drain(event, now))
-            case Heartbeat():
-                await self.bus.publish_all(self.book.on_heartbeat(event, now))
+        out: list[Event] = []
+        for event in events:
+            match event:
+                case NodeDrain():
+                    out.extend(self.book.on_drain(event, now))
+                case Heartbeat():
+                    out.extend(self.book.on_heartbeat(event, now))
+        return out
 
     async def on_followed(self, _topic: Topic, event: object) -> None:
         """Every replica's view of the whole pool: other replicas' node states, and the reservations ledger."""
