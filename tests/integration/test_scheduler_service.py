@@ -1,4 +1,5 @@
-"""The scheduler places a ready job's whole gang on nodes with the right GPUs and follows it to its end."""
+"""The scheduler places a ready job's whole gang on nodes with the right GPUs and follows it to its end; an
+assignment never answered is revoked at its start deadline and its gang recovered off the silent node."""
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -6,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, SERVICES
+from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, SERVICES, SHARD_EVENTS
 from shardyard.events import (
     FailureCause,
     GpuStatus,
     JobFailed,
     JobReady,
+    JobRecovering,
     JobRunning,
     JobScheduled,
     JobSpec,
@@ -23,6 +25,7 @@ from shardyard.events import (
     ServiceReady,
     ShardAssignment,
     ShardCompleted,
+    ShardFailed,
     ShardRevocation,
     ShardStarted,
 )
@@ -51,14 +54,14 @@ def node(node_id: str, model: str, tflops: float, gpus: int = 1) -> NodeState:
     )
 
 
-def spec(job_id: str, model: str = "A100", count: int = 2) -> JobSpec:
+def spec(job_id: str, model: str = "A100", count: int = 2, min_tflops: float = 35) -> JobSpec:
     return JobSpec(
         job_id=job_id,
         task_type="micro_train",
         priority=5,
         gpu_count=count,
         gpu_model=model,
-        min_tflops=35,
+        min_tflops=min_tflops,
         memory_bytes=64 * 1024**3,
         cpu_cores=8,
         model_path="/data/models/m",
@@ -152,3 +155,54 @@ async def test_places_on_a100s_and_follows_the_gang(bootstrap: str, log_dir: Pat
                 )
             )
             assert {r.node_id for r in revoked} == {"s-a100-a", "s-a100-b"}
+
+
+async def test_an_assignment_never_started_is_revoked_at_its_deadline_and_the_gang_recovered(
+    bootstrap: str, log_dir: Path
+) -> None:
+    """An agent takes its assignment and hangs: at the start deadline the scheduler revokes the shard and fails it
+    START_TIMEOUT; the fault manager re-forms the gang off that node; when the new attempt does not start either,
+    the spent retry budget ends the job FAILED with both causes, and its GPUs are revoked."""
+    await ensure_topics(bootstrap)
+    job = "deadline-1"
+    with (
+        service("shardyard.scheduler", ["--start-deadline-s", "2"], bootstrap=bootstrap, log_dir=log_dir),
+        service("shardyard.fault_manager", ["--max-retries", "1"], bootstrap=bootstrap, log_dir=log_dir),
+    ):
+        topics = [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, SERVICES]
+        async with Watcher(bootstrap, topics) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="scheduler", timeout_s=60)
+            await watch.first(ServiceReady, service="fault-manager", timeout_s=60)
+            for name in ("d-h100-a", "d-h100-b", "d-h100-c"):  # the only H100s: the job lands on two of them
+                await send.event(node(name, "H100", 67))
+            await send.event(JobReady(occurred_at=NOW, job_id=job, spec=spec(job, model="H100", min_tflops=60)))
+            first = await watch.first(JobScheduled, job_id=job, attempt=1)
+            answered, silent = (p.node_id for p in first.placements)
+            await send.event(
+                ShardStarted(occurred_at=NOW, job_id=job, shard_index=0, attempt=1, node_id=answered, pid=100)
+            )
+
+            timeout = await watch.first(ShardFailed, job_id=job, attempt=1, cause=FailureCause.START_TIMEOUT)
+            assert (timeout.shard_index, timeout.node_id) == (1, silent)
+            assert (timeout.occurred_at - first.occurred_at).total_seconds() >= 2.0
+            revoked = await watch.until(
+                lambda: [r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "start deadline" in r.reason]
+            )
+            assert [(r.shard_index, r.node_id) for r in revoked] == [(1, silent)]  # the started shard is not
+
+            plan = await watch.first(JobRecovering, job_id=job, attempt=1)
+            assert plan.cause is FailureCause.START_TIMEOUT and plan.exclude_nodes == (silent,)
+            second = await watch.first(JobScheduled, job_id=job, attempt=2)
+            assert silent not in {p.node_id for p in second.placements}
+            assert second.placements[0].node_id == answered  # the survivor keeps its GPU
+
+            # Nobody answers the new attempt either: the retry budget (1) is spent and the job ends with the causes.
+            ended = await watch.first(JobFailed, job_id=job)
+            assert ended.cause is FailureCause.START_TIMEOUT
+            assert {c.cause for c in ended.causes} == {FailureCause.START_TIMEOUT}
+            assert (ended.causes[0].shard_index, ended.causes[0].node_id) == (1, silent)  # attempt 1's, then 2's
+            await watch.until(
+                lambda: {r.shard_index for r in watch.of(ShardRevocation, job_id=job, attempt=2)} == {0, 1}
+            )
+            failures = watch.of(ShardFailed, job_id=job, cause=FailureCause.START_TIMEOUT)
+            assert len({(f.attempt, f.shard_index) for f in failures}) == len(failures), "each failed once"

@@ -80,6 +80,7 @@ def test_the_jobs_own_faults_fail_it_at_once(cause: FailureCause) -> None:
         pytest.param(C.GPU_FAULT, ("node-b",), id="gpu-fault"),
         pytest.param(C.LAUNCH_ERROR, ("node-b",), id="launch-error"),
         pytest.param(C.NODE_LOST, ("node-b",), id="node-lost"),
+        pytest.param(C.START_TIMEOUT, ("node-b",), id="start-timeout-decided-at-once-off-the-node"),
         pytest.param(C.FENCED, (), id="fenced-node-never-suspected"),
     ],
 )

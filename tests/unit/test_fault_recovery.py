@@ -55,6 +55,7 @@ def test_every_cause_has_a_disposition() -> None:
         pytest.param(C.GPU_FAULT, JobRecovering, ("node-b",), id="gpu-fault-retried-node-excluded"),
         pytest.param(C.LAUNCH_ERROR, JobRecovering, ("node-b",), id="launch-error-retried-node-excluded"),
         pytest.param(C.NODE_LOST, JobRecovering, ("node-b",), id="node-lost-retried-node-excluded"),
+        pytest.param(C.START_TIMEOUT, JobRecovering, ("node-b",), id="start-timeout-retried-node-excluded"),
         pytest.param(C.USER_ERROR, JobFailed, None, id="user-error-fails"),
         pytest.param(C.MISSING_ARTIFACT, JobFailed, None, id="missing-artifact-fails"),
         pytest.param(C.DEPENDENCY_FAILED, JobFailed, None, id="dependency-failed-fails"),

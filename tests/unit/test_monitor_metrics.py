@@ -255,6 +255,7 @@ def test_shard_failures_count_each_attempt_once_by_cause_from_zero() -> None:
     assert value(text, "shardyard_shard_failures_total", cause="OOM") == 2
     assert value(text, "shardyard_shard_failures_total", cause="PROCESS_EXIT") == 1
     assert value(text, "shardyard_shard_failures_total", cause="GPU_FAULT") == 0
+    assert value(text, "shardyard_shard_failures_total", cause="START_TIMEOUT") == 0  # every cause, from zero
 
 
 def test_recovery_time_runs_from_the_first_plan_to_the_new_gangs_first_progress() -> None:

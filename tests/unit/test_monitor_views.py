@@ -32,7 +32,18 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import JobState
 from shardyard.monitor.views import ClusterView
-from tests.unit.builders import GIB, at, completed, heartbeat, job_spec, node_state, progress, scheduled, started
+from tests.unit.builders import (
+    GIB,
+    at,
+    completed,
+    failed,
+    heartbeat,
+    job_spec,
+    node_state,
+    progress,
+    scheduled,
+    started,
+)
 
 SPEC = job_spec(priority=5, max_steps=20)
 
@@ -164,6 +175,22 @@ def test_failed_job_shows_its_cause() -> None:
         "lost",
         at(5),
     )
+
+
+def test_a_shard_failed_at_its_start_deadline_shows_the_cause() -> None:
+    timeout = failed(
+        shard_index=1,
+        node_id="node-b",
+        cause=FailureCause.START_TIMEOUT,
+        exit_code=None,
+        message="not reported started within 60s of its assignment (attempt 1): revoked",
+        occurred_at=at(61),
+    )
+    job = view_of([*FULL_RUN[:4], timeout]).jobs["job-1"]
+
+    shard = job.detail()["shards"]["1"]
+    assert (shard["state"], shard["cause"], shard["node_id"]) == ("FAILED", FailureCause.START_TIMEOUT, "node-b")
+    assert job.timeline[-1]["event"] == "shard failed" and "START_TIMEOUT" in job.timeline[-1]["detail"]
 
 
 def test_shard_events_of_an_older_attempt_are_ignored() -> None:

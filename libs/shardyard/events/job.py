@@ -148,6 +148,9 @@ class FailureCause(StrEnum):
     FENCED = "FENCED"
     """The shard stopped because its node lost the bus: its agent, or the shard itself, fenced it once the lease ran
     out. Nobody re-forms the gang on purpose, so the fault manager does."""
+    START_TIMEOUT = "START_TIMEOUT"
+    """Reported by the scheduler, not an agent: the shard was not reported started within the start deadline of its
+    assignment (its agent took it and died or hung), so the scheduler revoked it."""
 
 
 class ShardPlacement(Model):

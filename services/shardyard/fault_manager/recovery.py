@@ -50,6 +50,9 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         # Fenced: the node's agent lost the bus and its shards stopped (lease). The node is usually suspected and the
         # gang re-formed already; when it was not (a pool handover, a short pause), this re-forms it.
         FailureCause.FENCED: Disposition.RETRY,
+        # The shard was not reported started within its start deadline (its agent died or hung before starting it):
+        # the scheduler revoked it and reports this on the agent's behalf.
+        FailureCause.START_TIMEOUT: Disposition.RETRY,
     }
 )
 
@@ -59,6 +62,7 @@ EXCLUDES_NODE: Final = frozenset(
         FailureCause.LAUNCH_ERROR,  # the node cannot start shards: its environment is broken
         FailureCause.OOM,  # the node's memory (other tenants, a smaller GPU) would likely run out again
         FailureCause.NODE_LOST,  # the node is gone
+        FailureCause.START_TIMEOUT,  # the node took the shard and never started it: its agent is dead or stuck
     }
 )
 """Causes that keep the recovered gang off the node the shard failed on. PROCESS_EXIT and KILLED say nothing about

@@ -37,6 +37,9 @@ class SchedulerSettings(ReplicatedSettings):
     reservations: int = Field(default=1, ge=0, description="blocked jobs that hold a reservation against backfill")
     preemption: bool = Field(default=True, description="preempt lower-priority preemptible jobs to fit higher ones")
     preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
+    start_deadline_s: float = Field(
+        default=60.0, gt=0, description="revoke a shard not reported started this long after its assignment"
+    )
     spare_grace_s: float = Field(default=2.0, ge=0, description="how long a new gang waits for room for its spares")
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
@@ -54,6 +57,7 @@ class SchedulerSettings(ReplicatedSettings):
             checkpoint_root=self.checkpoint_root,
             policy=self.policy(),
             preempt_deadline_s=self.preempt_deadline_s,
+            start_deadline_s=self.start_deadline_s,
             spare_grace_s=self.spare_grace_s,
             elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
         )

@@ -28,6 +28,7 @@ from shardyard.events import (
     ShardAssignment,
     ShardCheckpointed,
     ShardCompleted,
+    ShardFailed,
     ShardPlacement,
     ShardPreempted,
     ShardRevocation,
@@ -48,6 +49,7 @@ from shardyard.scheduler.model import (
     estimated_rtt_ms,
 )
 from shardyard.scheduler.placement import schedule
+from shardyard.scheduler.start_deadline import overdue, start_timeout
 
 
 class SchedulerBook:
@@ -58,6 +60,7 @@ class SchedulerBook:
         checkpoint_root: str = "/data/checkpoints",
         policy: Policy | None = None,
         preempt_deadline_s: float = 30.0,
+        start_deadline_s: float = 60.0,
         spare_grace_s: float = 2.0,
         elasticity: ElasticityTracker | None = None,
     ) -> None:
@@ -65,6 +68,7 @@ class SchedulerBook:
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.policy = policy or Policy()
         self.preempt_deadline_s = preempt_deadline_s
+        self.start_deadline_s = start_deadline_s
         self.spare_grace_s = spare_grace_s
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
@@ -137,7 +141,11 @@ class SchedulerBook:
                 self.specs.pop(event.job_id, None)
                 self.finished.add(event.job_id)
             case ShardStarted() if self._current(event.job_id, event.attempt):
-                self.gangs[event.job_id].started.add(event.shard_index)
+                gang = self.gangs[event.job_id]
+                if event.shard_index not in gang.failed:  # a start after the start deadline's failure is too late
+                    gang.started.add(event.shard_index)
+            case ShardFailed() if self._current(event.job_id, event.attempt):
+                self.gangs[event.job_id].failed.add(event.shard_index)
             case ShardCompleted() if self._current(event.job_id, event.attempt):
                 self.gangs[event.job_id].completed[event.shard_index] = event
             case ShardPreempted() if self._current(event.job_id, event.attempt):
@@ -182,13 +190,15 @@ class SchedulerBook:
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:
-        """One scheduling cycle: overdue preemptions end, cancelled jobs leave, every pending job is decided."""
+        """One scheduling cycle: overdue preemptions end, cancelled jobs leave, shards past their start deadline are
+        revoked and failed, every pending job is decided."""
         out = self._overdue_preemptions(now)
         for job_id in [j for j in [*self.pending, *self.gangs] if j in self.cancel_requested]:
             # A cancel request that arrived before the job became ready here (e.g. as the queue released it), or
             # one a previous leader took in but did not carry out.
             request = JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id])
             out.extend(self.on_cancel(request, now))
+        out.extend(self._overdue_starts(now))
         self.blocked = []
         if not self.pending:
             return out
@@ -327,6 +337,18 @@ class SchedulerBook:
             if gang.preempt_deadline is not None and now >= gang.preempt_deadline:
                 out.extend(self._revoke(gang, now, f"preempted by {gang.preempted_by}: no checkpoint in time"))
                 out.extend(self._end_preemption(job_id, gang, now))
+        return out
+
+    def _overdue_starts(self, now: datetime) -> list[Event]:
+        """Revoke the shards not started by their start deadline and report them failed (see ``start_deadline``);
+        the failure, applied here, marks each one decided."""
+        out: list[Event] = []
+        for gang in self.gangs.values():
+            for shard in overdue(gang, now, self.start_deadline_s):
+                events = start_timeout(gang, shard, term=self.term, deadline_s=self.start_deadline_s, now=now)
+                for event in events:
+                    self.apply(event)
+                out.extend(events)
         return out
 
     def _end_preemption(self, job_id: str, gang: Gang, now: datetime) -> list[Event]:

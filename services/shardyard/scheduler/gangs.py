@@ -15,6 +15,8 @@ class Gang:
     spec: JobSpec
     scheduled: JobScheduled
     started: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    """Shards reported failed (by their agent, or by the scheduler at their start deadline)."""
     completed: dict[int, ShardCompleted] = field(default_factory=dict)
     preempted: dict[int, ShardPreempted] = field(default_factory=dict)
     running: bool = False

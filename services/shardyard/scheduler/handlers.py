@@ -159,7 +159,7 @@ class SchedulerHandlers:
             await self.publish(decided, spans=PLACEMENT_SPANS, started=started)
 
     async def tick(self) -> None:
-        """The periodic cycle (time-based rules: aging, max_wait, preemption deadlines) and elasticity signals."""
+        """The periodic cycle (time rules: aging, max_wait, preemption and start deadlines) and elasticity signals."""
         if not self.leading:
             return
         await self.cycle()

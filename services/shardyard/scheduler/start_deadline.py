@@ -1,0 +1,56 @@
+"""The start deadline of assignments: nobody holds GPUs for a shard that never starts. Pure: time comes in.
+
+A training shard of a gang's current attempt that its agent has not reported started ``deadline_s`` after the gang
+was placed is overdue: its agent took the assignment and died or hung before starting it. The scheduler revokes it
+(the agent stops it should it start after all, and the resource pool frees its GPUs) and reports it failed with
+``START_TIMEOUT`` on the agent's behalf, so the fault manager recovers the gang by the usual rules (a spare, or a
+re-placement off that node, within the retry budget). The report is itself a fact of the shard's attempt: once the
+book has it (as the leader decides, from the log after a failover, or replayed) the shard is not overdue again.
+
+Never overdue: spares (they start nothing until promoted, which is a new attempt), shards reported started,
+completed, failed or stopped on request, and every shard of a gang being preempted (the preemption has a deadline
+of its own).
+"""
+
+from datetime import datetime, timedelta
+
+from shardyard.events import Event, FailureCause, ShardFailed, ShardPlacement, ShardRevocation
+from shardyard.scheduler.gangs import Gang
+
+
+def overdue(gang: Gang, now: datetime, deadline_s: float) -> list[ShardPlacement]:
+    """The training shards of ``gang`` not reported started (nor ended) ``deadline_s`` after its placement. O(1) for
+    a gang before its deadline, running (every shard started) or being preempted."""
+    if gang.running or gang.preempted_by is not None:
+        return []
+    if now < gang.scheduled.occurred_at + timedelta(seconds=deadline_s):
+        return []
+    settled = gang.started | gang.failed | set(gang.completed) | set(gang.preempted)
+    return [p for p in gang.scheduled.placements if not p.spare and p.shard_index not in settled]
+
+
+def start_timeout(gang: Gang, shard: ShardPlacement, *, term: int, deadline_s: float, now: datetime) -> list[Event]:
+    """Revoke an overdue shard and report it failed ``START_TIMEOUT``."""
+    attempt = gang.scheduled.attempt
+    message = f"not reported started within {deadline_s:g}s of its assignment (attempt {attempt}): revoked"
+    return [
+        ShardRevocation(
+            occurred_at=now,
+            job_id=gang.spec.job_id,
+            shard_index=shard.shard_index,
+            node_id=shard.node_id,
+            attempt=attempt,
+            term=term,
+            reason=f"start deadline: {message}",
+        ),
+        ShardFailed(
+            occurred_at=now,
+            job_id=gang.spec.job_id,
+            shard_index=shard.shard_index,
+            attempt=attempt,
+            node_id=shard.node_id,
+            cause=FailureCause.START_TIMEOUT,
+            exit_code=None,
+            message=message,
+        ),
+    ]
