@@ -27,12 +27,21 @@ def one_key_per_partition(prefix: str, topic: Topic) -> dict[int, str]:
 
 def published(port: int, topic: Topic) -> float:
     """How many events to ``topic`` the process serving ``/metrics`` on ``port`` published (0 before it serves)."""
+    return _counted(port, "shardyard_events_published_total", topic)
+
+
+def consumed(port: int, topic: Topic) -> float:
+    """How many messages of ``topic`` the process serving ``/metrics`` on ``port`` consumed (0 before it serves)."""
+    return _counted(port, "shardyard_events_consumed_total", topic)
+
+
+def _counted(port: int, counter: str, topic: Topic) -> float:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
         return 0.0
-    pattern = r'shardyard_events_published_total\{topic="' + re.escape(topic.name) + r'"\} ([0-9.e+]+)'
+    pattern = counter + r'\{topic="' + re.escape(topic.name) + r'"\} ([0-9.e+]+)'
     found = re.search(pattern, text)
     return float(found.group(1)) if found else 0.0
 
