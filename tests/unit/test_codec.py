@@ -59,6 +59,7 @@ from shardyard.events import (
     ShardPreempted,
     ShardRevocation,
     ShardStopRequest,
+    lease_of,
 )
 from tests.unit.builders import (
     assignment,
@@ -163,6 +164,7 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (JobCancelRequested(occurred_at=at(1), job_id="job-7"), LIFECYCLE, "job-7"),
     (JobCancelled(occurred_at=at(1), job_id="job-7", message="by user"), LIFECYCLE, "job-7"),
     (NodeDrain(occurred_at=at(1), node_id="node-b", draining=True), HEARTBEATS, "node-b"),
+    (lease_of(heartbeat("node-b")), HEARTBEATS, "node-b"),
     (
         ShardStopRequest(
             occurred_at=at(1), job_id="job-7", shard_index=0, node_id="node-b", attempt=1, term=1, reason="r"

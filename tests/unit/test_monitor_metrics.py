@@ -23,6 +23,7 @@ from shardyard.events import (
     JobWaiting,
     NodeStatus,
     PendingReason,
+    lease_of,
 )
 from shardyard.monitor.metrics import MonitorMetrics, make_registry, mean_rtt_ms
 from shardyard.monitor.telemetry import Telemetry
@@ -172,6 +173,20 @@ def test_gpus_carry_node_gpu_and_model_with_memory_used_and_total() -> None:
     assert value(text, "shardyard_gpu_memory_used_bytes", **labels) == 0
     assert value(text, "shardyard_gpu_utilization_ratio", **labels) == 0
     assert value(text, "shardyard_gpu_healthy", **labels) == 1
+
+
+def test_cpu_load_and_gpu_use_are_the_newest_beats_not_the_last_published_state() -> None:
+    node = node_state("n1", gpus=gpus(count=2), cpu_load=0.1)
+    lease = lease_of(heartbeat("n1", cpu_load=0.13)).model_copy(
+        update={"gpu_utilization": (0.04, 0.07), "gpu_memory_used_bytes": (GIB, 2 * GIB)}
+    )
+    text = scrape(node, lease)
+
+    assert value(text, "shardyard_node_cpu_load_ratio", node="n1") == 0.13
+    assert value(text, "shardyard_gpu_utilization_ratio", node="n1", gpu="1") == 0.07
+    assert value(text, "shardyard_gpu_memory_used_bytes", node="n1", gpu="0") == GIB
+    restarted = lease.model_copy(update={"agent_instance": "another", "cpu_load": 0.5})
+    assert value(scrape(node, restarted), "shardyard_gpu_utilization_ratio", node="n1", gpu="1") == 0.0
 
 
 def test_shard_figures_are_exported_while_the_job_runs_and_end_with_it() -> None:

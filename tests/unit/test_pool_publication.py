@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
-from shardyard.events import GpuStatus, NodeState, NodeStatus, RunningShard
-from shardyard.resource_pool.book import PoolBook, Tolerance
+from shardyard.events import GpuStatus, NodeLease, NodeState, NodeStatus, RunningShard
+from shardyard.resource_pool.book import PoolBook
+from shardyard.resource_pool.telemetry import Tolerance
 from tests.unit.builders import GIB, at, gpus, heartbeat, node_state
 
 
@@ -119,3 +120,74 @@ def test_a_lost_node_leaves_the_watch_and_returns_with_its_next_heartbeat() -> N
 
     assert published(book, 11) == [NodeStatus.ALIVE]
     assert list(book.watched) == ["node-a"]
+
+
+def lease(seconds: float, **overrides: Any) -> NodeLease:
+    fields: dict[str, Any] = {
+        "occurred_at": at(seconds),
+        "node_id": "node-a",
+        "agent_instance": "node-a-agent-1",
+        "seq": int(seconds * 10),
+        "cpu_load": 0.1,
+        "gpu_utilization": (0.0, 0.0),
+        "gpu_memory_used_bytes": (0, 0),
+        "gpu_temperature_c": (None, None),
+    }
+    return NodeLease(**{**fields, **overrides})
+
+
+def test_leases_keep_a_node_alive_and_publish_nothing_while_nothing_changes() -> None:
+    book = a_book(suspect_after_s=3.0)
+
+    renewals = [book.on_lease(lease(second), at(second)) for second in range(1, 10)]
+
+    assert renewals == [[]] * 9
+    assert book.tick(at(11.5)) == []  # silent 2.5 s since the last lease
+    (suspect,) = book.tick(at(12.5))
+    assert isinstance(suspect, NodeState) and suspect.status is NodeStatus.SUSPECT
+
+
+def test_a_lease_whose_telemetry_moved_publishes_the_state_with_it() -> None:
+    book = a_book()
+
+    (state,) = book.on_lease(lease(1, cpu_load=0.4, gpu_utilization=(0.9, 0.0), gpu_temperature_c=(70.0, 40.0)), at(1))
+
+    assert isinstance(state, NodeState)
+    assert (state.cpu_load, [g.utilization for g in state.gpus]) == (0.4, [0.9, 0.0])
+    assert [g.temperature_c for g in state.gpus] == [70.0, 40.0]
+    assert [g.model for g in state.gpus] == ["A100", "A100"]  # the inventory is the last full heartbeat's
+
+
+@pytest.mark.parametrize(
+    "stranger",
+    [
+        pytest.param(lease(1, node_id="node-unknown"), id="unknown-node"),
+        pytest.param(lease(1, agent_instance="node-a-agent-2"), id="restarted-agent-before-its-full-heartbeat"),
+        pytest.param(lease(1, seq=4), id="older-than-the-last-heartbeat"),
+    ],
+)
+def test_a_lease_the_pool_cannot_place_renews_nothing(stranger: NodeLease) -> None:
+    book = a_book(suspect_after_s=3.0)
+    book.on_heartbeat(heartbeat("node-a", seq=5, occurred_at=at(0.5)), at(0.5))
+
+    assert book.on_lease(stranger, at(3)) == []
+    suspected = [e.node_id for e in book.tick(at(3.6)) if isinstance(e, NodeState)]
+    assert suspected == ["node-a"]
+
+
+def test_a_lease_brings_a_suspected_node_back_at_once() -> None:
+    book = a_book(suspect_after_s=3.0)
+    book.tick(at(3.5))
+
+    (state,) = book.on_lease(lease(4), at(4))
+
+    assert isinstance(state, NodeState) and state.status is NodeStatus.ALIVE
+
+
+def test_a_lease_with_figures_for_other_gpus_keeps_the_known_ones() -> None:
+    book = a_book()
+
+    (state,) = book.on_lease(lease(1, cpu_load=0.5, gpu_utilization=(1.0,), gpu_memory_used_bytes=(1,)), at(1))
+
+    assert isinstance(state, NodeState)
+    assert (state.cpu_load, [g.utilization for g in state.gpus]) == (0.5, [0.0, 0.0])

@@ -34,10 +34,13 @@ from shardyard.events.node import (
     HeartbeatEvent,
     NodeDrain,
     NodeEvent,
+    NodeLease,
     NodeLost,
     NodeState,
     NodeStatus,
     RunningShard,
+    inventory_of,
+    lease_of,
 )
 from shardyard.events.service import LeaderElected, LeadershipClaimed, ServiceEvent, ServiceReady
 from shardyard.events.shard import (
@@ -94,6 +97,7 @@ __all__ = [
     "Model",
     "NodeDrain",
     "NodeEvent",
+    "NodeLease",
     "NodeLost",
     "NodeState",
     "NodeStatus",
@@ -117,5 +121,7 @@ __all__ = [
     "ShardStarted",
     "ShardStopRequest",
     "Workload",
+    "inventory_of",
+    "lease_of",
     "new_event_id",
 ]

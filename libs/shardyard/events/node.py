@@ -58,6 +58,59 @@ class Heartbeat(Event):
     topology: dict[str, str] = Field(default_factory=dict, description="placement labels: zone, rack")
 
 
+class NodeLease(Event):
+    """A node's liveness renewal: what its agent sends every second between full heartbeats, which carry its
+    inventory only when it changed and on a slow refresh (as a Kubernetes node lease renews liveness apart from the
+    node's status). Beside who and which beat, it carries the live telemetry: CPU load and each GPU's use, in the
+    order of the node's GPUs."""
+
+    type: Literal["node.lease"] = "node.lease"
+    node_id: str
+    agent_instance: str = Field(description="changes when the agent restarts")
+    seq: int = Field(ge=0, description="the agent's beat counter, shared with its full heartbeats")
+    cpu_load: float = Field(ge=0)
+    gpu_utilization: tuple[float, ...] = ()
+    gpu_memory_used_bytes: tuple[int, ...] = ()
+    gpu_temperature_c: tuple[float | None, ...] = ()
+
+
+def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
+    """What a heartbeat says that is not telemetry (a lease carries the telemetry): who and where the node is, its
+    GPUs and their health, cores, memory, mounts, running shards, artifacts and topology. An agent sends a full
+    heartbeat when this changes; the pool publishes the node's state when it does."""
+    gpus = tuple(
+        (g.index, g.model, g.tflops, g.memory_bytes, g.simulated, g.tflops_source, g.healthy, g.fault)
+        for g in heartbeat.gpus
+    )
+    return (
+        heartbeat.agent_instance,
+        heartbeat.host,
+        heartbeat.address,
+        heartbeat.rendezvous_ports,
+        gpus,
+        heartbeat.cpu_cores,
+        heartbeat.memory_bytes,
+        heartbeat.mounts,
+        heartbeat.running,
+        heartbeat.artifacts,
+        heartbeat.topology,
+    )
+
+
+def lease_of(heartbeat: Heartbeat) -> NodeLease:
+    """The lease that says what ``heartbeat`` says of liveness and telemetry."""
+    return NodeLease(
+        occurred_at=heartbeat.occurred_at,
+        node_id=heartbeat.node_id,
+        agent_instance=heartbeat.agent_instance,
+        seq=heartbeat.seq,
+        cpu_load=heartbeat.cpu_load,
+        gpu_utilization=tuple(g.utilization for g in heartbeat.gpus),
+        gpu_memory_used_bytes=tuple(g.memory_used_bytes for g in heartbeat.gpus),
+        gpu_temperature_c=tuple(g.temperature_c for g in heartbeat.gpus),
+    )
+
+
 class NodeDrain(Event):
     """An operator drains a node (no new shards; running ones finish) or undrains it (``shardyard drain``)."""
 
@@ -99,6 +152,7 @@ class NodeLost(Event):
     silent_for_s: float
 
 
-NodeEvent = Annotated[Heartbeat | NodeDrain | NodeState | NodeLost, Field(discriminator="type")]
-HeartbeatEvent = Annotated[Heartbeat | NodeDrain, Field(discriminator="type")]
-"""What the heartbeats topic carries: agents' heartbeats and operators' drain requests, both keyed by node."""
+NodeEvent = Annotated[Heartbeat | NodeLease | NodeDrain | NodeState | NodeLost, Field(discriminator="type")]
+HeartbeatEvent = Annotated[Heartbeat | NodeLease | NodeDrain, Field(discriminator="type")]
+"""What the heartbeats topic carries: agents' full heartbeats and leases, and operators' drain requests, all keyed
+by node."""

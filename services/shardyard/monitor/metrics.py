@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from shardyard.events import FailureCause, NodeState, NodeStatus
+from shardyard.events import FailureCause, NodeLease, NodeState, NodeStatus
 from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.exposition import FamiliesCollector, Family, Key, Kind, render
 from shardyard.monitor.jobs import JobView
@@ -125,14 +125,30 @@ def _nodes(view: ClusterView) -> Iterator[Family]:
     draining.add((), sum(1 for n in nodes if n.draining))
     load = Family("shardyard_node_cpu_load_ratio", "Node CPU load, 0..1", ["node"])
     for node in nodes:
-        load.add((node.node_id,), node.cpu_load)
+        live = view.heartbeats.get(node.node_id)
+        load.add((node.node_id,), live.cpu_load if live is not None else node.cpu_load)
     yield from (by_status, draining, load)
+
+
+def live_use(view: ClusterView, node: NodeState) -> tuple[Sequence[float], Sequence[int]]:
+    """A node's GPU utilisation and memory in use, as its newest beat reports them: the node state is published only
+    when they moved by a step (the resource pool's tolerance); its heartbeats and leases say them every second."""
+    beat = view.heartbeats.get(node.node_id)
+    if beat is not None and beat.agent_instance == node.agent_instance:
+        if isinstance(beat, NodeLease):
+            use: tuple[Sequence[float], Sequence[int]] = (beat.gpu_utilization, beat.gpu_memory_used_bytes)
+        else:
+            use = ([g.utilization for g in beat.gpus], [g.memory_used_bytes for g in beat.gpus])
+        if len(use[0]) == len(use[1]) == len(node.gpus):
+            return use
+    return [g.utilization for g in node.gpus], [g.memory_used_bytes for g in node.gpus]
 
 
 def _gpus(view: ClusterView) -> Iterator[Family]:
     # Thousands of GPUs: one comprehension a column rather than a call a sample, and one list of label values for the
     # families that share them (written once a scrape).
     gpus = [gpu for node in view.nodes.values() for gpu in node.gpus]
+    live = [live_use(view, node) for node in view.nodes.values()]
     keys: list[Key] = [(str(gpu.index), gpu.model, node.node_id) for node in view.nodes.values() for gpu in node.gpus]
     simulated: list[Key] = [(*key, "true" if gpu.simulated else "false") for key, gpu in zip(keys, gpus, strict=True)]
     hot = [(key, gpu.temperature_c) for key, gpu in zip(keys, gpus, strict=True) if gpu.temperature_c is not None]
@@ -142,14 +158,14 @@ def _gpus(view: ClusterView) -> Iterator[Family]:
             "GPU utilisation, 0..1",
             [*GPU_LABELS, "simulated"],
             simulated,
-            [gpu.utilization for gpu in gpus],
+            [used for utilization, _memory in live for used in utilization],
         ),
         Family.columns(
             "shardyard_gpu_memory_used_bytes",
             "GPU memory in use",
             GPU_LABELS,
             keys,
-            [gpu.memory_used_bytes for gpu in gpus],
+            [held for _utilization, memory in live for held in memory],
         ),
         Family.columns(
             "shardyard_gpu_memory_total_bytes",

@@ -11,6 +11,7 @@ from shardyard.events import (
     JobFailed,
     JobRecovering,
     JobSucceeded,
+    NodeLease,
     ShardFailed,
     ShardProgress,
 )
@@ -48,7 +49,7 @@ class Telemetry:
 
     def fold(self, event: object) -> None:
         match event:
-            case Heartbeat():
+            case Heartbeat() | NodeLease():
                 self.heartbeat_lag_s[event.node_id] = (self.clock.now() - event.occurred_at).total_seconds()
             case ShardFailed() if (event.job_id, event.shard_index, event.attempt) not in self._failed:
                 self._failed.add((event.job_id, event.shard_index, event.attempt))

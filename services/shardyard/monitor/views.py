@@ -22,6 +22,7 @@ from shardyard.events import (
     JobRecovering,
     LeaderElected,
     NodeDrain,
+    NodeLease,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -60,7 +61,8 @@ newest sign of life as ``last_heartbeat_at``."""
 class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
-    heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
+    heartbeats: dict[str, Heartbeat | NodeLease] = field(default_factory=dict)
+    """Per node, its newest beat (a full heartbeat or a lease): its live CPU load and GPU use."""
     services: dict[str, ServiceReady] = field(default_factory=dict)
     leaders: dict[str, LeaderElected] = field(default_factory=dict)
     """Each replicated service's current leader: the election with the highest term."""
@@ -122,7 +124,7 @@ class ClusterView:
                     self.hottest_gpu_c[event.node_id] = max(temperatures)
                 else:
                     self.hottest_gpu_c.pop(event.node_id, None)
-            case Heartbeat():
+            case Heartbeat() | NodeLease():
                 self.heartbeats[event.node_id] = event
                 self._seen(event.node_id)
             case NodeDrain():

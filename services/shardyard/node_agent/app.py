@@ -75,6 +75,9 @@ class AgentSettings(ServiceSettings):
     rendezvous_port_count: int = Field(default=64, gt=0, le=1000)
     log_dir: Path = Path(".shardyard/logs")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    status_refresh_s: float = Field(
+        default=10.0, gt=0, description="send the full heartbeat at least this often; a small lease between"
+    )
     lease_s: float = Field(
         default=DEFAULT_LEASE_S,
         gt=0,
@@ -177,6 +180,7 @@ def build_app(
         standbys=settings.standbys,
         standby_ttl_s=settings.standby_ttl_s,
         standby_after_s=settings.standby_after_s,
+        status_refresh_s=settings.status_refresh_s,
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     handlers = AgentHandlers(

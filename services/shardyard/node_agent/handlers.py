@@ -39,6 +39,7 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
 from shardyard.node_agent.artifacts import ArtifactWatch
+from shardyard.node_agent.beats import DEFAULT_REFRESH_S, Beats
 from shardyard.node_agent.book import (
     PROGRESS_FD_ENV,
     AgentBook,
@@ -86,6 +87,8 @@ class NodeIdentity:
     standby_ttl_s: float = DEFAULT_TTL_S
     standby_after_s: float = DEFAULT_GANG_AFTER_S
     """``gang`` mode: how long a shard trains before its standby is started (short runs never pay for one)."""
+    status_refresh_s: float = DEFAULT_REFRESH_S
+    """A full heartbeat at least this often; leases between (:mod:`shardyard.node_agent.beats`)."""
 
 
 def _host_load() -> float:
@@ -129,6 +132,8 @@ class AgentHandlers:
         """job -> the most shards of it that ran here at once (as many standbys are worth keeping after a failure)"""
         self._standbys = 0
         self.seq = 0
+        self.beats = Beats(refresh_s=identity.status_refresh_s)
+        """Full heartbeat or lease, beat by beat."""
         self._beat_lock = asyncio.Lock()  # one heartbeat at a time: seq order is publish order
 
     async def on_assignment(self, event: object) -> None:
@@ -457,7 +462,7 @@ class AgentHandlers:
             gpus = self.gpus.probe(self.book.gpu_utilization())
             self._stop_gpu_faulted(gpus)
             sent = self.clock.monotonic()
-            delivered = await self.outbox.publish(
+            beat = self.beats.next(
                 Heartbeat(
                     occurred_at=self.clock.now(),
                     node_id=self.me.node_id,
@@ -474,9 +479,12 @@ class AgentHandlers:
                     running=self.book.running_shards(pids),
                     artifacts=self.watch.report(),
                     topology=dict(self.me.topology),
-                )
+                ),
+                sent,
             )
+            delivered = await self.outbox.publish(beat)
             if delivered:  # the lease runs from the sending: the pool may have heard of us no later than that
+                self.beats.delivered(beat, sent)
                 self.bus_ok_at = max(self.bus_ok_at, sent)
                 self._renew_shard_lease()
         if delivered and self.outbox.pending:

@@ -9,8 +9,9 @@ from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
-from shardyard.resource_pool.book import PoolBook, Tolerance
+from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.handlers import PoolHandlers
+from shardyard.resource_pool.telemetry import Tolerance
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 

@@ -1,5 +1,8 @@
 """Node inventory, liveness, drain marks and the reservations ledger. Pure: receive times come in as arguments.
 
+Agents send a full heartbeat (inventory and telemetry) when their inventory changes and on a slow refresh, and a
+small lease (liveness and telemetry, :class:`~shardyard.events.NodeLease`) every other second; both renew liveness.
+
 A node is ALIVE while it heartbeats, SUSPECT after ``suspect_after_s`` of silence and LOST after ``lost_after_s``;
 a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile).
 
@@ -44,6 +47,7 @@ from shardyard.events import (
     JobPreempted,
     JobSucceeded,
     NodeDrain,
+    NodeLease,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -52,81 +56,41 @@ from shardyard.events import (
     ShardFailed,
     ShardPreempted,
     ShardRevocation,
+    inventory_of,
 )
+from shardyard.resource_pool.telemetry import Telemetry, Tolerance, moved
 
 MAX_TRANSIT_S: Final = 0.5
 """How much earlier than its receipt a heartbeat's own timestamp may start the node's silence."""
 
 
-def silent_since(heartbeat: Heartbeat, received_at: datetime) -> datetime:
-    transit = (received_at - heartbeat.occurred_at).total_seconds()
+def silent_since(beat: Heartbeat | NodeLease, received_at: datetime) -> datetime:
+    transit = (received_at - beat.occurred_at).total_seconds()
     return received_at - timedelta(seconds=min(max(transit, 0.0), MAX_TRANSIT_S))
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far a node's telemetry may move before its state is published again (placement reads load and GPU memory;
-    the monitor reads the exact figures from the heartbeats themselves)."""
-
-    load: float = 0.05
-    """CPU load, as a fraction of the node's cores."""
-    gpu_utilization: float = 0.1
-    gpu_memory: float = 0.05
-    """GPU memory in use, as a fraction of the GPU's memory."""
-    temperature_c: float = 5.0
-
-
-def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
-    """What a heartbeat says that is not telemetry: any change of it is published at once."""
-    return (
-        heartbeat.agent_instance,
-        heartbeat.host,
-        heartbeat.address,
-        heartbeat.rendezvous_ports,
-        tuple(
-            (g.index, g.model, g.tflops, g.memory_bytes, g.simulated, g.tflops_source, g.healthy, g.fault)
-            for g in heartbeat.gpus
-        ),
-        heartbeat.cpu_cores,
-        heartbeat.memory_bytes,
-        heartbeat.running,
-        heartbeat.artifacts,
-        heartbeat.topology,
-    )
-
-
-def _past(change: float, step: float) -> bool:
-    return abs(change) >= step * (1 - 1e-9)  # 0.15 - 0.10 is a whole step of 0.05, float rounding aside
-
-
-def moved(now: Heartbeat, then: Heartbeat, tolerance: Tolerance) -> bool:
-    """Whether the telemetry of ``now`` moved past ``tolerance`` from ``then`` (same inventory)."""
-    if _past(now.cpu_load - then.cpu_load, tolerance.load):
-        return True
-    for gpu, old in zip(now.gpus, then.gpus, strict=True):
-        if _past(gpu.utilization - old.utilization, tolerance.gpu_utilization):
-            return True
-        if _past(gpu.memory_used_bytes - old.memory_used_bytes, tolerance.gpu_memory * max(gpu.memory_bytes, 1)):
-            return True
-        hot, was = gpu.temperature_c, old.temperature_c
-        if (hot is None) != (was is None):
-            return True
-        if hot is not None and was is not None and _past(hot - was, tolerance.temperature_c):
-            return True
-    return False
 
 
 @dataclass
 class NodeRecord:
     heartbeat: Heartbeat
+    """The node's last full heartbeat: its inventory (its telemetry is ``telemetry``, renewed by leases too)."""
     received_at: datetime
     status: NodeStatus = NodeStatus.ALIVE
     draining: bool = False
     silent_since: datetime | None = None
     """When the node went quiet: the sending of its last heartbeat (see :func:`silent_since`); the receipt if None."""
-    published: Heartbeat | None = None
-    """The heartbeat of the node's last published state, with ``published_at`` its time; None: publish the next."""
+    seq: int = 0
+    """The agent's newest beat (full heartbeat or lease) read."""
+    inventory: tuple[object, ...] = ()
+    telemetry: Telemetry | None = None
+    published: tuple[tuple[object, ...], Telemetry] | None = None
+    """The inventory and telemetry of the node's last published state, with ``published_at`` its time; None:
+    publish with the next beat."""
     published_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.seq = self.heartbeat.seq
+        self.inventory = inventory_of(self.heartbeat)
+        self.telemetry = Telemetry.of(self.heartbeat)
 
     def silence(self, now: datetime) -> float:
         return (now - (self.silent_since or self.received_at)).total_seconds()
@@ -198,7 +162,8 @@ class PoolBook:
         """The node's state to publish now (recorded as its last published one)."""
         record = self.nodes[node_id]
         hb = record.heartbeat
-        record.published, record.published_at = hb, now
+        live = record.telemetry or Telemetry.of(hb)
+        record.published, record.published_at = (record.inventory, live), now
         allocated = sorted({g for gpus in self.allocations.get(node_id, {}).values() for g in gpus})
         return NodeState(
             occurred_at=now,
@@ -209,11 +174,11 @@ class PoolBook:
             address=hb.address,
             rendezvous_ports=hb.rendezvous_ports,
             last_heartbeat_at=record.received_at,
-            gpus=hb.gpus,
+            gpus=live.gpus(hb.gpus),
             allocated_gpus=tuple(allocated),
             cpu_cores=hb.cpu_cores,
             memory_bytes=hb.memory_bytes,
-            cpu_load=hb.cpu_load,
+            cpu_load=live.cpu_load,
             running=hb.running,
             artifacts=hb.artifacts,
             topology=hb.topology,
@@ -221,28 +186,49 @@ class PoolBook:
         )
 
     def on_heartbeat(self, heartbeat: Heartbeat, now: datetime) -> list[Event]:
+        """A full heartbeat: the node is alive, and this is its inventory now."""
         record = self.nodes.get(heartbeat.node_id)
         same_agent = record is not None and record.heartbeat.agent_instance == heartbeat.agent_instance
-        if same_agent and record is not None and heartbeat.seq < record.heartbeat.seq:
+        if same_agent and record is not None and heartbeat.seq < record.seq:
             return []  # a late, reordered heartbeat says nothing new
-        fresh = NodeRecord(heartbeat, now, NodeStatus.ALIVE, silent_since=silent_since(heartbeat, now))
-        if record is not None:
-            fresh.draining, fresh.published, fresh.published_at = record.draining, record.published, record.published_at
-        self.nodes[heartbeat.node_id] = fresh
-        if self.owns(heartbeat.node_id):
-            self.watched[heartbeat.node_id] = None
-            self.watched.move_to_end(heartbeat.node_id)
-        if record is not None and record.status is NodeStatus.ALIVE and not self._due(fresh, now):
+        if record is None:
+            record = self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now)
+        else:
+            record.heartbeat, record.seq = heartbeat, heartbeat.seq
+            record.inventory, record.telemetry = inventory_of(heartbeat), Telemetry.of(heartbeat)
+        return self._renewed(heartbeat.node_id, record, heartbeat, now)
+
+    def on_lease(self, lease: NodeLease, now: datetime) -> list[Event]:
+        """A lease: the node is alive, with this telemetry. A lease of an agent the pool has no full heartbeat of
+        (a node it never heard of, or an agent restarted) says nothing it can publish: the agent's next full
+        heartbeat, due at the latest on its refresh, introduces it."""
+        record = self.nodes.get(lease.node_id)
+        if record is None or record.heartbeat.agent_instance != lease.agent_instance or lease.seq < record.seq:
             return []
-        return [self.state_of(heartbeat.node_id, now)]
+        record.seq = lease.seq
+        record.telemetry = (record.telemetry or Telemetry.of(record.heartbeat)).renewed(lease)
+        return self._renewed(lease.node_id, record, lease, now)
+
+    def _renewed(self, node_id: str, record: NodeRecord, beat: Heartbeat | NodeLease, now: datetime) -> list[Event]:
+        was = record.status
+        record.status, record.received_at, record.silent_since = NodeStatus.ALIVE, now, silent_since(beat, now)
+        if self.owns(node_id):
+            self.watched[node_id] = None
+            self.watched.move_to_end(node_id)
+        if was is NodeStatus.ALIVE and not self._due(record, now):
+            return []
+        return [self.state_of(node_id, now)]
 
     def _due(self, record: NodeRecord, now: datetime) -> bool:
         """Whether the node's state must go out again: what it says changed, or its refresh is due."""
         last, at = record.published, record.published_at
         if last is None or at is None or (now - at).total_seconds() >= self.refresh_s:
             return True
-        beat = record.heartbeat
-        return inventory_of(beat) != inventory_of(last) or moved(beat, last, self.tolerance)
+        inventory, telemetry = last
+        if record.inventory != inventory:
+            return True
+        memory = tuple(gpu.memory_bytes for gpu in record.heartbeat.gpus)
+        return record.telemetry is not None and moved(record.telemetry, telemetry, memory, self.tolerance)
 
     def on_drain(self, drain: NodeDrain, now: datetime) -> list[Event]:
         """Mark or unmark a node as draining; its fresh state goes out at once. Unknown nodes and requests that

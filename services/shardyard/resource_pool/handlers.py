@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import Topic
 from shardyard.clock import Clock
-from shardyard.events import Event, Heartbeat, NodeDrain, NodeState
+from shardyard.events import Event, Heartbeat, NodeDrain, NodeLease, NodeState
 from shardyard.resource_pool.book import PoolBook
 
 log = logging.getLogger(__name__)
@@ -21,8 +21,8 @@ class PoolHandlers:
         self.live = False
         """Whether followed events are current (publish what they change) or the log being caught up with."""
 
-    async def on_heartbeats(self, events: Sequence[Heartbeat | NodeDrain]) -> list[Event]:
-        """A batch of the heartbeats topic: agents' heartbeats and operators' drain requests, both keyed by node.
+    async def on_heartbeats(self, events: Sequence[Heartbeat | NodeLease | NodeDrain]) -> list[Event]:
+        """A batch of the heartbeats topic: agents' full heartbeats and leases, and operators' drain requests.
         Returns the node states they change (the bus publishes them, then commits the batch)."""
         now = self.clock.now()
         out: list[Event] = []
@@ -30,6 +30,8 @@ class PoolHandlers:
             match event:
                 case NodeDrain():
                     out.extend(self.book.on_drain(event, now))
+                case NodeLease():
+                    out.extend(self.book.on_lease(event, now))
                 case Heartbeat():
                     out.extend(self.book.on_heartbeat(event, now))
         return out
