@@ -37,7 +37,7 @@ from shardyard.events import (
     Workload,
 )
 from shardyard.scheduler.elasticity import ElasticityTracker
-from shardyard.scheduler.gangs import Gang, build_snapshot
+from shardyard.scheduler.gangs import Gang, SnapshotCache
 from shardyard.scheduler.model import (
     NodeView,
     PendingJob,
@@ -72,6 +72,8 @@ class SchedulerBook:
         self.spare_grace_s = spare_grace_s
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
+        self._views = SnapshotCache(self.policy)
+        """The nodes' views for placement, kept between cycles (rebuilt only where a node or its gangs changed)."""
         self.specs: dict[str, JobSpec] = {}
         self.pending: dict[str, PendingJob] = {}
         self.gangs: dict[str, Gang] = {}
@@ -96,6 +98,7 @@ class SchedulerBook:
         match event:
             case NodeState():
                 self.nodes[event.node_id] = event
+                self._views.changed(event.node_id)
             case JobReady() if event.job_id not in self.finished and event.job_id not in self.gangs:
                 self.specs[event.job_id] = event.spec
                 self.pending[event.job_id] = self._pending(event.spec, event.occurred_at)
@@ -186,7 +189,7 @@ class SchedulerBook:
 
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        return build_snapshot(self.nodes.values(), self.gangs.values())
+        return self._views.snapshot(self.nodes, self.gangs.values())
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:
@@ -203,10 +206,10 @@ class SchedulerBook:
         if not self.pending:
             return out
         snapshot = self.snapshot()
-        by_id = {view.node_id: view for view in snapshot.nodes}
+        by_id = self._views.views  # the snapshot's views, by node id
         # Spares follow the ratio in force now, not the one when the job became ready.
         queue = [replace(job, spares=self._spares(job.spec)) for job in self.pending.values()]
-        for decision in schedule(snapshot, queue, self.policy, now=now):
+        for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
             if isinstance(decision, Place):
                 if self._short_of_spares(decision, now):
                     continue  # capacity (or an artifact report) for the spares may show within the grace
@@ -455,7 +458,8 @@ class SchedulerBook:
             *(p.model_copy(update={"shard_index": i, "spare": False}) for i, p in enumerate(members)),
             *(p.model_copy(update={"shard_index": len(members) + i, "spare": True}) for i, p in enumerate(spares)),
         ]
-        views = {view.node_id: view for view in self.snapshot().nodes}
+        self.snapshot()  # brings the views up to date
+        views = self._views.views
         hosts = [views[p.node_id] for p in members if p.node_id in views]
         if len(hosts) < len(members):
             return None

@@ -97,7 +97,8 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
         ],
         passing,
     )
-    shown = {name: count for name, count in counts.most_common() if count}
+    # Ties by name: the message is the same whatever order the index met the nodes in.
+    shown = {name: count for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if count}
     parts = ", ".join(f"{count} {name}" for name, count in shown.items())
     wanted = f"{k} x {spec.gpu_model or 'any GPU'} (>= {spec.min_tflops:g} TFLOPS)"
     message = f"0/{total_nodes} nodes can take the gang of {wanted}: {parts or 'no nodes'}"

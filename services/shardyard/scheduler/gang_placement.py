@@ -34,7 +34,7 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int
             # lists only those that can take a shard). At most k + latency_window of them are weighed, so the cost
             # stays flat when an artifact is cached widely.
             seen: set[Slot] = set()
-            local: list[tuple[int, int, int, Slot]] = []
+            local: list[tuple[int, int, tuple[float, str], Slot]] = []
             room = job.k + index.policy.latency_window
             for group in groups:
                 for path in (job.model_path, job.dataset_path):

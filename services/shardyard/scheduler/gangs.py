@@ -1,11 +1,12 @@
 """Gangs (placed jobs) as the scheduler book tracks them, and the snapshot a cycle decides on. Pure."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from shardyard.events import JobScheduled, JobSpec, NodeState, ShardCompleted, ShardPreempted
-from shardyard.scheduler.model import NodeView, RunningJob, Snapshot
+from shardyard.scheduler.model import NodeView, Policy, RunningJob, Snapshot
+from shardyard.scheduler.standing import StandingIndex
 
 RENDEZVOUS_PORT_CHOICES = 8
 
@@ -24,64 +25,134 @@ class Gang:
     preempt_deadline: datetime | None = None
 
 
-def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapshot:
-    """The frozen view a cycle decides on: each node's free GPUs, memory, CPU and rendezvous ports after every
-    placed gang (spares included) and every reservation the resource pool knows of; the gangs as preemptable jobs.
+@dataclass
+class Usage:
+    """What the placed gangs (spares included) hold, per node: GPUs, memory, CPU, rendezvous ports; and the gangs as
+    preemptable jobs. Computed from the gangs alone: its cost follows the placements, not the nodes."""
+
+    gpus: dict[str, set[int]] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    ports: dict[str, set[int]] = field(default_factory=dict)
+    running: list[RunningJob] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, gangs: Iterable[Gang]) -> "Usage":
+        usage = cls()
+        for gang in gangs:
+            shards: dict[str, list[int]] = {}
+            for shard in gang.scheduled.placements:
+                usage.gpus.setdefault(shard.node_id, set()).update(shard.gpu_indices)
+                usage.memory[shard.node_id] = usage.memory.get(shard.node_id, 0) + gang.spec.memory_per_shard
+                usage.cpu[shard.node_id] = usage.cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
+                shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
+            usage.ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
+            usage.running.append(
+                RunningJob(
+                    job_id=gang.spec.job_id,
+                    priority=gang.spec.priority,
+                    preemptible=gang.spec.preemptible,
+                    started_at=gang.scheduled.occurred_at,
+                    shards=tuple((node_id, tuple(gpus)) for node_id, gpus in shards.items()),
+                    memory_per_shard=gang.spec.memory_per_shard,
+                    cpu_per_shard=gang.spec.cpu_per_shard,
+                    preempted_by=gang.preempted_by,
+                )
+            )
+        return usage
+
+    def nodes(self) -> set[str]:
+        return {*self.gpus, *self.ports}
+
+    def of_node(self, node_id: str) -> tuple[object, ...]:
+        """What the gangs hold on one node: its view is built again only when this (or its state) changes."""
+        return (
+            frozenset(self.gpus.get(node_id, ())),
+            self.memory.get(node_id, 0),
+            self.cpu.get(node_id, 0.0),
+            frozenset(self.ports.get(node_id, ())),
+        )
+
+
+def node_view(node: NodeState, usage: Usage) -> NodeView | None:
+    """A node's view for placement: its free GPUs, memory, CPU and rendezvous ports after every placed gang and
+    every reservation the resource pool knows of. None for a node without GPUs.
 
     A GPU its agent reports unhealthy (a critical Xid, an uncorrected ECC error) is neither free nor counted in the
     node's total: it stays faulted for the agent's life, so no preemption can make room on it."""
-    used_gpus: dict[str, set[int]] = {}
-    used_memory: dict[str, int] = {}
-    used_cpu: dict[str, float] = {}
-    used_ports: dict[str, set[int]] = {}
-    running: list[RunningJob] = []
-    for gang in gangs:
-        shards: dict[str, list[int]] = {}
-        for shard in gang.scheduled.placements:
-            used_gpus.setdefault(shard.node_id, set()).update(shard.gpu_indices)
-            used_memory[shard.node_id] = used_memory.get(shard.node_id, 0) + gang.spec.memory_per_shard
-            used_cpu[shard.node_id] = used_cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
-            shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
-        used_ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
-        running.append(
-            RunningJob(
-                job_id=gang.spec.job_id,
-                priority=gang.spec.priority,
-                preemptible=gang.spec.preemptible,
-                started_at=gang.scheduled.occurred_at,
-                shards=tuple((node_id, tuple(gpus)) for node_id, gpus in shards.items()),
-                memory_per_shard=gang.spec.memory_per_shard,
-                cpu_per_shard=gang.spec.cpu_per_shard,
-                preempted_by=gang.preempted_by,
-            )
-        )
-    views = []
-    for node in nodes:
-        if not node.gpus:
-            continue
-        taken = used_gpus.get(node.node_id, set()) | set(node.allocated_gpus)
-        healthy = [g for g in node.gpus if g.healthy]
-        first, count = node.rendezvous_ports
-        ports = [p for p in range(first, first + count) if p not in used_ports.get(node.node_id, set())]
-        views.append(
-            NodeView(
-                node_id=node.node_id,
-                status=node.status,
-                address=node.address,
-                gpu_model=node.gpus[0].model,
-                tflops=min(g.tflops for g in node.gpus),
-                free_gpus=tuple(g.index for g in healthy if g.index not in taken),
-                free_memory_bytes=node.memory_bytes - used_memory.get(node.node_id, 0),
-                free_cpu_cores=node.cpu_cores - used_cpu.get(node.node_id, 0.0),
-                cpu_load=node.cpu_load,
-                rendezvous_ports=tuple(ports[:RENDEZVOUS_PORT_CHOICES]),
-                total_gpus=len(healthy),
-                total_memory_bytes=node.memory_bytes,
-                total_cpu_cores=node.cpu_cores,
-                draining=node.draining,
-                artifacts=node.artifacts,
-                zone=node.topology.get("zone", ""),
-                rack=node.topology.get("rack", ""),
-            )
-        )
-    return Snapshot(tuple(sorted(views, key=lambda v: v.node_id)), tuple(running))
+    if not node.gpus:
+        return None
+    taken = usage.gpus.get(node.node_id, set()) | set(node.allocated_gpus)
+    healthy = [g for g in node.gpus if g.healthy]
+    first, count = node.rendezvous_ports
+    used_ports = usage.ports.get(node.node_id, set())
+    ports = [p for p in range(first, first + count) if p not in used_ports]
+    return NodeView(
+        node_id=node.node_id,
+        status=node.status,
+        address=node.address,
+        gpu_model=node.gpus[0].model,
+        tflops=min(g.tflops for g in node.gpus),
+        free_gpus=tuple(g.index for g in healthy if g.index not in taken),
+        free_memory_bytes=node.memory_bytes - usage.memory.get(node.node_id, 0),
+        free_cpu_cores=node.cpu_cores - usage.cpu.get(node.node_id, 0.0),
+        cpu_load=node.cpu_load,
+        rendezvous_ports=tuple(ports[:RENDEZVOUS_PORT_CHOICES]),
+        total_gpus=len(healthy),
+        total_memory_bytes=node.memory_bytes,
+        total_cpu_cores=node.cpu_cores,
+        draining=node.draining,
+        artifacts=node.artifacts,
+        zone=node.topology.get("zone", ""),
+        rack=node.topology.get("rack", ""),
+    )
+
+
+def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapshot:
+    """The frozen view a cycle decides on: each node's view (:func:`node_view`), by node id, and the gangs as
+    preemptable jobs. :class:`SnapshotCache` builds the same snapshot at the cost of what changed."""
+    usage = Usage.of(gangs)
+    views = [view for node in nodes if (view := node_view(node, usage)) is not None]
+    return Snapshot(tuple(sorted(views, key=lambda v: v.node_id)), tuple(usage.running))
+
+
+class SnapshotCache:
+    """The node views of the last snapshot, kept: a cycle builds again only the views of the nodes whose state
+    changed (``changed``) or whose gangs changed (the gangs' usage is computed afresh, at the cost of the
+    placements). An idle node that says nothing new costs nothing."""
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.views: dict[str, NodeView] = {}
+        self.index = StandingIndex((), policy)
+        """The placement index of the views, kept with them."""
+        self._held: dict[str, tuple[object, ...]] = {}
+        """Per node with gangs on it at the last snapshot: what they held."""
+        self._dirty: set[str] = set()
+
+    def changed(self, node_id: str) -> None:
+        self._dirty.add(node_id)
+
+    def snapshot(self, nodes: Mapping[str, NodeState], gangs: Iterable[Gang]) -> Snapshot:
+        usage = Usage.of(gangs)
+        for node_id in self._dirty | self._held.keys() | usage.nodes():
+            held = usage.of_node(node_id)
+            if node_id not in self._dirty and self._held.get(node_id) == held:
+                continue
+            state = nodes.get(node_id)
+            view = node_view(state, usage) if state is not None else None
+            if view is None:
+                self.views.pop(node_id, None)
+                self.index.remove(node_id)
+            else:
+                self.views[node_id] = view
+                self.index.update(view)
+            if held == EMPTY_HOLD:
+                self._held.pop(node_id, None)
+            else:
+                self._held[node_id] = held
+        self._dirty.clear()
+        # In the order the nodes were first seen (placement orders them itself): a copy at C speed, not a sort.
+        return Snapshot(tuple(self.views.values()), tuple(usage.running))
+
+
+EMPTY_HOLD: tuple[object, ...] = (frozenset(), 0, 0.0, frozenset())

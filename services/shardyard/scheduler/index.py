@@ -71,8 +71,8 @@ class Slot:
         self.cpu = view.free_cpu_cores
         self.ports = list(view.rendezvous_ports)
         self.load_rank = load_rank
-        self.order = 0
-        """Position in (load, node id) order over the whole cluster: one integer compares like the pair."""
+        self.order: tuple[float, str] = (view.cpu_load, view.node_id)
+        """Position in (load, node id) order over the whole cluster."""
         self.reserved_for: str | None = None
         self.bucket: Bucket | None = None
         self.arrived = False
@@ -179,14 +179,15 @@ class ClusterIndex:
         # Slots are created in the order decisions walk them (group, then load), so a walk reads memory mostly in
         # sequence.
         walked = sorted(nodes, key=lambda v: (v.gpu_model, v.tflops, v.cpu_load, v.node_id))
-        slots = [self._add(view) for view in walked]
-        for order, slot in enumerate(sorted(slots, key=lambda s: (s.load, s.node_id))):
-            slot.order = order
+        for view in walked:
+            self._add(view)
         for group in self.groups.values():
             for bucket in group.buckets.values():
                 bucket.indexed.sort(key=_order)  # already in order unless model names differ only in spelling
 
-    def _add(self, view: NodeView) -> Slot:
+    def _add(self, view: NodeView, *, arriving: bool = False) -> Slot:
+        """File a node's slot. At indexing, slots come in walk order and are appended (then sorted once); a node
+        ``arriving`` later (:class:`~shardyard.scheduler.standing.StandingIndex`) is inserted in order."""
         model = canonical_model(view.gpu_model)
         group = self.groups.get((model, view.tflops))
         if group is None:
@@ -201,20 +202,32 @@ class ClusterIndex:
         elif view.cpu_load >= self.policy.load_threshold:
             group.overloaded += 1
             group.overloaded_free += len(slot.free)
+        elif arriving:
+            self._refile(slot)
+            self._cache(slot, arriving=True)
         else:
             bucket = self._bucket(slot)
             bucket.indexed.append(slot)
             bucket.count += 1
             slot.bucket = bucket
             group.free_gpus += len(slot.free)
-            if slot.free:
-                local = dict.fromkeys(norm_path(path) for path, place in view.artifacts.items() if place == "local")
-                for path in local:
-                    cached = self.local.setdefault(path, {}).setdefault((model, view.tflops, load_rank), [])
-                    cached.append(slot)
-                    slot.cached_in.append(cached)
+            self._cache(slot)
         self.max_free = max(self.max_free, len(slot.free))
         return slot
+
+    def _cache(self, slot: Slot, *, arriving: bool = False) -> None:
+        """File a usable slot with free GPUs in the lists of the artifacts it holds on local disk."""
+        if not slot.free:
+            return
+        artifacts = slot.view.artifacts
+        group = slot.group
+        for path in dict.fromkeys(norm_path(path) for path, place in artifacts.items() if place == "local"):
+            cached = self.local.setdefault(path, {}).setdefault((group.model, group.tflops, slot.load_rank), [])
+            if arriving:
+                bisect.insort(cached, slot, key=_order)
+            else:
+                cached.append(slot)
+            slot.cached_in.append(cached)
 
     def _interned(self, artifacts: Mapping[str, str]) -> Mapping[str, str]:
         """One shared map per distinct artifact set (most nodes see the same shared paths): a decision's artifact

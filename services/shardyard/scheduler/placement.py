@@ -33,6 +33,7 @@ from shardyard.scheduler.model import (
     Snapshot,
     Unschedulable,
 )
+from shardyard.scheduler.standing import StandingIndex
 
 
 class PlacementCycle:
@@ -41,13 +42,20 @@ class PlacementCycle:
     Building the cycle indexes the snapshot once; each ``decide`` then costs about the same at any cluster size.
     """
 
-    def __init__(self, snapshot: Snapshot, policy: Policy | None = None, *, now: datetime) -> None:
+    def __init__(
+        self, snapshot: Snapshot, policy: Policy | None = None, *, now: datetime, index: StandingIndex | None = None
+    ) -> None:
         self.policy = policy or Policy()
         self.now = now
         self.running = snapshot.running
-        self.index = ClusterIndex(snapshot.nodes, self.policy)
         self.rtt = dict(snapshot.rtt_ms)
-        self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
+        if index is not None:  # kept across cycles, and holding ``snapshot``'s nodes: no per-node work here
+            assert index.policy == self.policy, "the standing index was built for another policy"
+            self.index: ClusterIndex = index
+            self.topology = bool(self.rtt) or index.with_topology > 0
+        else:
+            self.index = ClusterIndex(snapshot.nodes, self.policy)
+            self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
         self.waiting_on: dict[str, list[RunningJob]] = {}
         for gang in snapshot.running:
             if gang.preempted_by is not None:
@@ -96,14 +104,26 @@ class PlacementCycle:
 
 
 def schedule(
-    snapshot: Snapshot, pending: Sequence[PendingJob], policy: Policy | None = None, *, now: datetime
+    snapshot: Snapshot,
+    pending: Sequence[PendingJob],
+    policy: Policy | None = None,
+    *,
+    now: datetime,
+    index: StandingIndex | None = None,
 ) -> list[Decision]:
-    """Decide for every pending job, in queue order. Returns Place, Preempt and Unschedulable decisions."""
-    cycle = PlacementCycle(snapshot, policy, now=now)
-    decisions: list[Decision] = []
-    for job in cycle.order(pending):
-        decisions.extend(cycle.decide(job))
-    return decisions
+    """Decide for every pending job, in queue order. Returns Place, Preempt and Unschedulable decisions. With
+    ``index`` (a standing index of ``snapshot``'s nodes), the cycle works on it and leaves it as it found it."""
+    if index is not None:
+        index.begin()
+    try:
+        cycle = PlacementCycle(snapshot, policy, now=now, index=index)
+        decisions: list[Decision] = []
+        for job in cycle.order(pending):
+            decisions.extend(cycle.decide(job))
+        return decisions
+    finally:
+        if index is not None:
+            index.rollback()
 
 
 def place_one(nodes: Sequence[NodeView], job: PendingJob, policy: Policy | None = None, *, now: datetime) -> Decision:
