@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
+from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -38,6 +39,7 @@ class Follower:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             bootstrap_servers=self.bootstrap,
             client_id=self.name,
             group_id=None,

@@ -7,6 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard.bus.codec import decode
+from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -20,7 +21,11 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     """
     by_name = {topic.name: topic for topic in topics}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
     )
     await consumer.start()
     applied = 0
