@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
-from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
+from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -26,8 +26,17 @@ FollowHandler = Callable[[Topic, Any], Awaitable[None]]
 
 
 class Follower:
-    def __init__(self, bootstrap: str, topics: Iterable[Topic], handle: FollowHandler, *, name: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Iterable[Topic],
+        handle: FollowHandler,
+        *,
+        name: str,
+        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
+    ) -> None:
         self.bootstrap = bootstrap
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self.topics = {topic.name: topic for topic in topics}
         self.handle = handle
         self.name = name
@@ -39,7 +48,7 @@ class Follower:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
             bootstrap_servers=self.bootstrap,
             client_id=self.name,
             group_id=None,

@@ -39,10 +39,14 @@ GROUP_OPTIONS: dict[str, Any] = {
     "rebalance_timeout_ms": 3000,
 }
 HANDLER_ATTEMPTS = 3
-FETCH_MAX_WAIT_MS = 20
-"""How long a fetch may wait at the broker for data. The embedded broker holds a fetch this long even when records
-are waiting (a median 141 ms a hop at aiokafka's default of 500 ms), so every consumer on the job path asks for
-less; it costs an idle consumer some fifty small fetches a second."""
+JOB_PATH_FETCH_MS = 20
+"""How long a fetch may wait at the broker for data, for the consumers on the job's path (submissions at the queue,
+the scheduler's facts, an agent's assignments). The embedded broker holds a fetch about this long even when records
+are waiting (a median 141 ms a hop at aiokafka's default of 500 ms); a short wait costs an idle consumer some fifty
+small fetches a second, and the broker about half a millisecond each."""
+BACKGROUND_FETCH_MS = 200
+"""The same for every other consumer: liveness, ledgers, recovery facts, the monitor. A fact reaches them in about
+a tenth of a second, for a tenth of the fetches."""
 
 
 def _pending(sent: object) -> "asyncio.Future[Any]":
@@ -177,6 +181,7 @@ class Bus:
         from_beginning: bool = True,
         listener: ConsumerRebalanceListener | None = None,
         group_options: Mapping[str, Any] | None = None,
+        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
     ) -> None:
         """One consumer (one group membership) for several topics: each message of a topic in ``routes`` is
         decoded and handed to that topic's handler; ``raw_routes`` handlers get the bytes. With a group, offsets are
@@ -206,7 +211,7 @@ class Bus:
                 await on_message(body, message)
 
         options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {})} if group else {}
-        options["fetch_max_wait_ms"] = FETCH_MAX_WAIT_MS
+        options["fetch_max_wait_ms"] = fetch_max_wait_ms
         if listener is not None:
             options["listener"] = listener
         subscriber = self.broker.subscriber(
@@ -231,6 +236,7 @@ class Bus:
         max_records: int = MAX_RECORDS,
         batch_timeout_ms: int = BATCH_TIMEOUT_MS,
         from_beginning: bool = True,
+        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
     ) -> None:
         """One group membership for busy topics, read a batch at a time: each topic's handler takes the batch's
         events of its topic and returns the events they cause; those are published without awaiting each, and the
@@ -242,7 +248,7 @@ class Bus:
             metrics.CONSUMER_LAG.ensure_sampling()
             await consumer.handle(records if isinstance(records, tuple) else (records,))
 
-        options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {}), "fetch_max_wait_ms": FETCH_MAX_WAIT_MS}
+        options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {}), "fetch_max_wait_ms": fetch_max_wait_ms}
         if listener is not None:
             options["listener"] = listener
         subscriber = self.broker.subscriber(

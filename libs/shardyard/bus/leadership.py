@@ -30,7 +30,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from shardyard.bus.codec import encode
-from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
+from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import LEADERSHIP, SERVICES
 from shardyard.clock import Clock
 from shardyard.events import LeaderElected, LeadershipClaimed
@@ -160,7 +160,7 @@ class Leadership:
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=BACKGROUND_FETCH_MS,
             bootstrap_servers=self.bootstrap,
             client_id=f"{self.service}-{self.instance}-election",
             group_id=group_of(self.service),

@@ -7,7 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard.bus.codec import decode
-from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
+from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -21,7 +21,7 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     """
     by_name = {topic.name: topic for topic in topics}
     consumer = AIOKafkaConsumer(
-        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        fetch_max_wait_ms=JOB_PATH_FETCH_MS,
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,

@@ -19,7 +19,7 @@ from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from shardyard.bus.kafka import FETCH_MAX_WAIT_MS
+from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Feed:
     async def start(self) -> None:
         """Assign every partition and position it; what is published once this returns will be read."""
         consumer = AIOKafkaConsumer(
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=BACKGROUND_FETCH_MS,
             bootstrap_servers=self.bootstrap,
             client_id=self.name,
             group_id=None,

@@ -10,7 +10,7 @@ from faststream import FastStream
 from pydantic import Field, model_validator
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, Topic
 from shardyard.clock import Clock
@@ -196,7 +196,8 @@ def build_app(
     )
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
-    bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=f"shardyard-agent-{settings.node_id}")
+    group = f"shardyard-agent-{settings.node_id}"
+    bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=group, fetch_max_wait_ms=JOB_PATH_FETCH_MS)
     # Lifecycle facts are read in full by every agent (no group): each watches the artifacts of every live job.
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)

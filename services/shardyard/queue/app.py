@@ -5,7 +5,7 @@ from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
@@ -48,6 +48,7 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
             caught_up=follower.caught_up,
         ),
         group_options=settings.election_timings().group_options(),
+        fetch_max_wait_ms=JOB_PATH_FETCH_MS,
     )
     app = FastStream(broker)
 

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import Bus, make_broker
+from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.leadership import Leadership
 from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
@@ -90,7 +90,13 @@ class SchedulerReplica:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _follower(self) -> Follower:
-        return Follower(self.settings.bootstrap, FOLLOWED, self.handlers.handle, name=f"{SERVICE}-follower")
+        return Follower(
+            self.settings.bootstrap,
+            FOLLOWED,
+            self.handlers.handle,
+            name=f"{SERVICE}-follower",
+            fetch_max_wait_ms=JOB_PATH_FETCH_MS,  # ready jobs, shard ends and node states: the job's path
+        )
 
     async def start(self) -> None:
         await self.follower.start()
