@@ -34,9 +34,13 @@ class Follower:
         *,
         name: str,
         fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
+        after_batch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.after_batch = after_batch
+        """Called once the records of one fetch were all handed over: where a handler publishes what a batch of
+        facts caused, in one go, rather than one broker round trip per fact."""
         self.topics = {topic.name: topic for topic in topics}
         self.handle = handle
         self.name = name
@@ -98,6 +102,13 @@ class Follower:
                 for record in records:
                     await self._hand_over(topic, tp, record.offset, record.value, record.headers)
                     self._done[tp] = record.offset + 1
+            if batches and self.after_batch is not None:
+                try:
+                    await self.after_batch()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a follower must outlive any one batch
+                    log.exception("%s: finishing a batch failed", self.name)
             for tp in self._done:
                 # The fetch position also passes offsets that hold no record (compacted away): count those done.
                 self._done[tp] = max(self._done[tp], await self._consumer.position(tp))

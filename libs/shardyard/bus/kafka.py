@@ -39,6 +39,8 @@ GROUP_OPTIONS: dict[str, Any] = {
     "rebalance_timeout_ms": 3000,
 }
 HANDLER_ATTEMPTS = 3
+MAX_BATCH_BYTES = 1024 * 1024
+"""The producer's batch per partition (Kafka's default ``message.max.bytes`` is about this)."""
 JOB_PATH_FETCH_MS = 20
 """How long a fetch may wait at the broker for data, for the consumers on the job's path (submissions at the queue,
 the scheduler's facts, an agent's assignments). The embedded broker holds a fetch about this long even when records
@@ -71,6 +73,9 @@ def make_broker(bootstrap: str, *, client_id: str, middlewares: Sequence[Any] = 
         client_id=client_id,
         enable_idempotence=False,
         acks="all",
+        # A partition's batch that is full blocks every later send to it until the broker acknowledged it: a
+        # scheduling cycle's thousands of assignments would go out 16 KiB (aiokafka's default) a round trip.
+        max_batch_size=MAX_BATCH_BYTES,
         middlewares=tuple(middlewares),
         logger=logging.getLogger("shardyard.bus.faststream"),
         log_level=logging.DEBUG,  # one line per message is noise at 1 Hz heartbeats per node

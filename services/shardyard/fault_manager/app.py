@@ -86,7 +86,7 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     )
     # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
     # dead-letters it (the follower only skips it).
-    bus.subscribe(
+    bus.subscribe_batch(
         {SHARD_EVENTS: handlers.on_owned, FAILURES: handlers.on_owned},
         group=GROUP,
         listener=Ownership(

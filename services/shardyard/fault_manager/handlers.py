@@ -5,7 +5,7 @@ gives it, and the one holding partition 0 publishes the spare ratio."""
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus
@@ -45,8 +45,10 @@ class FaultHandlers:
         """The shard-events partitions whose jobs this replica decides from now on."""
         self.book.owned = partitions
 
-    async def on_owned(self, _event: object) -> None:
-        """The group's subscription only tells this replica which partitions it owns; the facts come followed."""
+    async def on_owned(self, _events: Sequence[object]) -> list[Event]:
+        """The group's subscription only tells this replica which partitions it owns (and dead-letters what does not
+        decode); the facts come followed. Read a batch at a time, it costs one commit a batch."""
+        return []
 
     async def decide(self) -> None:
         started = time.time_ns()

@@ -54,6 +54,7 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE],
         handlers.on_followed,
         name=f"{SERVICE}-{settings.instance}-follow",
+        after_batch=handlers.flush,
     )
     timings = settings.election_timings()  # a dead replica's nodes are judged again within one election's time
     bus.subscribe_batch(

@@ -108,6 +108,8 @@ class PoolBook:
     max_term: int = 0
     """The newest scheduler term seen on an assignment: assignments of older terms (a deposed leader's) are
     refused, so they reserve nothing."""
+    jobs_on: dict[str, set[str]] = field(default_factory=dict)
+    """Job -> the nodes its assignments reserved GPUs on (a job's end releases those, not every node's ledger)."""
     owned: frozenset[int] | None = None
     """The heartbeats partitions whose nodes this replica judges and publishes; None: every node (one replica)."""
     pause_after_s: float | None = None
@@ -265,12 +267,22 @@ class PoolBook:
 
     def on_ledger_event(self, event: object, now: datetime | None = None) -> list[Event]:
         """Reserve or release GPUs; with ``now``, return the fresh state of each node whose reservations changed."""
+        changed = self.apply_ledger(event)
+        return [] if now is None else self.states_of(changed, now)
+
+    def states_of(self, node_ids: Iterable[str], now: datetime) -> list[Event]:
+        """The fresh states of those of ``node_ids`` this replica owns and knows, by node id."""
+        return [self.state_of(n, now) for n in sorted(node_ids) if n in self.nodes and self.owns(n)]
+
+    def apply_ledger(self, event: object) -> set[str]:
+        """Reserve or release GPUs; the nodes whose reservations changed."""
         changed: set[str] = set()
         match event:
             case ShardAssignment() if event.term >= self.max_term:
                 self.max_term = event.term
                 key = (event.job_id, event.shard_index, event.attempt)
                 self.allocations.setdefault(event.node_id, {})[key] = event.gpu_indices
+                self.jobs_on.setdefault(event.job_id, set()).add(event.node_id)
                 changed.add(event.node_id)
             case ShardRevocation() | ShardCompleted() | ShardFailed() | ShardPreempted():
                 key = (event.job_id, event.shard_index, event.attempt)
@@ -279,15 +291,16 @@ class PoolBook:
             case JobSucceeded() | JobFailed() | JobCancelled() | JobPreempted():
                 # A preempted job's later attempts are not placed yet when this is read; earlier ones are over.
                 last = event.attempt if isinstance(event, JobPreempted) else None
-                for node_id, ledger in self.allocations.items():
+                for node_id in self.jobs_on.get(event.job_id, ()):
+                    ledger = self.allocations.get(node_id, {})
                     for key in [k for k in ledger if k[0] == event.job_id and (last is None or k[2] <= last)]:
                         del ledger[key]
                         changed.add(node_id)
+                if last is None:
+                    self.jobs_on.pop(event.job_id, None)
             case _:
                 pass
-        if now is None:
-            return []
-        return [self.state_of(n, now) for n in sorted(changed) if n in self.nodes and self.owns(n)]
+        return changed
 
     def tick(self, now: datetime) -> list[Event]:
         """Passive transitions from silence of the nodes this replica owns: ALIVE -> SUSPECT -> LOST."""

@@ -19,6 +19,8 @@ class PoolHandlers:
         self.bus = bus
         self.clock = clock
         self.live = False
+        self._changed: set[str] = set()
+        """Nodes whose reservations the batch being followed changed."""
         """Whether followed events are current (publish what they change) or the log being caught up with."""
 
     async def on_heartbeats(self, events: Sequence[Heartbeat | NodeLease | NodeDrain]) -> list[Event]:
@@ -37,16 +39,20 @@ class PoolHandlers:
         return out
 
     async def on_followed(self, _topic: Topic, event: object) -> None:
-        """Every replica's view of the whole pool: other replicas' node states, and the reservations ledger."""
+        """Every replica's view of the whole pool: other replicas' node states, and the reservations ledger. The
+        states of the nodes whose reservations changed go out once the batch is read (``flush``)."""
         if isinstance(event, NodeState):
             self.book.observe(event)
-        elif self.live:
-            await self.on_ledger_event(event)
-        else:
-            self.book.on_ledger_event(event)
+            return
+        changed = self.book.apply_ledger(event)
+        if self.live:
+            self._changed.update(changed)
 
-    async def on_ledger_event(self, event: object) -> None:
-        await self.bus.publish_all(self.book.on_ledger_event(event, self.clock.now()))
+    async def flush(self) -> None:
+        """The follower handed over a batch: publish each changed node's state once, all in one go."""
+        changed, self._changed = self._changed, set()
+        if changed:
+            await self.bus.publish_all(self.book.states_of(changed, self.clock.now()))
 
     async def own(self, partitions: frozenset[int]) -> None:
         """The heartbeats partitions whose nodes this replica judges from now on."""

@@ -96,6 +96,7 @@ class SchedulerReplica:
             self.handlers.handle,
             name=f"{SERVICE}-follower",
             fetch_max_wait_ms=JOB_PATH_FETCH_MS,  # ready jobs, shard ends and node states: the job's path
+            after_batch=self.handlers.flush,
         )
 
     async def start(self) -> None:

@@ -5,6 +5,7 @@
 """
 
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -368,11 +369,13 @@ class SchedulerBook:
         self.apply(event)
         return [event]
 
-    def on_shard_event(self, now: datetime) -> list[Event]:
+    def on_shard_event(self, now: datetime, jobs: Iterable[str] | None = None) -> list[Event]:
         """Gang-level consequences of shard facts: all started -> RUNNING; all done -> SUCCEEDED; all stopped on a
-        preemption request -> PREEMPTED (requeued)."""
+        preemption request -> PREEMPTED (requeued). For the gangs of ``jobs`` (those a fact was about), or every
+        gang (a new leader carrying out what is due)."""
         out: list[Event] = []
-        for job_id, gang in list(self.gangs.items()):
+        chosen = self.gangs.items() if jobs is None else [(j, self.gangs[j]) for j in jobs if j in self.gangs]
+        for job_id, gang in list(chosen):
             attempt = gang.scheduled.attempt
             count = gang.spec.shard_count
             if not gang.running and len(gang.started) == count:

@@ -63,6 +63,8 @@ class SchedulerHandlers:
         self._on_diverged = on_diverged
         self._wanted = False
         self._runner: asyncio.Task[None] | None = None
+        self._touched: dict[str, None] = {}
+        """Jobs whose shard facts came in the batch the follower is handing over (in order)."""
 
     async def handle(self, topic: Topic, event: object) -> None:
         """The follower's entry point: one fact of one of the followed topics."""
@@ -104,10 +106,20 @@ class SchedulerHandlers:
         self.request_cycle()
 
     async def on_shard_event(self, event: object) -> None:
+        """A shard fact: its gang's consequences (RUNNING, SUCCEEDED, PREEMPTED) go out with the batch's (``flush``)."""
         self.book.apply(event)
-        if self.leading:
-            await self.publish(self.book.on_shard_event(self.clock.now()), spans=COMPLETION_SPANS)
-            self.request_cycle()
+        job_id = getattr(event, "job_id", None)
+        if self.leading and job_id is not None:
+            self._touched[job_id] = None
+
+    async def flush(self) -> None:
+        """The follower handed over a batch of facts: publish what its shard facts made of their gangs, at once (the
+        gangs they were about, not every gang), and ask for one cycle (shards that ended freed their GPUs)."""
+        jobs, self._touched = list(self._touched), {}
+        if not jobs or not self.leading:
+            return
+        await self.publish(self.book.on_shard_event(self.clock.now(), jobs), spans=COMPLETION_SPANS)
+        self.request_cycle()
 
     async def publish(
         self, events: Sequence[Event], *, spans: Mapping[type[Event], str] | None = None, started: int | None = None
