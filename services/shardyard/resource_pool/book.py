@@ -227,8 +227,10 @@ class PoolBook:
         if last is None or at is None or (now - at).total_seconds() >= self.refresh_s:
             return True
         inventory, telemetry = last
-        if record.inventory != inventory:
+        if record.inventory is not inventory and record.inventory != inventory:
             return True
+        if record.telemetry is telemetry:
+            return False  # leases since the last publication said what it said
         memory = tuple(gpu.memory_bytes for gpu in record.heartbeat.gpus)
         return record.telemetry is not None and moved(record.telemetry, telemetry, memory, self.tolerance)
 

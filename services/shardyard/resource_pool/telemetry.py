@@ -39,6 +39,13 @@ class Telemetry:
     def renewed(self, lease: NodeLease) -> "Telemetry":
         """This telemetry as ``lease`` updates it. GPU figures that do not match the node's GPUs in number (a lease
         of an agent whose GPUs changed, before its full heartbeat says so) are not taken."""
+        if (
+            lease.cpu_load == self.cpu_load
+            and lease.gpu_utilization == self.gpu_utilization
+            and lease.gpu_memory_used_bytes == self.gpu_memory_used_bytes
+            and lease.gpu_temperature_c == self.gpu_temperature_c
+        ):
+            return self  # the usual lease: nothing moved
         count = len(self.gpu_utilization)
         if len(lease.gpu_utilization) == len(lease.gpu_memory_used_bytes) == len(lease.gpu_temperature_c) == count:
             return Telemetry(
