@@ -10,7 +10,8 @@ Silence runs from the *sending* of the node's last heartbeat (its ``occurred_at`
 node that died just after a heartbeat has been dead for as long as the heartbeat took to arrive. The agent's clock is
 trusted for at most :data:`MAX_TRANSIT_S` of that (a clock ahead of ours counts from the receipt, one far behind
 cannot make a node suspect early by more). The periodic check is allowed for too: a node is SUSPECT at the first
-check at least ``suspect_after_s - check_every_s`` into its silence, so never later than ``suspect_after_s``.
+check at least ``suspect_after_s - check_every_s`` into its silence, so never later than ``suspect_after_s``, and
+LOST likewise by ``lost_after_s``.
 
 Replicas split the nodes by the partition of the heartbeats topic their heartbeats land on (:attr:`PoolBook.owned`,
 given by the consumer group): a replica judges the liveness of the nodes it owns and publishes their state; it keeps
@@ -314,6 +315,7 @@ class PoolBook:
         if self._unordered:
             self._watch_order()
         suspect_at = self.suspect_after_s - self.check_every_s
+        lost_at = self.lost_after_s - self.check_every_s  # like suspicion: up to a check early, never late
         out: list[Event] = []
         gone: list[str] = []
         for node_id in self.watched:
@@ -321,7 +323,7 @@ class PoolBook:
             if (now - record.received_at).total_seconds() + MAX_TRANSIT_S < suspect_at:
                 break  # this node's silence, and every later one's, is short of suspicion
             silent = record.silence(now)
-            if record.status is not NodeStatus.LOST and silent >= self.lost_after_s:
+            if record.status is not NodeStatus.LOST and silent >= lost_at:
                 record.status = NodeStatus.LOST
                 self.allocations.pop(node_id, None)
                 gone.append(node_id)
