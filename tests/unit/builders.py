@@ -15,6 +15,7 @@ from shardyard.events import (
     JobSpec,
     NodeState,
     NodeStatus,
+    RedundancyChanged,
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
@@ -214,3 +215,16 @@ def completed(job_id: str = "job-1", shard_index: int = 0, **overrides: Any) -> 
 def failed(job_id: str = "job-1", shard_index: int = 0, **overrides: Any) -> ShardFailed:
     defaults: dict[str, Any] = {"cause": FailureCause.PROCESS_EXIT, "exit_code": 1, "message": "exit code 1"}
     return ShardFailed(**_shard_fields(job_id, shard_index, {**defaults, **overrides}))
+
+
+def redundancy(ratio: float) -> RedundancyChanged:
+    """The fault manager's spare ratio ``ratio`` (from a failure rate of half of it)."""
+    return RedundancyChanged(
+        occurred_at=at(0),
+        ratio=ratio,
+        previous_ratio=0,
+        failure_rate=ratio / 2,
+        window_s=600,
+        shard_attempts=20,
+        shard_failures=1,
+    )

@@ -14,13 +14,12 @@ from shardyard.events import (
     JobUnschedulable,
     NodeStatus,
     PendingReason,
-    RedundancyChanged,
     ShardAssignment,
     ShardCheckpointed,
     ShardRevocation,
 )
 from shardyard.scheduler.book import SchedulerBook
-from tests.unit.builders import at, completed, gpus, job_spec, node_state, started
+from tests.unit.builders import at, completed, gpus, job_spec, node_state, redundancy, started
 
 
 def of(events: list[Event], kind: type) -> list:  # type: ignore[type-arg]
@@ -30,17 +29,7 @@ def of(events: list[Event], kind: type) -> list:  # type: ignore[type-arg]
 def cluster(*nodes: str, ratio: float = 0.0) -> SchedulerBook:
     book = SchedulerBook()
     if ratio:
-        book.apply(
-            RedundancyChanged(
-                occurred_at=at(0),
-                ratio=ratio,
-                previous_ratio=0,
-                failure_rate=ratio / 2,
-                window_s=600,
-                shard_attempts=20,
-                shard_failures=1,
-            )
-        )
+        book.apply(redundancy(ratio))
     for node_id in nodes:
         book.apply(node_state(node_id, gpus=gpus(count=1)))
     return book

@@ -17,12 +17,11 @@ from shardyard.events import (
     JobRecovering,
     JobRunning,
     JobScheduled,
-    RedundancyChanged,
     ShardFailed,
     ShardRevocation,
 )
 from shardyard.scheduler.book import SchedulerBook
-from tests.unit.builders import at, completed, failed, gpus, job_spec, node_state, started
+from tests.unit.builders import at, completed, failed, gpus, job_spec, node_state, redundancy, started
 
 DEADLINE_S = 60.0
 PLACED_AT = 1.0
@@ -44,17 +43,7 @@ def timed_out(events: list[Event]) -> list[tuple[int, str]]:
 def cluster(*nodes: str, ratio: float = 0.0) -> SchedulerBook:
     book = SchedulerBook(term=3, start_deadline_s=DEADLINE_S)
     if ratio:
-        book.apply(
-            RedundancyChanged(
-                occurred_at=at(0),
-                ratio=ratio,
-                previous_ratio=0,
-                failure_rate=ratio / 2,
-                window_s=600,
-                shard_attempts=20,
-                shard_failures=1,
-            )
-        )
+        book.apply(redundancy(ratio))
     for node_id in nodes:
         book.apply(node_state(node_id, gpus=gpus(count=1)))
     return book

@@ -32,13 +32,12 @@ from shardyard.events import (
     ShardFailed,
     ShardPlacement,
     ShardPreempted,
-    ShardRevocation,
     ShardStarted,
     ShardStopRequest,
     Workload,
 )
 from shardyard.scheduler.elasticity import ElasticityTracker
-from shardyard.scheduler.gangs import Gang, SnapshotCache
+from shardyard.scheduler.gangs import Gang, SnapshotCache, revocation
 from shardyard.scheduler.model import (
     NodeView,
     PendingJob,
@@ -505,15 +504,7 @@ class SchedulerBook:
 
     def _revoke(self, gang: Gang, now: datetime, reason: str) -> list[Event]:
         return [
-            ShardRevocation(
-                occurred_at=now,
-                job_id=gang.spec.job_id,
-                shard_index=shard.shard_index,
-                node_id=shard.node_id,
-                attempt=gang.scheduled.attempt,
-                term=self.term,
-                reason=reason,
-            )
+            revocation(gang, shard, term=self.term, now=now, reason=reason)
             for shard in gang.scheduled.placements
             if shard.shard_index not in gang.completed and shard.shard_index not in gang.preempted
         ]

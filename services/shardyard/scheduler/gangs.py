@@ -4,7 +4,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from shardyard.events import JobScheduled, JobSpec, NodeState, ShardCompleted, ShardPreempted
+from shardyard.events import (
+    JobScheduled,
+    JobSpec,
+    NodeState,
+    ShardCompleted,
+    ShardPlacement,
+    ShardPreempted,
+    ShardRevocation,
+)
 from shardyard.scheduler.model import NodeView, Policy, RunningJob, Snapshot
 from shardyard.scheduler.standing import StandingIndex
 
@@ -23,6 +31,19 @@ class Gang:
     running: bool = False
     preempted_by: str | None = None
     preempt_deadline: datetime | None = None
+
+
+def revocation(gang: Gang, shard: ShardPlacement, *, term: int, now: datetime, reason: str) -> ShardRevocation:
+    """Stop one shard of ``gang``'s attempt (its agent stops it; the pool frees its GPUs)."""
+    return ShardRevocation(
+        occurred_at=now,
+        job_id=gang.spec.job_id,
+        shard_index=shard.shard_index,
+        node_id=shard.node_id,
+        attempt=gang.scheduled.attempt,
+        term=term,
+        reason=reason,
+    )
 
 
 @dataclass

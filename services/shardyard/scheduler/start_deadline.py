@@ -14,8 +14,8 @@ of its own).
 
 from datetime import datetime, timedelta
 
-from shardyard.events import Event, FailureCause, ShardFailed, ShardPlacement, ShardRevocation
-from shardyard.scheduler.gangs import Gang
+from shardyard.events import Event, FailureCause, ShardFailed, ShardPlacement
+from shardyard.scheduler.gangs import Gang, revocation
 
 
 def overdue(gang: Gang, now: datetime, deadline_s: float) -> list[ShardPlacement]:
@@ -34,15 +34,7 @@ def start_timeout(gang: Gang, shard: ShardPlacement, *, term: int, deadline_s: f
     attempt = gang.scheduled.attempt
     message = f"not reported started within {deadline_s:g}s of its assignment (attempt {attempt}): revoked"
     return [
-        ShardRevocation(
-            occurred_at=now,
-            job_id=gang.spec.job_id,
-            shard_index=shard.shard_index,
-            node_id=shard.node_id,
-            attempt=attempt,
-            term=term,
-            reason=f"start deadline: {message}",
-        ),
+        revocation(gang, shard, term=term, now=now, reason=f"start deadline: {message}"),
         ShardFailed(
             occurred_at=now,
             job_id=gang.spec.job_id,
