@@ -20,10 +20,10 @@ finds it was not running for a while (:attr:`PoolBook.pause_after_s`), suspects 
 :attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them.
 
 Node state is published when it changes, not per heartbeat: its status, drain mark or reservations; its inventory
-(GPUs and their health, cores, memory, address, running shards, artifacts, topology); its CPU load by at least
-:attr:`PoolBook.load_step`, or a GPU's use by at least the :class:`Tolerance` steps. Unchanged, a node's state is
-still republished every :attr:`PoolBook.refresh_s` (its last heartbeat's receipt stays fresh on the compacted topic),
-and once after each takeover or restart of a replica. A heartbeat that changes nothing costs one comparison.
+(GPUs and their health, cores, memory, address, running shards, artifacts, topology); its CPU load or a GPU's use by
+a :class:`~shardyard.resource_pool.telemetry.Tolerance` step. Unchanged, a node's state is still republished every
+:attr:`PoolBook.refresh_s` (its last heartbeat's receipt stays fresh on the compacted topic), and once after each
+takeover or restart of a replica. A heartbeat that changes nothing costs one comparison.
 
 The periodic check costs what changes too: the nodes a replica judges are kept in the order their last heartbeat
 arrived, and a check reads them from the oldest until the first whose silence is short of suspicion.
