@@ -8,6 +8,7 @@ Families, beside prometheus-client's default process, platform and GC collectors
 
 - ``shardyard_events_consumed_total{topic}``, ``shardyard_events_published_total{topic}``,
   ``shardyard_events_dead_lettered_total{topic}`` (by the topic the message came from)
+- ``shardyard_queue_submissions_total{outcome,reason}`` (a queue's answers to submissions)
 - ``shardyard_handler_seconds{topic}``: a histogram of decode plus handler time, retries included
 - ``shardyard_consumer_lag_messages{topic, group}``: end offset minus position, summed over the partitions this
   process is assigned, sampled every ``LAG_INTERVAL_S`` (``group="none"`` for group-less subscriptions)
@@ -48,6 +49,12 @@ EVENTS_DEAD_LETTERED = Counter(
     "shardyard_events_dead_lettered",
     "Messages this process sent to the dead-letter topic, by the topic they came from",
     labelnames=["topic"],
+)
+SUBMISSIONS_ANSWERED = Counter(
+    "shardyard_queue_submissions",
+    "Submissions a queue replica answered, by outcome (accepted, rejected, forwarded to the job's partition, or a "
+    "redelivery answered before) and rejection reason; dead-lettered ones are in shardyard_events_dead_lettered",
+    labelnames=["outcome", "reason"],
 )
 HANDLER_SECONDS = Histogram(
     "shardyard_handler_seconds",

@@ -58,7 +58,9 @@ def test_a_job_without_entrypoint_runs_the_built_in_runner() -> None:
             id="defaults-and-lookalikes-may-be-set",
         ),
         pytest.param(
-            _with(command=COMMAND, working_dir="src"), Entrypoint(command=COMMAND, working_dir="src"), id="rel"
+            _with(command=COMMAND, working_dir="/data//code/"),
+            Entrypoint(command=COMMAND, working_dir="/data/code"),
+            id="working-dir-normalised",
         ),
     ],
 )
@@ -118,6 +120,9 @@ def test_admitted_entrypoints(document: dict[str, Any], expected: Entrypoint) ->
         ),
         pytest.param(
             {"command": COMMAND, "working_dir": 7}, RejectReason.WRONG_TYPE, "entrypoint.working_dir", id="wd-int"
+        ),
+        pytest.param(  # a working directory is a job path, confined like the dependencies
+            {"command": COMMAND, "working_dir": "src"}, RejectReason.INVALID_VALUE, "entrypoint.working_dir", id="rel"
         ),
         pytest.param({"command": COMMAND, "shell": True}, RejectReason.UNKNOWN_FIELD, "entrypoint.shell", id="unknown"),
     ],

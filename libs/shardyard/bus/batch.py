@@ -55,6 +55,10 @@ class Sender(Protocol):
     async def send_dead_letter(self, raw: bytes, record: Record, error: str) -> "asyncio.Future[Any]": ...
 
 
+def source_of(record: Record) -> str:
+    return f"{record.topic}/{record.partition}/{record.offset}"
+
+
 class BatchConsumer:
     """Steps 2-4 of a batch, for one subscription: ``await consumer.handle(records)`` returns once every event the
     batch caused, and every dead letter, is acknowledged by the broker; the caller commits after it."""
@@ -93,7 +97,7 @@ class BatchConsumer:
             for caused in await self._apply(self.routes[topic], batch):
                 pending.append(await self.bus.send(caused))
         for topic, raw_batch in raw_by_topic.items():
-            pending.extend(await self.raw_routes[topic](raw_batch))  # raw handlers answer every record themselves
+            pending.extend(await self._apply_raw(self.raw_routes[topic], raw_batch))
         if pending:
             await asyncio.gather(*pending)
         spent = time.perf_counter() - began
@@ -112,6 +116,31 @@ class BatchConsumer:
                 log.exception("%s: batch handler failed (%d events, try %d)", self.bus.service, len(events), attempt)
                 await asyncio.sleep(0.1 * attempt)
         return await self._one_by_one(handler, batch)
+
+    async def _apply_raw(self, handler: RawBatchHandler, batch: Sequence[Record]) -> list[Awaitable[object]]:
+        """A raw handler answers every record itself; one that raises is retried, then given the records one at a
+        time, and a record it still cannot take is dead-lettered with the reason (never acknowledged unanswered).
+        Raw handlers are idempotent by the record's offset, so what a failed try already sent is not sent twice."""
+        for attempt in range(1, HANDLER_ATTEMPTS + 1):
+            try:
+                return list(await handler(batch))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the consumer must outlive any one batch
+                log.exception(
+                    "%s: raw batch handler failed (%d records, try %d)", self.bus.service, len(batch), attempt
+                )
+                await asyncio.sleep(0.1 * attempt)
+        sent: list[Awaitable[object]] = []
+        for record in batch:
+            try:
+                sent.extend(await handler([record]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s: handler failed on %s; dead-lettering it", self.bus.service, source_of(record))
+                sent.append(await self.bus.send_dead_letter(record.value or b"", record, f"handler failed: {exc!r}"))
+        return sent
 
     async def _one_by_one(self, handler: BatchHandler, batch: Sequence[tuple[Any, Record]]) -> list[Event]:
         """Isolate the events the handler cannot take: each is tried alone, and dead-lettered if it fails."""

@@ -41,6 +41,8 @@ GROUP_OPTIONS: dict[str, Any] = {
 HANDLER_ATTEMPTS = 3
 MAX_BATCH_BYTES = 1024 * 1024
 """The producer's batch per partition (Kafka's default ``message.max.bytes`` is about this)."""
+MAX_DEAD_LETTER_BYTES = 64 * 1024
+"""A dead letter keeps this much of its message at most: enough to see what it was, always under the broker's limit."""
 JOB_PATH_FETCH_MS = 20
 """How long a fetch may wait at the broker for data, for the consumers on the job's path (submissions at the queue,
 the scheduler's facts, an agent's assignments). The embedded broker holds a fetch about this long even when records
@@ -165,12 +167,17 @@ class Bus:
     async def send_dead_letter(
         self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str
     ) -> "asyncio.Future[Any]":
-        """Hand a dead letter to the producer; the future resolves once the broker has it."""
+        """Hand a dead letter to the producer; the future resolves once the broker has it. A message too large to
+        send whole keeps its first ``MAX_DEAD_LETTER_BYTES`` (``x-shardyard-truncated`` gives its size); the
+        source header names where the whole of it still lies in the log."""
         headers = {
             "x-shardyard-error": error[:2000],
             "x-shardyard-source": f"{record.topic}/{record.partition}/{record.offset}",
             "x-shardyard-service": self.service,
         }
+        if len(raw) > MAX_DEAD_LETTER_BYTES:
+            headers["x-shardyard-truncated"] = str(len(raw))
+            raw = raw[:MAX_DEAD_LETTER_BYTES]
         future = _pending(
             await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers, no_confirm=True)
         )

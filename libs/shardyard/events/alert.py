@@ -34,6 +34,9 @@ class AlertRule(StrEnum):
     """A monitor replica reads the topics too far behind their ends: everything it shows is late."""
     NO_PROGRESS = "NO_PROGRESS"
     """A running job reported no training step for longer than the limit."""
+    DEAD_LETTERS = "DEAD_LETTERS"
+    """Messages of a topic went to the dead-letter topic recently: a service could not use them (a submission that
+    could not be answered, an event no handler could take). Per source topic."""
 
 
 class AlertSeverity(StrEnum):

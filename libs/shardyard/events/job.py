@@ -105,6 +105,16 @@ class RejectReason(StrEnum):
     DUPLICATE_JOB = "DUPLICATE_JOB"
     UNKNOWN_DEPENDENCY = "UNKNOWN_DEPENDENCY"
     DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
+    TOO_LARGE = "TOO_LARGE"
+    """Over the submission size limit; refused before parsing."""
+    TOO_DEEP = "TOO_DEEP"
+    """Objects and arrays nested deeper than the limit; refused before parsing."""
+    TOO_MANY_FIELDS = "TOO_MANY_FIELDS"
+    """More members and items than the limit; refused before parsing."""
+    PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
+    """A job path outside the prefixes the operator allows."""
+    ENV_NOT_ALLOWED = "ENV_NOT_ALLOWED"
+    """An environment name that changes how code is loaded (``LD_*``, ``PYTHONPATH``...), not allowed here."""
 
 
 class FieldError(Model):

@@ -2,22 +2,73 @@
 
 Parsing is strict about types (``"count": "two"`` is refused, not guessed) and about unknown fields (a typo is an
 error, not a silently ignored option), and lenient where the documented JSON is: ``"memory": "64GiB"``.
+
+Every field is bounded (the limits are in the JSON Schema, ``schemas/job-submission.json``, and the README): numbers
+are finite and within their ranges, strings have lengths, and job paths are absolute and normalised, free of ``.``
+and ``..``, at most ``MAX_PATH_BYTES`` long with components of at most ``MAX_COMPONENT_BYTES``. Which prefixes a path
+may lie under, and which environment variables a job may set, is the operator's (``shardyard.queue.admission``).
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
-from shardyard.events.job import Entrypoint
+from shardyard.events.job import Argument, EnvName, EnvValue
 from shardyard.units import parse_bytes
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MAX_PATH_BYTES: Final = 4096
+"""PATH_MAX on Linux: a longer job path cannot be opened on any node."""
+MAX_COMPONENT_BYTES: Final = 255
+"""NAME_MAX on Linux: a longer file name cannot exist (ENAMETOOLONG)."""
+MAX_MEMORY_BYTES: Final = 2**53
+"""Host memory a job may ask for, 8 PiB: above any cluster's, and exact as a float."""
+MAX_SEED: Final = 2**32 - 1
+"""The widest seed every generator takes (NumPy's)."""
+MAX_TFLOPS: Final = 1_000_000.0
 
 
 def _bytes(value: object) -> int:
     if not isinstance(value, str | int) or isinstance(value, bool):
         raise ValueError("a memory size must be a number of bytes or a string like '64GiB'")
-    return parse_bytes(value)
+    count = parse_bytes(value)
+    if count > MAX_MEMORY_BYTES:
+        raise ValueError(f"a memory size is at most {MAX_MEMORY_BYTES} bytes (8 PiB)")
+    return count
+
+
+def job_path(value: str) -> str:
+    """``value`` as a job path: absolute, normalised (repeated and trailing ``/`` dropped), without ``.`` or ``..``
+    components, NUL or control characters, within Linux's length limits. Raises ValueError saying which rule broke."""
+    if not value.startswith("/"):
+        raise ValueError(f"a job path is absolute (starts with '/'): {value[:80]!r}")
+    if any(ord(char) < 0x20 or char == "\x7f" for char in value):
+        raise ValueError("a job path has no NUL or control characters")
+    if len(value.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"a job path is at most {MAX_PATH_BYTES} bytes")
+    parts = [part for part in value.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        raise ValueError(f"a job path has no '.' or '..' components: {value[:200]!r}")
+    if any(len(part.encode()) > MAX_COMPONENT_BYTES for part in parts):
+        raise ValueError(f"a job path's components are at most {MAX_COMPONENT_BYTES} bytes each")
+    return "/" + "/".join(parts)
+
+
+JobPath = Annotated[
+    str,
+    Field(min_length=1),
+    AfterValidator(job_path),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^/[^\x00-\x1f\x7f]*$",
+            "maxLength": MAX_PATH_BYTES,
+            "description": f"an absolute job path without '.' or '..' components, at most {MAX_PATH_BYTES} bytes, "
+            f"components at most {MAX_COMPONENT_BYTES} bytes; it must lie under a prefix the operator allows "
+            "(the queue's --job-path-prefixes, default /data)",
+        }
+    ),
+]
 
 
 ByteCount = Annotated[
@@ -41,8 +92,10 @@ class _UserModel(BaseModel):
 
 class GpuRequirement(_UserModel):
     count: int = Field(ge=1, le=4096, description="GPUs for the whole job; one shard per GPU")
-    model: str | None = Field(default=None, min_length=1, description="GPU model, e.g. A100; none means any")
-    min_flops: float | None = Field(default=None, gt=0, description="minimum TFLOPS per GPU")
+    model: str | None = Field(
+        default=None, min_length=1, max_length=64, description="GPU model, e.g. A100; none means any"
+    )
+    min_flops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, description="minimum TFLOPS per GPU")
 
 
 class ResourceRequirements(_UserModel):
@@ -52,8 +105,8 @@ class ResourceRequirements(_UserModel):
 
 
 class Dependencies(_UserModel):
-    pretrained_model: str = Field(min_length=1, description="directory of the pretrained checkpoint")
-    dataset: str = Field(min_length=1, description="directory of the training text")
+    pretrained_model: JobPath = Field(description="directory of the pretrained checkpoint")
+    dataset: JobPath = Field(description="directory of the training text")
 
 
 class TrainingParams(_UserModel):
@@ -63,7 +116,7 @@ class TrainingParams(_UserModel):
     batch_size: int = Field(default=8, ge=1, le=65_536)
     seq_len: int = Field(default=64, ge=2, le=1_000_000)
     lr: float = Field(default=3e-3, gt=0, le=10)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
 class PlacementOptions(_UserModel):
@@ -71,6 +124,24 @@ class PlacementOptions(_UserModel):
 
     min_match: float = Field(gt=0, le=1, description="lowest match score (node TFLOPS / required) accepted")
     max_wait_s: float = Field(default=0, ge=0, le=30 * 86_400, description="wait this long for a full match first")
+
+
+class SubmittedEntrypoint(_UserModel):
+    """A user's own training command (``shardyard.events.job.Entrypoint`` once admitted). ``command`` is an argv list
+    run without a shell; ``env`` is added to the shard's environment, except the names the runtime owns and, unless
+    the operator allows them, names that change how programs load code (``LD_*``, ``PYTHONPATH``, ``PATH``...);
+    ``working_dir`` is a job path, confined like the dependencies."""
+
+    command: list[Argument] = Field(min_length=1, max_length=4096, description="argv, run without a shell")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=1024,
+        description="extra environment variables: not RANK, MASTER_*, SHARDYARD_*, nor (unless the operator allows "
+        "them, the queue's --allow-env) LD_*, DYLD_*, PATH, PYTHONPATH, PYTHONHOME and the like",
+    )
+    working_dir: JobPath | None = Field(
+        default=None, description="directory the command runs in (a job path); default: the agent's"
+    )
 
 
 class JobSubmission(_UserModel):
@@ -90,7 +161,7 @@ class JobSubmission(_UserModel):
     )
     placement: PlacementOptions | None = Field(default=None, description="degraded placement, off unless given")
     preemptible: bool = Field(default=True, description="a higher-priority job may checkpoint and requeue this one")
-    entrypoint: Entrypoint | None = Field(
+    entrypoint: SubmittedEntrypoint | None = Field(
         default=None, description="run this command once per shard (torchrun environment), not the built-in runner"
     )
 

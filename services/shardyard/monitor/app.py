@@ -76,6 +76,9 @@ class MonitorSettings(ServiceSettings):
     alert_no_progress_s: float = Field(
         default=RULES.no_progress_s, gt=0, description="NO_PROGRESS: a running job reported no step for this long"
     )
+    alert_dead_letter_window_s: float = Field(
+        default=RULES.dead_letter_window_s, gt=0, description="DEAD_LETTERS: a topic's newest dead letter this recent"
+    )
 
     def alert_policy(self) -> AlertPolicy:
         """The rules' thresholds: each ``AlertPolicy`` field from the setting ``alert_<field>``."""

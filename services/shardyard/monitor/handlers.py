@@ -8,6 +8,7 @@ that job events carry is not recorded here (``tracing.observe``): it would conti
 import logging
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -36,8 +37,13 @@ class MonitorHandlers:
 
     async def on_records(self, topic: Topic, records: Sequence[Record]) -> None:
         """Fold a batch of one topic's records, in order."""
-        if topic.payload is None:  # the dead-letter topic: raw bytes, counted
-            self.view.dead_letters += len(records)
+        if topic.payload is None:  # the dead-letter topic: raw bytes, counted by the topic they came from
+            for record in records:
+                headers = {name: value.decode(errors="replace") for name, value in record.headers or ()}
+                source = headers.get("x-shardyard-source", "unknown/0/0").rsplit("/", 2)[0]
+                at = datetime.fromtimestamp(record.timestamp / 1000, UTC)
+                service, error = headers.get("x-shardyard-service", "?"), headers.get("x-shardyard-error", "")
+                self.view.dead_letter(source, at, service, error)
             metrics.handled(topic.name, [0.0] * len(records))
             return
         seconds: list[float] = []

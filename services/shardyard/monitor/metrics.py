@@ -314,7 +314,15 @@ def alert_families(view: ClusterView) -> Iterator[Family]:
     )
     for topic, behind in sorted(view.consumer_lag.items()):
         lag.add((topic,), behind)
-    yield from (firing, lag, *_node_liveness(view), *_job_progress(view))
+    dead = Family(
+        "shardyard_dead_letter_last_timestamp_seconds",
+        "Unix time of the newest dead letter from each topic (its messages nobody could use)",
+        ["topic"],
+    )
+    for topic, seen in sorted(view.dead_lettered.items()):
+        if seen.last_at is not None:
+            dead.add((topic,), seen.last_at.timestamp())
+    yield from (firing, lag, dead, *_node_liveness(view), *_job_progress(view))
 
 
 def _node_liveness(view: ClusterView) -> Iterator[Family]:

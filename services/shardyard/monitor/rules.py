@@ -52,6 +52,7 @@ class AlertPolicy:
     consumer_lag_messages: int = 1000
     consumer_lag_for_s: float = 30.0
     no_progress_s: float = 120.0
+    dead_letter_window_s: float = 300.0
 
     @property
     def lag_subject(self) -> str:
@@ -257,6 +258,23 @@ def no_progress(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterat
             )
 
 
+def dead_letters(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    """A topic's messages were dead-lettered within the window: each is a message nobody could act on (for the
+    submissions topic, a user's job that got no verdict from the queue), kept aside with the reason."""
+    for topic, seen in sorted(view.dead_lettered.items()):
+        if seen.last_at is not None and _age(now, seen.last_at) <= policy.dead_letter_window_s:
+            yield Condition(
+                AlertRule.DEAD_LETTERS,
+                topic,
+                AlertSeverity.WARNING,
+                f"{seen.count} messages of {topic} dead-lettered so far, the newest {_age(now, seen.last_at):.0f} s "
+                f"ago by {seen.last_service}: {seen.last_error}",
+                _age(now, seen.last_at),
+                policy.dead_letter_window_s,
+                seen.last_at,
+            )
+
+
 RULES: Mapping[AlertRule, Rule] = {
     AlertRule.RESOURCE_SHORTAGE: resource_shortage,
     AlertRule.SYNC_TIMEOUT: sync_timeout,
@@ -267,6 +285,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.HEARTBEAT_LAG: heartbeat_lag,
     AlertRule.CONSUMER_LAG: consumer_lag,
     AlertRule.NO_PROGRESS: no_progress,
+    AlertRule.DEAD_LETTERS: dead_letters,
 }
 
 

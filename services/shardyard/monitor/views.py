@@ -58,6 +58,16 @@ newest sign of life as ``last_heartbeat_at``."""
 
 
 @dataclass
+class DeadLettered:
+    """Dead letters from one topic: how many this replica has read, and the newest one."""
+
+    count: int = 0
+    last_at: datetime | None = None
+    last_service: str = ""
+    last_error: str = ""
+
+
+@dataclass
 class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
@@ -87,6 +97,8 @@ class ClusterView:
     """Node states and heartbeats folded so far (what ``nodes_body`` shows)."""
     _consumer_lag: dict[str, int] = field(default_factory=dict, repr=False)
     _dead_letters: int = field(default=0, repr=False)
+    dead_lettered: dict[str, "DeadLettered"] = field(default_factory=dict)
+    """Per topic the dead letters came from: how many, and the newest (what the DEAD_LETTERS rule judges)."""
 
     @property
     def consumer_lag(self) -> dict[str, int]:
@@ -108,6 +120,14 @@ class ClusterView:
     def dead_letters(self, count: int) -> None:
         self._dead_letters = count
         self.revision += 1
+
+    def dead_letter(self, source_topic: str, at: datetime, service: str, error: str) -> None:
+        """A message of ``source_topic`` reached the dead-letter topic at ``at``, sent there by ``service``."""
+        seen = self.dead_lettered.setdefault(source_topic, DeadLettered())
+        seen.count += 1
+        if seen.last_at is None or at >= seen.last_at:
+            seen.last_at, seen.last_service, seen.last_error = at, service, error[:300]
+        self.dead_letters += 1
 
     def job(self, job_id: str) -> JobView:
         return self.jobs.setdefault(job_id, JobView(job_id))

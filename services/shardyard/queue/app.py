@@ -10,6 +10,7 @@ from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
+from shardyard.queue.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.service import announce
@@ -23,6 +24,17 @@ class QueueSettings(ReplicatedSettings):
     """The queue: admission and ordering of submitted jobs."""
 
     gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")
+    job_path_prefixes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PATH_PREFIXES),
+        description="job paths (dependencies, working_dir) must lie under one of these: the agents' mount prefixes",
+    )
+    allow_env: list[str] = Field(
+        default_factory=list,
+        description="environment names jobs may set although they change how code is loaded (LD_*, PATH, ...)",
+    )
+
+    def policy(self) -> Policy:
+        return Policy(path_prefixes=tuple(self.job_path_prefixes), allowed_env=frozenset(self.allow_env))
 
 
 def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
@@ -31,7 +43,8 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     only. When one dies, the group gives its partitions to the others within one election's time."""
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    book = QueueBook(catalogue_with(settings.gpu_tflops), owned=frozenset())  # until the group gives it partitions
+    # No partitions until the group gives it some.
+    book = QueueBook(catalogue_with(settings.gpu_tflops), owned=frozenset(), policy=settings.policy())
     handlers = QueueHandlers(book, bus, clock)
     follower = Follower(
         settings.bootstrap, [LIFECYCLE], handlers.on_followed, name=f"{SERVICE}-{settings.instance}-follow"

@@ -42,7 +42,7 @@ from shardyard.events import (
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
-from shardyard.queue.admission import Admitted, admit, named_job
+from shardyard.queue.admission import Admitted, Policy, admit, named_job
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
@@ -66,8 +66,12 @@ class Forward:
 
 
 class QueueBook:
-    def __init__(self, catalogue: Mapping[str, float], *, owned: frozenset[int] | None = None) -> None:
+    def __init__(
+        self, catalogue: Mapping[str, float], *, owned: frozenset[int] | None = None, policy: Policy | None = None
+    ) -> None:
         self.catalogue = catalogue
+        self.policy = policy or Policy()
+        """The operator's limits: allowed job-path prefixes and environment names, submission bounds."""
         self.owned = owned
         """The submissions partitions whose jobs this replica decides; None: all of them (a single queue)."""
         self.states: dict[str, JobState] = {}
@@ -135,7 +139,7 @@ class QueueBook:
         id). Bytes that name no job are rejected wherever they are read; a decided ``source`` is a no-op anywhere."""
         if source in self.sources:
             return None
-        job_id = named_job(raw)
+        job_id = named_job(raw, self.policy.limits)
         if job_id is None or (target := partition_of(job_id, SUBMISSIONS)) == partition:
             return None
         return Forward(job_id, target)
@@ -145,7 +149,7 @@ class QueueBook:
         if source in self.sources:
             return []
         fallback_id = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
-        result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id)
+        result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
         if not isinstance(result, Admitted):
             rejection = JobRejected(
                 occurred_at=now,

@@ -6,12 +6,12 @@ its partitions, and a replica decides for the jobs of those partitions only."""
 import logging
 from collections.abc import Awaitable, Sequence
 
-from shardyard import tracing
+from shardyard import metrics, tracing
 from shardyard.bus.batch import Record
 from shardyard.bus.kafka import Bus, source_of_record
 from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
-from shardyard.events import JobAccepted
+from shardyard.events import JobAccepted, JobRejected
 from shardyard.lifecycle import LifecycleFact
 from shardyard.queue.book import QueueBook
 
@@ -46,6 +46,7 @@ class QueueHandlers:
             # The trace context travels on: the admission span still continues the submitter's trace.
             carried = {name: value.decode(errors="replace") for name, value in headers.items()}
             log.info("forwarding submission %s of job %r to partition %d", source, forward.job_id, forward.partition)
+            metrics.SUBMISSIONS_ANSWERED.labels("forwarded", "").inc()
             return [
                 await self.bus.send_raw(
                     raw,
@@ -58,7 +59,13 @@ class QueueHandlers:
         events = self.book.on_submission(raw, source=source, now=self.clock.now())
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
+            metrics.SUBMISSIONS_ANSWERED.labels("redelivered", "").inc()
             return []
+        verdict = events[0]
+        if isinstance(verdict, JobRejected):
+            metrics.SUBMISSIONS_ANSWERED.labels("rejected", verdict.reason.value).inc()
+        else:
+            metrics.SUBMISSIONS_ANSWERED.labels("accepted", "").inc()
         # The admission span continues the submitter's trace (its ``traceparent`` header), or starts the job's trace
         # (a plain-JSON submission, from kcat say). Only an acceptance (re)starts the job's trace everywhere.
         with tracing.job_span(
