@@ -23,7 +23,8 @@ STEPS = 200
 
 def entry_job(task_id: str, script: str, *, model: str, sync_interval: int) -> dict[str, Any]:
     """``examples/ddp_job.json`` with this interpreter (the agent's PATH may not lead to it) and the repository as
-    the working directory, so the script's relative path resolves whichever directory the agents run in."""
+    the working directory (``/data/code``, which the cluster fixture links to it: a working directory is a job path
+    under an allowed prefix), so the script's relative path resolves whichever directory the agents run in."""
     document: dict[str, Any] = json.loads((ROOT / "examples" / "ddp_job.json").read_text())
     document["task_id"] = task_id
     document["resource_requirements"]["gpu"] = {"count": 2, "model": model}
@@ -32,7 +33,7 @@ def entry_job(task_id: str, script: str, *, model: str, sync_interval: int) -> d
     entrypoint = document["entrypoint"]
     assert entrypoint["command"][:2] == ["python", "examples/ddp_train.py"]
     entrypoint["command"] = [sys.executable, script, "--steps", str(STEPS), "--log-every", "20"]
-    entrypoint["working_dir"] = str(ROOT)
+    entrypoint["working_dir"] = "/data/code"
     return document
 
 
@@ -47,6 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("entrypoint")
     for artifact in ("models/gpt2_pretrained", "datasets/wikitext"):  # the example's dependencies: any directories
         (run_dir / "data" / artifact).mkdir(parents=True)
+    (run_dir / "data" / "code").symlink_to(ROOT, target_is_directory=True)
     started = cli("up", run_dir=run_dir, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
