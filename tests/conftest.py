@@ -1,9 +1,33 @@
+import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.broker import real_broker
+from tests.support.cluster import reachable_by_shards, shard_users_unavailable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Agents started by the tests run shards as users of their jobs' own where they can. Where other users cannot
+    run this Python (a pyenv inside a 0700 /root), agents running as root would refuse to start: theirs then run
+    as the agent (``SHARDYARD_SHARD_USER=agent``, unless set already), and the tests of isolation skip."""
+    why = shard_users_unavailable()
+    if os.geteuid() == 0 and why is not None and "SHARDYARD_SHARD_USER" not in os.environ:
+        os.environ["SHARDYARD_SHARD_USER"] = "agent"
+        warnings.warn(f"shards run as the agent in these tests: {why}", stacklevel=1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shards_pass_the_temporary_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Shards of agents running as root run as their jobs' users, and must pass through pytest's temporary root and
+    this session's base (pytest makes both 0700): both get the search bit, nothing more. pytest takes it off the
+    root again whenever a session starts, and this fixture of that session puts it back at once (in every root
+    session, isolated or not: sessions run side by side); a session that does not load this file (another
+    project's, as root) leaves it off, and shards of a cluster under it then self-fence (no lease file)."""
+    if os.geteuid() == 0:
+        reachable_by_shards(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

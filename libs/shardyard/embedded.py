@@ -16,6 +16,7 @@ from typing import IO, Self
 from shardyard.errors import BrokerStartError
 
 BROKER_BIN_ENV = "SHARDYARD_BROKER_BIN"
+START_ATTEMPTS = 3
 
 
 def broker_binary() -> str:
@@ -71,23 +72,45 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    def poll(self) -> int | None:
+        """The broker process's exit status once it ended (a zombie counts as ended); None while it runs or before
+        it was started."""
+        return self._process.poll() if self._process else None
+
     def start(self) -> Self:
-        if self.port == 0:
-            self.port = free_port(self.host)
-        url = f"tcp://{self.host}:{self.port}"
-        self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
-        self._process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
-            stdout=self._log or subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        if not wait_for_port(self.host, self.port, self.startup_timeout_s):
+        """Start the broker and return once it listens. A broker that exits first fails at once; when its port was
+        picked here (``port=0``), it is first started again on a fresh one, up to ``START_ATTEMPTS`` times: another
+        process may take a port between ``free_port`` and the broker's bind."""
+        picked, code = self.port == 0, None
+        for _attempt in range(START_ATTEMPTS if picked else 1):
+            if picked:
+                self.port = free_port(self.host)
+            url = f"tcp://{self.host}:{self.port}"
+            self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
+            self._process = subprocess.Popen(
+                [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
+                stdout=self._log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            if self._listening():
+                return self
             code = self._process.poll()
             self.stop()
-            raise BrokerStartError(f"the embedded broker did not listen on {url} (exit code {code})")
-        return self
+            if code is None:
+                break  # it ran but did not listen in time: no port race, no retry
+        raise BrokerStartError(f"the embedded broker did not listen on {self.bootstrap} (exit code {code})")
+
+    def _listening(self) -> bool:
+        """Whether the broker listens within ``startup_timeout_s``; False as soon as its process has exited."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.poll() is not None:
+                return False
+            if wait_for_port(self.host, self.port, 0.2):
+                return True
+        return False
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self._process and self._process.poll() is None:

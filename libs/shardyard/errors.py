@@ -5,7 +5,8 @@ ShardyardError
 ├── BrokerError            the Kafka-compatible broker cannot be started, reached or used
 │   └── BrokerStartError   the embedded broker did not become ready
 ├── EventDecodeError       bytes on a topic that are not a valid event of that topic
-└── ClusterError           a local cluster (``shardyard up``) is missing, half-started or unhealthy
+├── ClusterError           a local cluster (``shardyard up``) is missing, half-started or unhealthy
+└── JobPathError           a job path a node will not map to its disk: not absolute, not normalised, not mounted
 """
 
 
@@ -31,3 +32,7 @@ class EventDecodeError(ShardyardError):
 
 class ClusterError(ShardyardError):
     """A local cluster is missing, half-started or unhealthy."""
+
+
+class JobPathError(ShardyardError):
+    """A path a job names that this node does not serve: it is never looked at or opened here."""

@@ -14,14 +14,18 @@ from pathlib import Path
 import pytest
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.topics import HEARTBEATS, SERVICES, SHARD_EVENTS
+from shardyard.bus.topics import HEARTBEATS, NODE_STATE, SERVICES, SHARD_EVENTS
 from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import (
+    ArtifactErrorReason,
     FailureCause,
     Heartbeat,
     JobAccepted,
     JobCancelled,
     JobSpec,
+    NodeLease,
+    NodeState,
+    NodeStatus,
     ServiceReady,
     ShardAssignment,
     ShardCheckpointed,
@@ -366,3 +370,45 @@ async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, l
         if broker.pid is not None:
             os.kill(broker.pid, signal.SIGCONT)
         broker.stop()
+
+
+async def test_a_job_with_a_5000_character_dataset_path_does_not_stop_the_heartbeats(
+    bootstrap: str, tmp_path: Path, log_dir: Path
+) -> None:
+    """Its dataset cannot even be looked at (ENAMETOOLONG): the job's artifact error rides on the heartbeat, the
+    node's other artifacts are still reported, and the pool keeps the node ALIVE."""
+    await ensure_topics(bootstrap)
+    data = tmp_path / "data"
+    create_demo_artifacts(data)
+    node = "agent-long-path"
+    model, long_dataset = "/data/models/gpt2_pretrained", "/data/datasets/" + "d" * (5000 - len("/data/datasets/"))
+    args = [
+        *("--node-id", node, "--gpus", "A100:1", "--mounts", f"/data={data}", "--log-dir", str(tmp_path / "shards")),
+    ]
+    with (
+        service("shardyard.resource_pool", [], bootstrap=bootstrap, log_dir=log_dir),
+        service("shardyard.node_agent", args, bootstrap=bootstrap, log_dir=log_dir),
+    ):
+        async with Watcher(bootstrap, [HEARTBEATS, NODE_STATE, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="resource-pool", timeout_s=60)
+            await watch.first(ServiceReady, service="node-agent", instance=node, timeout_s=60)
+            await watch.first(NodeState, node_id=node, status=NodeStatus.ALIVE, timeout_s=30)
+
+            await send.event(accepted("long-path", model=model, dataset=long_dataset))
+            (beat,) = await watch.until(
+                lambda: [b for b in watch.of(Heartbeat, node_id=node) if b.artifact_errors][-1:],
+                what="a heartbeat with the artifact error",
+            )
+            assert beat.artifacts == {model: "local"}
+            error = beat.artifact_errors[long_dataset]
+            assert (error.reason, error.message) == (ArtifactErrorReason.UNREADABLE, "ENAMETOOLONG: File name too long")
+
+            def beats() -> list[Heartbeat | NodeLease]:
+                return [b for b in watch.events if isinstance(b, Heartbeat | NodeLease) and b.node_id == node]
+
+            since, seq = time.monotonic(), beat.seq
+            await watch.until(lambda: beats()[-1].seq >= seq + 6, timeout_s=30, what="six more beats")
+            held_s = time.monotonic() - since
+            assert held_s > 5.0
+            assert {s.status for s in watch.of(NodeState, node_id=node)} == {NodeStatus.ALIVE}
+            print(f"\n{len(beats())} beats from {node}; ALIVE throughout {held_s:.1f} s after the 5,000-char path")

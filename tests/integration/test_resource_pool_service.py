@@ -1,5 +1,6 @@
 """Heartbeats become node state; silence makes a node SUSPECT, then LOST with a node-lost event; an operator's drain
-mark is published at once and kept across heartbeats and pool restarts."""
+mark is published at once and kept across heartbeats and pool restarts; a reservation its agent never runs comes
+free after the start deadline and the grace."""
 
 import asyncio
 from datetime import UTC, datetime
@@ -18,6 +19,8 @@ from shardyard.events import (
     NodeState,
     NodeStatus,
     ServiceReady,
+    ShardAssignment,
+    Workload,
 )
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
@@ -156,3 +159,67 @@ async def test_two_replicas_split_the_nodes_and_one_takes_them_all_over_when_the
                     await watch.first(NodeState, node_id=node, status=NodeStatus.SUSPECT, timeout_s=15)
             finally:
                 beats.cancel()
+
+
+async def test_a_reservation_its_agent_never_runs_comes_free_after_the_start_deadline_and_the_grace(
+    bootstrap: str, log_dir: Path
+) -> None:
+    """An assignment reserves a GPU on a node whose agent heartbeats (full heartbeats, running nothing) and never
+    runs it; no end is ever reported. Past the start deadline (1 s) and the grace (1.5 s) the GPU comes free."""
+    await ensure_topics(bootstrap)
+    node = "orphan-n1"
+    args = ["--instance", "orphan-p", "--start-deadline-s", "1", "--reservation-grace-s", "1.5"]
+    seq = 0
+
+    async def beat() -> None:
+        nonlocal seq
+        while True:
+            seq += 1
+            await send.event(heartbeat(node, seq))  # running=(): the agent runs nothing
+            await asyncio.sleep(0.5)
+
+    def states() -> list[NodeState]:
+        return watch.of(NodeState, node_id=node)
+
+    with service("shardyard.resource_pool", args, bootstrap=bootstrap, log_dir=log_dir):
+        async with Watcher(bootstrap, [NODE_STATE, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.until(lambda: watch.of(ServiceReady, instance="orphan-p"), timeout_s=60)
+            beats = asyncio.create_task(beat())
+            try:
+                await watch.first(NodeState, node_id=node, status=NodeStatus.ALIVE, timeout_s=30)
+                assigned_at = datetime.now(UTC)
+                await send.event(
+                    ShardAssignment(
+                        occurred_at=assigned_at,
+                        job_id="orphan-job",
+                        shard_index=0,
+                        world_size=1,
+                        node_id=node,
+                        gpu_indices=(0,),
+                        attempt=1,
+                        term=1,
+                        master_addr="127.0.0.1",
+                        master_port=30000,
+                        workload=Workload(
+                            model_path="/data/models/m",
+                            dataset_path="/data/datasets/d",
+                            output_path="/data/checkpoints/orphan-job",
+                            sync_interval=10,
+                            max_steps=10,
+                            batch_size=1,
+                            seq_len=8,
+                            lr=1e-3,
+                            seed=0,
+                        ),
+                    )
+                )
+                await watch.until(lambda: any(s.allocated_gpus == (0,) for s in states()), what="the reservation")
+                reserved = next(i for i, s in enumerate(states()) if s.allocated_gpus == (0,))
+                freed = await watch.until(
+                    lambda: [s for s in states()[reserved:] if s.allocated_gpus == ()], timeout_s=30, what="free"
+                )
+            finally:
+                beats.cancel()
+            held_s = (freed[0].occurred_at - assigned_at).total_seconds()
+            assert held_s > 1 + 1.5, f"released after {held_s:.1f} s: within the start deadline and the grace"
+            assert freed[0].status is NodeStatus.ALIVE

@@ -1,5 +1,6 @@
 """The scheduler places a ready job's whole gang on nodes with the right GPUs and follows it to its end; an
-assignment never answered is revoked at its start deadline and its gang recovered off the silent node."""
+assignment never answered is revoked at its start deadline and its gang recovered off the silent node; a started
+shard its node stops reporting running is revoked as orphaned, and its GPUs come free."""
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -206,3 +207,72 @@ async def test_an_assignment_never_started_is_revoked_at_its_deadline_and_the_ga
             )
             failures = watch.of(ShardFailed, job_id=job, cause=FailureCause.START_TIMEOUT)
             assert len({(f.attempt, f.shard_index) for f in failures}) == len(failures), "each failed once"
+
+
+async def test_a_started_shard_its_node_stops_reporting_is_revoked_as_orphaned_and_its_gpus_come_free(
+    bootstrap: str, log_dir: Path
+) -> None:
+    """Both shards were reported started, so the start deadline is met, but their nodes' states never list them
+    running (their agents restarted, say) and no end ever comes. Past the start deadline and the grace the scheduler
+    revokes them and fails them ORPHANED; the fault manager recovers the gang in place (the nodes are alive); when
+    that attempt does not start either the spent budget ends the job, and all three GPUs take a new job."""
+    await ensure_topics(bootstrap)
+    job = "orphan-1"
+    scheduler_args = ["--start-deadline-s", "2", "--reservation-grace-s", "2"]
+    with (
+        service("shardyard.scheduler", scheduler_args, bootstrap=bootstrap, log_dir=log_dir),
+        service("shardyard.fault_manager", ["--max-retries", "1"], bootstrap=bootstrap, log_dir=log_dir),
+    ):
+        topics = [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, SERVICES]
+        async with Watcher(bootstrap, topics) as watch, Producer(bootstrap) as send:
+            await watch.until(lambda: len(watch.of(ServiceReady, service="scheduler")) >= 1, timeout_s=60)
+            await watch.until(lambda: len(watch.of(ServiceReady, service="fault-manager")) >= 1, timeout_s=60)
+            for name in ("o-h200-a", "o-h200-b", "o-h200-c"):  # the only H200s; their states list nothing running
+                await send.event(node(name, "H200", 90))
+            await send.event(JobReady(occurred_at=NOW, job_id=job, spec=spec(job, model="H200", min_tflops=80)))
+            first = await watch.first(JobScheduled, job_id=job, attempt=1)
+            training = {(p.shard_index, p.node_id) for p in first.placements if not p.spare}  # spares start nothing
+            for shard in (p for p in first.placements if not p.spare):
+                await send.event(
+                    ShardStarted(
+                        occurred_at=datetime.now(UTC),
+                        job_id=job,
+                        shard_index=shard.shard_index,
+                        attempt=1,
+                        node_id=shard.node_id,
+                        pid=200 + shard.shard_index,
+                    )
+                )
+            await watch.first(JobRunning, job_id=job, attempt=1)
+
+            orphaned = await watch.until(
+                lambda: (
+                    len(found := watch.of(ShardFailed, job_id=job, attempt=1, cause=FailureCause.ORPHANED)) == 2
+                    and found
+                ),
+                what="both shards failed ORPHANED",
+            )
+            assert {(f.shard_index, f.node_id) for f in orphaned} == training
+            assert all((f.occurred_at - first.occurred_at).total_seconds() > 2 + 2 for f in orphaned)
+            revoked = await watch.until(
+                lambda: (
+                    len(
+                        found := [r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "orphaned" in r.reason]
+                    )
+                    == 2
+                    and found
+                ),
+                what="both orphans revoked",
+            )
+            assert {(r.shard_index, r.node_id) for r in revoked} == training
+
+            plan = await watch.first(JobRecovering, job_id=job, attempt=1)
+            assert plan.cause is FailureCause.ORPHANED and plan.exclude_nodes == ()
+            second = await watch.first(JobScheduled, job_id=job, attempt=2)
+            retaken = {p.node_id for p in second.placements if not p.spare}
+            assert retaken == {node_id for _, node_id in training}  # the orphans' GPUs came free: taken again
+
+            await watch.first(JobFailed, job_id=job, timeout_s=60)  # attempt 2 never starts: the budget is spent
+            await send.event(JobReady(occurred_at=NOW, job_id="orphan-2", spec=spec("orphan-2", "H200", 3, 80)))
+            third = await watch.first(JobScheduled, job_id="orphan-2")
+            assert {p.node_id for p in third.placements} == {"o-h200-a", "o-h200-b", "o-h200-c"}

@@ -3,8 +3,11 @@ deadlines on what its monitor says."""
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Sequence
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shardyard.cli.cluster import get_json
+from shardyard.node_agent.private_files import interpreter_unreachable
+from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, ShardUser
 from shardyard.training.artifacts import create_demo_artifacts
 
 ROOT = Path(__file__).parents[2]
@@ -22,17 +27,95 @@ T = TypeVar("T")
 
 
 def cli(
-    *args: str, run_dir: Path, stdin: bytes | None = None, timeout: float = 300, env: dict[str, str] | None = None
+    *args: str,
+    run_dir: Path,
+    stdin: bytes | None = None,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """``shardyard --run-dir RUN_DIR ARGS...`` as its own process."""
+    """``shardyard --run-dir RUN_DIR ARGS...`` as its own process (under ``prefix``, e.g. a
+    :func:`searchable_namespace`). A cluster started so gets a run folder its shards' users can reach (see
+    :func:`reachable_by_shards`)."""
+    if args[:1] in (("up",), ("demo",)):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        reachable_by_shards(run_dir)
     return subprocess.run(
-        [sys.executable, "-m", "shardyard.cli.main", "--run-dir", str(run_dir), *args],
+        [*prefix, sys.executable, "-m", "shardyard.cli.main", "--run-dir", str(run_dir), *args],
         input=stdin.decode() if stdin is not None else None,
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def reachable_by_shards(path: Path) -> Path:
+    """``path``, made searchable by every user, with each ancestor that was not: an agent running as root starts
+    shards as users of their jobs' own, and those must reach the data, the logs (the agent's lease file) and the
+    working directories under it, while pytest makes its temporary directories 0700. Nothing becomes listable or
+    readable that was not: only the search bit is added, and only inside the temporary folder (a run folder in a
+    0700 home directory stays out of reach: its agents then refuse its shards' launches and say why)."""
+    temporary = Path(tempfile.gettempdir()).resolve()
+    for directory in (path, *path.parents):
+        found = os.stat(directory)
+        if not found.st_mode & stat.S_IXOTH and directory.resolve().is_relative_to(temporary):
+            directory.chmod(stat.S_IMODE(found.st_mode) | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+SEARCHABLE = r"""
+set -e
+closed=$1 view=$2
+shift 2
+mount --bind "$closed" "$view"
+mount -t tmpfs -o mode=0711 tmpfs "$closed"
+for entry in "$view"/* "$view"/.[!.]* "$view"/..?*; do
+    [ -e "$entry" ] || [ -L "$entry" ] || continue
+    name=${entry##*/}
+    if [ -L "$entry" ]; then
+        ln -s "$(readlink "$entry")" "$closed/$name"
+        continue
+    fi
+    if [ -d "$entry" ]; then mkdir "$closed/$name"; else touch "$closed/$name"; fi
+    mount --bind "$entry" "$closed/$name"
+done
+exec "$@"
+"""
+"""Run a command in a private mount namespace where the directory ``$1`` reads as searchable by everyone (0711)
+with the same contents (each entry bind-mounted from ``$2``, where the real one is mounted): the processes started
+there, and only they, can hand a Python under a 0700 home directory to other users. The real directory is never
+changed."""
+
+
+def closed_to_others() -> Path | None:
+    """The first directory on the way to this Python that other users may not search, or None."""
+    for directory in reversed(Path(sys.executable).resolve().parents):
+        if not os.stat(directory).st_mode & stat.S_IXOTH:
+            return directory
+    return None
+
+
+def searchable_namespace(view: Path) -> list[str] | None:
+    """The argv prefix that runs a command where other users can run this Python (see ``SEARCHABLE``): empty when
+    they already can; None when it cannot be arranged (not root, or no ``unshare``)."""
+    closed = closed_to_others()
+    if closed is None:
+        return []
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    view.mkdir(parents=True, exist_ok=True)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SEARCHABLE, "sh", str(closed), str(view)]
+
+
+def shard_users_unavailable() -> str | None:
+    """Why agents on this machine cannot start shards as users of their jobs' own (they refuse to start unless told
+    ``--shard-user agent``); None when they can."""
+    if os.geteuid() != 0:
+        return "the tests do not run as root: agents cannot switch users"
+    stranger = ShardUser(uid=DEFAULT_UID_BASE, gid=DEFAULT_UID_BASE)
+    why = interpreter_unreachable(Path(sys.executable), Path(os.__file__).parent, stranger)
+    return None if why is None else f"other users cannot run this Python: {why}"
 
 
 def job(task_id: str, *, sync_interval: int = 10, **training: int) -> bytes:

@@ -1,5 +1,6 @@
 """Running a service as the real, separate process it is in production."""
 
+import itertools
 import os
 import signal
 import subprocess
@@ -9,9 +10,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.cluster import reachable_by_shards
+
+
+def _shards_reach(args: Sequence[str]) -> None:
+    """A node agent's shards run as their jobs' users: its log folder (the lease file) and its mounted folders must
+    be reachable by them, though pytest makes its temporary directories 0700."""
+    for flag, value in itertools.pairwise(args):
+        if flag in ("--log-dir", "--mounts"):
+            folder = Path(value.partition("=")[2] if flag == "--mounts" else value)
+            folder.mkdir(parents=True, exist_ok=True)
+            reachable_by_shards(folder)
+
 
 @contextmanager
 def service(module: str, args: Sequence[str], *, bootstrap: str, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    if module == "shardyard.node_agent":
+        _shards_reach(args)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{module.rsplit('.', 1)[-1]}-{time.monotonic_ns()}.log"
     env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}

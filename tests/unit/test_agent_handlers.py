@@ -34,6 +34,7 @@ from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
 from shardyard.node_agent.load import LoadSource
+from shardyard.node_agent.shard_users import ShardUsers
 from shardyard.node_agent.warm import Mode
 from shardyard.training import exitcodes, standby
 from shardyard.training.config import PEER_STATE_DIR_ENV
@@ -156,6 +157,8 @@ class Agent:
         host_load: Callable[[], float] = lambda: 0.25,
         standbys: Mode = "spares",
         peer_state_dir: Path | None = None,
+        shard_users: ShardUsers | None = None,
+        lease_file: Path | None = None,
     ) -> None:
         self.root = tmp_path / "data"
         self.bus = Recorder()
@@ -176,7 +179,12 @@ class Agent:
             topology=dict(topology or {}),
             standbys=standbys,
             standby_ttl_s=60.0,
-            runner=RunnerOptions(peer_state_dir=None if peer_state_dir is None else str(peer_state_dir)),
+            runner=RunnerOptions(
+                peer_state_dir=None if peer_state_dir is None else str(peer_state_dir),
+                lease_file=None if lease_file is None else str(lease_file),
+            ),
+            shard_users=shard_users or ShardUsers(),
+            scratch_dir=tmp_path / "scratch",
         )
         self.clock = FixedClock()
         self.handlers = AgentHandlers(

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import pytest
 
 from shardyard.events import (
+    ArtifactError,
+    ArtifactErrorReason,
     FailureCause,
     JobAccepted,
     JobCancelled,
@@ -15,8 +18,9 @@ from shardyard.events import (
     JobSucceeded,
     RejectReason,
 )
+from shardyard.events.node import MAX_ARTIFACT_ERROR_CHARS, MAX_ARTIFACT_ERRORS
 from shardyard.lifecycle import LifecycleFact
-from shardyard.node_agent.artifacts import ArtifactWatch, is_shared
+from shardyard.node_agent.artifacts import ArtifactWatch, is_shared, unreadable
 from tests.unit.builders import T0, job_spec, scheduled
 
 MODEL = "/data/models/gpt2"
@@ -148,3 +152,61 @@ def test_unwatched_paths_are_neither_reported_nor_recorded() -> None:
 )
 def test_is_shared(path: str, shared: bool) -> None:
     assert is_shared(path, ("/data/shared", "/nfs")) is shared
+
+
+NOT_SERVED = ArtifactError(reason=ArtifactErrorReason.NOT_SERVED, message="not under a mount this node serves")
+TOO_LONG = unreadable(OSError(errno.ENAMETOOLONG, "File name too long", "/data/" + "x" * 5000))
+
+
+def test_a_path_in_error_counts_as_absent_and_its_error_is_reported_until_it_is_looked_at_again() -> None:
+    watch = fed(accepted())
+
+    assert watch.observe({MODEL: True, DATA: TOO_LONG}) is True
+    assert watch.report() == {MODEL: "local"}
+    assert watch.report_errors() == {DATA: TOO_LONG}
+    assert watch.absent() == frozenset()  # left to the heartbeat's look at every watched path, not polled
+    assert watch.observe({MODEL: True, DATA: TOO_LONG}) is False  # the same error is no change
+
+    assert watch.observe({DATA: NOT_SERVED}) is True  # another error is
+    assert watch.observe({DATA: False}) is True  # it can be looked at now: absent, no error
+    assert (watch.report_errors(), watch.absent()) == ({}, {DATA})
+
+
+def test_an_error_goes_with_the_last_job_that_watched_its_path() -> None:
+    watch = fed(accepted())
+    watch.observe({DATA: TOO_LONG})
+
+    watch.apply(succeeded())
+
+    assert watch.errors == {}
+    assert watch.observe({DATA: TOO_LONG}) is False  # no longer watched: not recorded
+    assert watch.report_errors() == {}
+
+
+def test_at_most_max_artifact_errors_are_reported_the_first_in_path_order() -> None:
+    watch = fed(*(accepted(f"j{i:03}", dataset=f"/bad/{i:03}") for i in range(MAX_ARTIFACT_ERRORS + 6)))
+    watch.observe({path: NOT_SERVED for path in watch.watched if path.startswith("/bad/")})
+
+    reported = watch.report_errors()
+
+    assert list(reported) == [f"/bad/{i:03}" for i in range(MAX_ARTIFACT_ERRORS)]
+    assert len(watch.errors) == MAX_ARTIFACT_ERRORS + 6
+
+
+@pytest.mark.parametrize(
+    ("exc", "message"),
+    [
+        pytest.param(
+            OSError(errno.ENAMETOOLONG, "File name too long", "/data/" + "x" * 5000),
+            "ENAMETOOLONG: File name too long",
+            id="name-too-long-without-the-path",
+        ),
+        pytest.param(OSError(errno.EACCES, "Permission denied", "/data/x"), "EACCES: Permission denied", id="eacces"),
+        pytest.param(ValueError("embedded null byte"), "ValueError: embedded null byte", id="nul"),
+        pytest.param(ValueError("v" * 500), "ValueError: " + "v" * 187 + "…", id="bounded"),
+    ],
+)
+def test_unreadable_says_why_in_a_bounded_message(exc: OSError | ValueError, message: str) -> None:
+    error = unreadable(exc)
+    assert (error.reason, error.message) == (ArtifactErrorReason.UNREADABLE, message)
+    assert len(error.message) <= MAX_ARTIFACT_ERROR_CHARS

@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
 from faststream.kafka import KafkaBroker
 
-from shardyard.bus.batch import BatchConsumer, Record
+from shardyard.bus.batch import AfterBatch, BatchConsumer, Record
 from shardyard.bus.kafka import MAX_DEAD_LETTER_BYTES, Bus
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.events import Event
@@ -110,3 +110,43 @@ def test_a_dead_letter_of_a_huge_message_keeps_its_head_and_says_how_large_it_wa
     assert big_options["headers"]["x-shardyard-source"] == f"{SUBMISSIONS.name}/0/7"
     assert small == b"small"
     assert "x-shardyard-truncated" not in small_options["headers"]
+
+
+def test_a_rebalance_waits_for_the_batch_in_hand_and_drops_what_it_no_longer_holds() -> None:
+    handled: list[tuple[int, int]] = []
+    release = asyncio.Event()
+
+    async def handler(records: Sequence[Record]) -> list[Awaitable[object]]:
+        await release.wait()
+        handled.extend((r.partition, r.offset) for r in records)
+        return []
+
+    def on(partition: int, offset: int) -> Record:
+        return ConsumerRecord(SUBMISSIONS.name, partition, offset, 0, 0, None, b"x", None, 0, 1, [])
+
+    async def run() -> list[str]:
+        consumer = BatchConsumer(Recorder(), {}, {SUBMISSIONS: handler})
+        listener = AfterBatch(consumer, None)
+        steps: list[str] = []
+        early = asyncio.create_task(consumer.handle([on(0, 0)]))  # fetched before the first assignment is taken
+        await asyncio.sleep(0.05)
+        steps.append(f"before assignment: {len(handled)} handled")
+        await listener.on_partitions_assigned(
+            [TopicPartition(SUBMISSIONS.name, 0), TopicPartition(SUBMISSIONS.name, 1)]
+        )
+        in_hand = asyncio.create_task(consumer.handle([on(1, 5)]))
+        await asyncio.sleep(0.05)
+        revoking = asyncio.create_task(listener.on_partitions_revoked([]))
+        await asyncio.sleep(0.05)
+        steps.append(f"revocation done while a batch is in hand: {revoking.done()}")
+        release.set()
+        await asyncio.gather(early, in_hand, revoking)
+        stale = asyncio.create_task(consumer.handle([on(1, 6), on(0, 9)]))  # fetched before the new assignment
+        await listener.on_partitions_assigned([TopicPartition(SUBMISSIONS.name, 0)])
+        await stale
+        return steps
+
+    steps = asyncio.run(run())
+
+    assert steps == ["before assignment: 0 handled", "revocation done while a batch is in hand: False"]
+    assert handled == [(0, 0), (1, 5), (0, 9)]  # partition 1's offset 6 went to its new owner

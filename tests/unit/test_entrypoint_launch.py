@@ -106,6 +106,31 @@ def test_the_runtime_wins_over_the_agents_environment() -> None:
     assert (env["RANK"], env["MASTER_PORT"], env["PYTHONUNBUFFERED"], env["LANG"]) == ("1", "29500", "1", "C")
 
 
+def test_a_private_home_and_the_nodes_interface_under_what_the_agent_and_the_job_say() -> None:
+    job = _assignment(Entrypoint(command=["train"], env={"TMPDIR": "/fast"}))
+    paths = AgentBook("node-a").paths(job, MOUNTS)
+    base = {"HOME": "/root", "NCCL_SOCKET_IFNAME": "=ib0"}
+
+    env = shard_env(job, paths, base_env=base, options=RunnerOptions(socket_ifname="eth0"), home=Path("/s/job-1"))
+
+    assert (env["HOME"], env["TMPDIR"]) == ("/s/job-1", "/fast")  # the job's own TMPDIR wins
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "=ib0")  # so does the operator's
+    runner = shard_env(_assignment(), _paths(), base_env=base, options=RunnerOptions(), home=Path("/s/job-1"))
+    assert (runner["HOME"], runner["TMPDIR"]) == ("/s/job-1", "/s/job-1") and "GLOO_SOCKET_IFNAME" not in runner
+
+
+def test_a_gang_of_a_jobs_own_script_rendezvous_at_the_runtimes_store() -> None:
+    entrypoint = Entrypoint(command=["train"], env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
+    third = assignment(attempt=3, workload=workload(entrypoint=entrypoint))
+    single = assignment(world_size=1, workload=workload(entrypoint=Entrypoint(command=["train"])))
+
+    gang = shard_env(third, _paths(entrypoint), base_env={})
+
+    assert (gang["TORCHELASTIC_USE_AGENT_STORE"], gang["TORCHELASTIC_RESTART_COUNT"]) == ("True", "2")
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in shard_env(single, _paths(), base_env={})
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in _env(None)  # the built-in runner binds its own store
+
+
 def test_local_world_size_covers_the_local_rank() -> None:
     job = assignment(gpu_indices=(5,), workload=workload(entrypoint=Entrypoint(command=["train"])))
     paths = AgentBook("node-a").paths(job, MOUNTS)

@@ -56,9 +56,11 @@ def test_every_cause_has_a_disposition() -> None:
         pytest.param(C.LAUNCH_ERROR, JobRecovering, ("node-b",), id="launch-error-retried-node-excluded"),
         pytest.param(C.NODE_LOST, JobRecovering, ("node-b",), id="node-lost-retried-node-excluded"),
         pytest.param(C.START_TIMEOUT, JobRecovering, ("node-b",), id="start-timeout-retried-node-excluded"),
+        pytest.param(C.ORPHANED, JobRecovering, (), id="orphaned-retried-node-kept"),
         pytest.param(C.USER_ERROR, JobFailed, None, id="user-error-fails"),
         pytest.param(C.MISSING_ARTIFACT, JobFailed, None, id="missing-artifact-fails"),
         pytest.param(C.DEPENDENCY_FAILED, JobFailed, None, id="dependency-failed-fails"),
+        pytest.param(C.INVALID_SPEC, JobFailed, None, id="invalid-spec-fails"),
     ],
 )
 def test_cause_to_decision(failure: FailureCause, decision: type, excluded: tuple[str, ...] | None) -> None:

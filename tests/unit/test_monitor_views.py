@@ -459,3 +459,13 @@ def test_a_recovery_requeues_the_job_and_shows_in_its_timeline() -> None:
     assert "recovering" in [e["event"] for e in job["timeline"]]
     assert job["message"] == "recovering from NODE_LOST; avoiding node-b"
     assert (view.recoveries, view.spare_ratio, view.failure_rate) == (1, 0.1, 0.05)
+
+
+def test_a_deposed_leaders_placement_landing_late_is_fenced_not_shown() -> None:
+    newer = scheduled("job-1", "node-a", "node-b", occurred_at=at(1), term=7)
+    deposed = scheduled("job-1", "node-c", "node-d", occurred_at=at(2), term=5)
+
+    job = view_of([*FULL_RUN[:2], newer, deposed]).jobs["job-1"]
+
+    assert [p["node_id"] for p in job.detail()["placements"]] == ["node-a", "node-b"]
+    assert job.timeline[-1]["event"] == "stale placement fenced"

@@ -242,7 +242,7 @@ class RecordingBus:
         self.published.extend(events)
 
 
-async def _confirmed() -> bool:
+async def _confirmed(_term: int) -> bool:
     return True
 
 
@@ -251,7 +251,7 @@ async def test_the_leaders_cycle_records_its_latency_and_placements() -> None:
     book.apply(node_state("node-a", gpus=gpus(count=2)))
     book.apply(JobReady(occurred_at=at(0), job_id="job-m", spec=job_spec(job_id="job-m")))
     bus = RecordingBus()
-    confirm: Callable[[], Awaitable[bool]] = _confirmed
+    confirm: Callable[[int], Awaitable[bool]] = _confirmed
     handlers = SchedulerHandlers(book, bus, SteppingClock(), confirm=confirm)  # type: ignore[arg-type]
     handlers.leading = True
     placed, total = decisions("place"), sample("shardyard_placement_cycle_seconds_sum")

@@ -228,7 +228,10 @@ def test_replayed_ready_then_scheduled_is_not_placed_again() -> None:
 
     assert replayed.cycle(at(9)) == []
     assert free_gpus(replayed) == {"node-a": ()}
-    assert replayed.term == 3
+    # A book decides under its own replica's term (set when it takes over), never one it read: a deposed leader
+    # that read its successor's placements must not publish under its successor's term. The read term fences.
+    assert replayed.term == 1
+    assert replayed.placed["job-1"] == (3, 1)
 
 
 def test_replayed_gang_keeps_its_port() -> None:

@@ -12,7 +12,10 @@ up with about a hundred a second, whatever its CPU. A batch costs those once:
 5. **commit**: only then are the batch's offsets committed (FastStream's ``AckPolicy.ACK``, after the handler).
 
 A replica killed anywhere before step 5 commits nothing of the batch: the group hands its partitions to another
-replica, which reads the batch again. Handlers must therefore be idempotent, as every Shardyard handler is. A handler
+replica, which reads the batch again. A replica that is only asked to give its partitions up (a rebalance) first
+finishes the batch in hand, its results acknowledged, and handles nothing more until its new assignment is taken
+(``AfterBatch``): the next owner, which reads the facts to their end before it decides, then sees every answer the
+batch gave, and gives none twice. Handlers must therefore be idempotent, as every Shardyard handler is. A handler
 that raises is retried on the same events; if it keeps failing, its events are tried one at a time and the ones that
 still fail are dead-lettered, so one poison message costs its own place in the log and nothing else.
 """
@@ -23,7 +26,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 
 from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
@@ -45,6 +49,16 @@ MAX_RECORDS = 1000
 BATCH_TIMEOUT_MS = 20
 """How long an idle batch subscriber waits between polls: the latency a lone message can pay on a quiet topic."""
 HANDLER_ATTEMPTS = 3
+YIELD_EVERY = 100
+"""Records (or events sent) between two yields to the event loop within a batch: a sender hands records to the
+producer without waiting, so a batch of a thousand would otherwise hold the loop for its whole length, and with it
+the group heartbeats (on a loaded machine, past the session timeout: the member is thrown out mid-batch)."""
+
+
+async def pace(count: int) -> None:
+    """Let the loop run other tasks (the group heartbeat, the producer) after every ``YIELD_EVERY``-th item."""
+    if count % YIELD_EVERY == YIELD_EVERY - 1:
+        await asyncio.sleep(0)
 
 
 class Sender(Protocol):
@@ -73,13 +87,46 @@ class BatchConsumer:
         self.routes = dict(routes)
         self.raw_routes = dict(raw_routes or {})
         self.by_name = {topic.name: topic for topic in [*self.routes, *self.raw_routes]}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ready = asyncio.Event()
+        self._ready.set()
+        self._assigned: frozenset[tuple[str, int]] | None = None
+        """The partitions this member holds, once its rebalance listener has taken them; None: not known."""
+
+    async def settled(self) -> None:
+        """Return once no batch is being handled: what the batch in hand causes is then on the bus."""
+        await self._idle.wait()
+
+    def pause(self) -> None:
+        """Partitions are being taken away: handle nothing until the new assignment is taken (``resume``)."""
+        self._ready.clear()
+
+    def resume(self, assigned: frozenset[tuple[str, int]]) -> None:
+        self._assigned = assigned
+        self._ready.set()
 
     async def handle(self, records: Sequence[Record]) -> None:
+        """Handle a batch once the member's assignment is settled, leaving out records of partitions it no longer
+        holds (fetched before a rebalance): their new owner reads them again, and this member cannot commit them."""
+        await self._ready.wait()
+        if self._assigned is not None:
+            records = [r for r in records if (r.topic, r.partition) in self._assigned]
+        if not records:
+            return
+        self._idle.clear()
+        try:
+            await self._handle(records)
+        finally:
+            self._idle.set()
+
+    async def _handle(self, records: Sequence[Record]) -> None:
         began = time.perf_counter()
         pending: list[Awaitable[object]] = []
         by_topic: dict[Topic, list[tuple[Any, Record]]] = {}
         raw_by_topic: dict[Topic, list[Record]] = {}
-        for record in records:
+        for index, record in enumerate(records):
+            await pace(index)
             topic = self.by_name[record.topic]
             if topic in self.raw_routes:
                 raw_by_topic.setdefault(topic, []).append(record)
@@ -94,7 +141,8 @@ class BatchConsumer:
             tracing.observe(event, record.headers)  # later publications about its job carry its trace
             by_topic.setdefault(topic, []).append((event, record))
         for topic, batch in by_topic.items():
-            for caused in await self._apply(self.routes[topic], batch):
+            for index, caused in enumerate(await self._apply(self.routes[topic], batch)):
+                await pace(index)
                 pending.append(await self.bus.send(caused))
         for topic, raw_batch in raw_by_topic.items():
             pending.extend(await self._apply_raw(self.raw_routes[topic], raw_batch))
@@ -154,3 +202,27 @@ class BatchConsumer:
                 log.exception("%s: handler failed on %s; dead-lettering it", self.bus.service, type(event).__name__)
                 await (await self.bus.send_dead_letter(record.value or b"", record, f"handler failed: {exc!r}"))
         return out
+
+
+class AfterBatch(ConsumerRebalanceListener):
+    """A group's rebalance listener around ``listener`` (if any) that keeps a batch consumer's work inside its
+    assignment. Before partitions are given up, the batch in hand finishes and is acknowledged (aiokafka awaits the
+    revocation before it rejoins, so nobody is given the partitions while this member still publishes what their
+    records caused); after new ones are given, nothing is handled until ``listener`` has taken them (aiokafka starts
+    fetching at once: an ``Ownership`` that first reads the facts to their end would otherwise decide too early)."""
+
+    def __init__(self, consumer: BatchConsumer, listener: ConsumerRebalanceListener | None) -> None:
+        self.consumer = consumer
+        self.listener = listener
+        consumer.pause()  # until the group's first assignment is taken
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.consumer.settled()
+        self.consumer.pause()
+        if self.listener is not None:
+            await self.listener.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        if self.listener is not None:
+            await self.listener.on_partitions_assigned(assigned)
+        self.consumer.resume(frozenset((tp.topic, tp.partition) for tp in assigned))

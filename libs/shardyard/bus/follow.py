@@ -23,6 +23,8 @@ from shardyard.errors import EventDecodeError
 log = logging.getLogger(__name__)
 
 FollowHandler = Callable[[Topic, Any], Awaitable[None]]
+RETRY_S = 0.5
+"""How long a follower waits after a failed fetch before fetching again."""
 
 
 class Follower:
@@ -94,25 +96,36 @@ class Follower:
             await self._progress.wait()
 
     async def _run(self) -> None:
-        assert self._consumer is not None
+        """Follow until stopped. A fetch that fails (a busy or restarting broker) is retried: a follower that died
+        would leave its replica's state behind the log, and ``caught_up`` waiting for ever."""
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            for tp, records in batches.items():
-                topic = self.topics[tp.topic]
-                for record in records:
-                    await self._hand_over(topic, tp, record.offset, record.value, record.headers)
-                    self._done[tp] = record.offset + 1
-            if batches and self.after_batch is not None:
-                try:
-                    await self.after_batch()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # a follower must outlive any one batch
-                    log.exception("%s: finishing a batch failed", self.name)
-            for tp in self._done:
-                # The fetch position also passes offsets that hold no record (compacted away): count those done.
-                self._done[tp] = max(self._done[tp], await self._consumer.position(tp))
-            self._progress.set()
+            try:
+                await self._follow_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: following failed; retrying", self.name)
+                await asyncio.sleep(RETRY_S)
+
+    async def _follow_once(self) -> None:
+        assert self._consumer is not None
+        batches = await self._consumer.getmany(timeout_ms=200)
+        for tp, records in batches.items():
+            topic = self.topics[tp.topic]
+            for record in records:
+                await self._hand_over(topic, tp, record.offset, record.value, record.headers)
+                self._done[tp] = record.offset + 1
+        if batches and self.after_batch is not None:
+            try:
+                await self.after_batch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a follower must outlive any one batch
+                log.exception("%s: finishing a batch failed", self.name)
+        for tp in self._done:
+            # The fetch position also passes offsets that hold no record (compacted away): count those done.
+            self._done[tp] = max(self._done[tp], await self._consumer.position(tp))
+        self._progress.set()
 
     async def _hand_over(
         self,

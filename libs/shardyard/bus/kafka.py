@@ -20,7 +20,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from shardyard import metrics, tracing
-from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, BatchConsumer, BatchHandler, RawBatchHandler
+from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, AfterBatch, BatchConsumer, BatchHandler, RawBatchHandler
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import DEADLETTER, Topic
 from shardyard.errors import EventDecodeError
@@ -261,8 +261,7 @@ class Bus:
             await consumer.handle(records if isinstance(records, tuple) else (records,))
 
         options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {}), "fetch_max_wait_ms": fetch_max_wait_ms}
-        if listener is not None:
-            options["listener"] = listener
+        options["listener"] = AfterBatch(consumer, listener)
         subscriber = self.broker.subscriber(
             *consumer.by_name,
             group_id=group,

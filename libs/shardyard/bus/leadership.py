@@ -11,7 +11,14 @@ the group's current generation (a member that was paused or cut off gets ``Commi
 ``lease_s`` from the moment such a commit was sent, and is kept shorter than the time in which the group could give the
 partition to another member (the rebalance and session timeouts), so a leader that was stopped (``SIGSTOP``, a long
 GC pause, a lost network) finds its lease expired when it resumes and does not act before it has re-proved membership.
-``confirm()`` is that check: a service calls it before publishing decisions.
+``confirm(term)`` is that check: a service calls it before publishing decisions made under ``term``. A renewal
+that came back after the lease it was to extend had run out proves nothing about the time since (the group may have
+moved the partition meanwhile): it ends the leadership like a failed one.
+
+A replica that still holds the partition but lost its leadership without a rebalance (a claim it could not write, a
+lease renewal that failed or came back late: a slow or busy broker) claims again, under a new term, every
+``reclaim_after_s`` until it leads or the group gives the partition to another member. Nothing else would: the group
+rebalances only when its membership changes, so without that the service would have no leader at all.
 """
 
 import asyncio
@@ -51,6 +58,8 @@ class ElectionTimings:
     rebalance_timeout_ms: int = 1000
     lease_s: float = 0.75
     renew_interval_s: float = 0.2
+    reclaim_after_s: float = 1.0
+    """How long a replica that holds the partition without leading waits before it claims again."""
 
     def __post_init__(self) -> None:
         bound = min(self.session_timeout_ms - self.heartbeat_interval_ms, self.rebalance_timeout_ms) / 1000
@@ -141,7 +150,12 @@ class Leadership:
         a lease renewal fails (a revocation alone does not clear it: the partition may come straight back)."""
         self._announced = False
         self._lease_until = 0.0
+        self._holds_partition = False
+        """The group's last assignment gave this replica the partition (whether or not it leads under a term)."""
+        self._claim_after = 0.0
+        """Monotonic time before which a replica holding the partition without a term does not claim again."""
         self._renewing = asyncio.Lock()
+        self._claiming = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -187,9 +201,10 @@ class Leadership:
         if self._producer is not None:
             await self._producer.stop()
 
-    async def confirm(self) -> bool:
-        """Whether this replica leads now: its lease holds, or a fresh commit proves it still holds the partition."""
-        if self.term is None:
+    async def confirm(self, term: int | None = None) -> bool:
+        """Whether this replica leads now (under ``term``, when given): its lease holds, or a fresh commit proves it
+        still holds the partition. Decisions made under an earlier term of this replica are not confirmed."""
+        if self.term is None or (term is not None and term != self.term):
             return False
         if time.monotonic() < self._lease_until:
             return True
@@ -197,25 +212,39 @@ class Leadership:
 
     # --- the group's callbacks -------------------------------------------------------------------------------
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
-        if PARTITION not in assigned:
+        self._holds_partition = PARTITION in assigned
+        if not self._holds_partition:
             self._held_term = 0
             return
-        if self.term is not None:
-            return
+        await self._claim()
+
+    async def _claim(self) -> None:
+        """Lead under a new term: write a claim, prove membership with a commit, announce, call ``on_elected``.
+        On failure the replica does not lead; while it holds the partition, ``_run`` claims again later."""
+        async with self._claiming:
+            if self.term is not None or not self._holds_partition:
+                return
+            assert self._producer is not None
+            self._claim_after = time.monotonic() + self.timings.reclaim_after_s
+            claim = LeadershipClaimed(occurred_at=self.clock.now(), service=self.service, instance=self.instance)
+            try:
+                sent = await self._producer.send_and_wait(
+                    LEADERSHIP.name, encode(claim), key=self.service.encode(), partition=0
+                )
+            except KafkaError:
+                log.exception("%s: could not write a leadership claim; claiming again shortly", self.instance)
+                return
+            if not self._holds_partition:
+                return  # the group moved the partition while the claim was being written
+            term = sent.offset + 1
+            self._claimed = sent.offset
+            self.term = self._held_term = term
+            if not await self._renew():
+                return
+            await self._elected(term)
+
+    async def _elected(self, term: int) -> None:
         assert self._producer is not None
-        claim = LeadershipClaimed(occurred_at=self.clock.now(), service=self.service, instance=self.instance)
-        try:
-            sent = await self._producer.send_and_wait(
-                LEADERSHIP.name, encode(claim), key=self.service.encode(), partition=0
-            )
-        except KafkaError:
-            log.exception("%s: could not write a leadership claim; the next rebalance retries", self.instance)
-            return
-        term = sent.offset + 1
-        self._claimed = sent.offset
-        self.term = self._held_term = term
-        if not await self._renew():
-            return
         log.info("%s leads %s under term %d", self.instance, self.service, term)
         elected = LeaderElected(occurred_at=self.clock.now(), service=self.service, instance=self.instance, term=term)
         try:
@@ -235,19 +264,40 @@ class Leadership:
             self._announced = False
             self._on_lost()
 
+    def _resign(self) -> None:
+        """The lease could not be renewed in time: stop leading, and claim again (if the partition is still ours)
+        only after ``reclaim_after_s``, by which a rebalance under way has taken the partition away."""
+        self._held_term = 0
+        self._claim_after = time.monotonic() + self.timings.reclaim_after_s
+        self._lose()
+
     async def _renew(self) -> bool:
+        """Extend the lease with a commit; True when it holds now. A commit that failed, or that came back after the
+        lease it was sent under had run out, or during which the term changed, ends this leadership."""
         async with self._renewing:
-            if self.term is None or self._consumer is None:
+            term = self.term
+            if term is None or self._consumer is None:
                 return False
             sent_at = time.monotonic()
             try:
                 await self._consumer.commit({PARTITION: OffsetAndMetadata(self._claimed + 1, self.instance)})
             except KafkaError as exc:
                 log.warning("%s: lease not renewed (%s): no longer leader", self.instance, type(exc).__name__)
-                self._held_term = 0
-                self._lose()
+                self._resign()
                 return False
-            self._lease_until = sent_at + self.timings.lease_s
+            if self.term != term:
+                return False  # lost (a rebalance) while the commit was in flight
+            lease_until = sent_at + self.timings.lease_s
+            if time.monotonic() >= lease_until:
+                log.warning(
+                    "%s: lease renewal took %.2f s, past the %.2f s lease: no longer leader",
+                    self.instance,
+                    time.monotonic() - sent_at,
+                    self.timings.lease_s,
+                )
+                self._resign()
+                return False
+            self._lease_until = lease_until
             return True
 
     async def _run(self) -> None:
@@ -259,6 +309,8 @@ class Leadership:
                 await self._consumer.getmany(timeout_ms=interval_ms)
                 if self.term is not None and self._lease_until - time.monotonic() < self.timings.lease_s / 2:
                     await self._renew()
+                elif self.term is None and self._holds_partition and time.monotonic() >= self._claim_after:
+                    await self._claim()  # holding the partition without leading: no rebalance would fix that
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -272,6 +324,7 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         if PARTITION in revoked:
+            self.leadership._holds_partition = False
             self.leadership._lose()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:

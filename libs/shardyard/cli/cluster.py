@@ -6,18 +6,19 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
+import stat
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.embedded import EmbeddedBroker, free_port
+from shardyard.cli.children import Child, Children, PortPicker, Ports, alive, pick_free_port, wait_ready
+from shardyard.embedded import EmbeddedBroker
 from shardyard.errors import ClusterError
 
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "monitor")
@@ -80,32 +81,77 @@ def _module(service: str) -> str:
     return "shardyard." + service.replace("-", "_")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _service_argv(service: str, name: str) -> Callable[[Ports], list[str]]:
+    def argv(ports: Ports) -> list[str]:
+        line = [sys.executable, "-m", _module(service), "--instance", name]
+        if "http" in ports:
+            line += ["--http-port", str(ports["http"])]
+        return [*line, "--metrics-port", str(ports["metrics"])]
+
+    return argv
 
 
-def _spawn(name: str, argv: Sequence[str], logs: Path, env: dict[str, str]) -> int:
-    log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child, closed below
-    try:
-        process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
-    finally:
-        log.close()
-    return process.pid
+def interpreter_blocked() -> str | None:
+    """Why users other than this one cannot run this Python (a directory on the way to it, or to its standard
+    library, that they may not search or read); None when they can. A pyenv under a 0700 ``/root`` is the usual
+    case: agents running as root cannot start shards as their jobs' own users with it."""
+    for target in (Path(sys.executable).resolve(), Path(os.__file__).resolve().parent):
+        for directory in reversed(target.parents):
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                return f"{directory} is closed to other users (on the way to {target})"
+        if not os.stat(target).st_mode & stat.S_IROTH:
+            return f"{target} is not readable by other users"
+    return None
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def shard_user_fallback(env: Mapping[str, str], say: Callable[[str], None]) -> list[str]:
+    """Agent options for who runs shards: none (each job's own user, the agent's default) unless the operator chose
+    (``SHARDYARD_SHARD_USER``), or agents run as root with a Python other users cannot run: then shards run as the
+    agent, and ``up`` says so, since a job can then read another's environment and files."""
+    if "SHARDYARD_SHARD_USER" in env or os.geteuid() != 0:
+        return []
+    why = interpreter_blocked()
+    if why is None:
+        return []
+    say(
+        f"warning: shards run as root, not as their jobs' own users: {why}. Install Python where other users can "
+        "run it, or set SHARDYARD_SHARD_USER=agent to silence this"
+    )
+    return ["--shard-user", "agent"]
+
+
+def _agent_argv(
+    index: int, gpus: str, info: ClusterInfo, logs: Path, extra: Sequence[str] = ()
+) -> Callable[[Ports], list[str]]:
+    node_id = f"node-{index}"
+    line = [
+        sys.executable,
+        "-m",
+        "shardyard.node_agent",
+        "--node-id",
+        node_id,
+        "--instance",
+        f"{node_id}-{int(time.time())}",
+        "--mounts",
+        f"/data={info.data_root}",
+        # Every local agent mounts the same folder: to placement it is a shared path, not local disk.
+        "--shared-mounts",
+        "/data",
+        "--cpu-cores",
+        "16",
+        "--memory-gib",
+        "128",
+        "--rendezvous-port-base",
+        str(RENDEZVOUS_BASE + index * RENDEZVOUS_PER_NODE),
+        "--rendezvous-port-count",
+        str(RENDEZVOUS_PER_NODE),
+        "--log-dir",
+        str(logs / "shards"),
+    ]
+    for gpu in gpus.split("+"):
+        line += ["--gpus", gpu]
+    line += extra
+    return lambda ports: [*line, "--metrics-port", str(ports["metrics"])]
 
 
 def up(
@@ -116,131 +162,124 @@ def up(
     bootstrap: str | None = None,
     timeout_s: float = 90.0,
     say: Callable[[str], None] = print,
+    pick_port: PortPicker = pick_free_port,
 ) -> ClusterInfo:
-    """Start a local cluster and return once every service announced itself and every node is ALIVE."""
+    """Start a local cluster and return once every service announced itself and every node is ALIVE.
+
+    A process that exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest
+    is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES``
+    times."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(ClusterError):
         existing = ClusterInfo.load(run_dir)
-        if any(_alive(pid) for pid in existing.pids.values()):
+        if any(alive(pid) for pid in existing.pids.values()):
             raise ClusterError(f"a cluster is already running from {run_dir}; stop it with `shardyard down`")
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     data_root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    pids: dict[str, int] = {}
-    embedded = bootstrap is None
-    if bootstrap is None:
-        broker = EmbeddedBroker(log_path=logs / "broker.log").start()
-        bootstrap = broker.bootstrap
-        assert broker.pid is not None
-        pids["broker"] = broker.pid
-        say(f"embedded broker on {bootstrap}")
-    monitor_ports = [free_port() for _ in range(REPLICAS)]
-    monitor_urls = [f"http://127.0.0.1:{port}" for port in monitor_ports]
+    broker: EmbeddedBroker | None = None
     info = ClusterInfo(
         run_dir=str(run_dir.resolve()),
-        bootstrap=bootstrap,
-        monitor_url=monitor_urls[0],
-        monitor_urls=monitor_urls,
+        bootstrap=bootstrap or "",
+        monitor_url="",
         data_root=str(data_root.resolve()),
-        embedded_broker=embedded,
+        embedded_broker=bootstrap is None,
         started_at=time.time(),
-        pids=pids,
     )
-    metrics_ports = info.metrics_ports
-    info.save()
     try:
-        asyncio.run(ensure_topics(bootstrap))
-        env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
+        if bootstrap is None:
+            broker = EmbeddedBroker(log_path=logs / "broker.log").start()
+            assert broker.pid is not None
+            info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
+            say(f"embedded broker on {broker.bootstrap}")
+        info.save()
+        asyncio.run(ensure_topics(info.bootstrap))
+        env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
+        children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
         for service in SERVICES:
+            roles = ("http", "metrics") if service == "monitor" else ("metrics",)
             for replica in range(REPLICAS):
                 name = f"{service}-{replica}"
-                argv = [sys.executable, "-m", _module(service), "--instance", name]
-                if service == "monitor":
-                    argv += ["--http-port", str(monitor_ports[replica])]
-                metrics_ports[name] = free_port()
-                argv += ["--metrics-port", str(metrics_ports[name])]
-                pids[name] = _spawn(name, argv, logs, env)
+                children.start(name, _service_argv(service, name), roles)
+        shard_user = shard_user_fallback(env, say)
         for index, gpus in enumerate(nodes):
-            node_id = f"node-{index}"
-            argv = [
-                sys.executable,
-                "-m",
-                "shardyard.node_agent",
-                "--node-id",
-                node_id,
-                "--instance",
-                f"{node_id}-{int(time.time())}",
-                "--mounts",
-                f"/data={info.data_root}",
-                # Every local agent mounts the same folder: to placement it is a shared path, not local disk.
-                "--shared-mounts",
-                "/data",
-                "--cpu-cores",
-                "16",
-                "--memory-gib",
-                "128",
-                "--rendezvous-port-base",
-                str(RENDEZVOUS_BASE + index * RENDEZVOUS_PER_NODE),
-                "--rendezvous-port-count",
-                str(RENDEZVOUS_PER_NODE),
-                "--log-dir",
-                str(logs / "shards"),
-            ]
-            for gpu in gpus.split("+"):
-                argv += ["--gpus", gpu]
-            metrics_ports[node_id] = free_port()
-            argv += ["--metrics-port", str(metrics_ports[node_id])]
-            pids[node_id] = _spawn(node_id, argv, logs, env)
-        info.save()
-        _wait_ready(info, expected_nodes=len(nodes), timeout_s=timeout_s)
+            children.start(f"node-{index}", _agent_argv(index, gpus, info, logs, shard_user), ("metrics",))
+        wait_ready(
+            children,
+            ready=lambda: _ready(info, expected_nodes=len(nodes)),
+            timeout_s=timeout_s,
+            others={"broker": broker.poll} if broker is not None else {},
+            say=say,
+        )
     except BaseException:
-        down(run_dir, say=lambda _m: None)
+        say("start-up failed: stopping the processes started so far")
+        _stop(info.pids)
+        (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
+        if broker is not None:
+            broker.stop()
         raise
     say(f"cluster ready in {time.monotonic() - started:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
 
 
-def _wait_ready(info: ClusterInfo, *, expected_nodes: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    logs = Path(info.run_dir) / "logs"
-    while True:
-        for name, pid in info.pids.items():
-            if not _alive(pid):
-                raise ClusterError(f"{name} exited during start-up; its log ends:\n{_log_tail(logs / f'{name}.log')}")
-        try:
-            answer = get_json(f"{info.monitor_url}/api/services")
-            services = {s["service"] for s in answer["services"]}
-            nodes = get_json(f"{info.monitor_url}/api/nodes")["nodes"]
-            alive = sum(1 for n in nodes if n["status"] == "ALIVE")
-            if set(SERVICES) <= services and set(ELECTED) <= set(answer["leaders"]) and alive >= expected_nodes:
-                return
-        except (urllib.error.URLError, OSError, ValueError):
-            pass  # the monitor is not listening yet
-        if time.monotonic() > deadline:
-            raise ClusterError(f"the cluster was not ready within {timeout_s:.0f}s; logs are in {logs}")
-        time.sleep(0.2)
+def _record(info: ClusterInfo, started: Mapping[str, Child]) -> None:
+    """The cluster file after a process (re)started: every pid (``down`` stops them, even of a half-started
+    cluster), each process's metrics port, and the monitors' addresses in replica order."""
+    for name, child in started.items():
+        info.pids[name], info.metrics_ports[name] = child.process.pid, child.ports["metrics"]
+    info.monitor_urls = [f"http://127.0.0.1:{c.ports['http']}" for c in started.values() if "http" in c.ports]
+    info.monitor_url = info.monitor_urls[0] if info.monitor_urls else ""
+    info.save()
+
+
+def _ready(info: ClusterInfo, *, expected_nodes: int) -> bool:
+    """Every service announced itself, the elected ones have leaders, and every node is ALIVE (the monitor says).
+    Short timeouts: between two asks, ``up`` looks at its children."""
+    try:
+        answer = get_json(f"{info.monitor_url}/api/services", timeout_s=0.5)
+        services = {s["service"] for s in answer["services"]}
+        nodes = get_json(f"{info.monitor_url}/api/nodes", timeout_s=0.5)["nodes"]
+    except (urllib.error.URLError, OSError, ValueError):
+        return False  # the monitor is not listening yet
+    alive = sum(1 for n in nodes if n["status"] == "ALIVE")
+    return set(SERVICES) <= services and set(ELECTED) <= set(answer["leaders"]) and alive >= expected_nodes
 
 
 def down(run_dir: Path, *, timeout_s: float = 15.0, say: Callable[[str], None] = print) -> None:
     """Stop every process of the cluster: agents first (they stop their shards), then services, then the broker."""
     info = ClusterInfo.load(run_dir)
-    order = sorted(info.pids, key=lambda n: (n == "broker", not n.startswith("node-")))
-    for group in ([n for n in order if n.startswith("node-")], [n for n in order if not n.startswith("node-")]):
-        for name in group:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(info.pids[name], signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while any(_alive(info.pids[n]) for n in group) and time.monotonic() < deadline:
-            _reap()
-            time.sleep(0.1)
-        for name in group:
-            if _alive(info.pids[name]):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(info.pids[name], signal.SIGKILL)
-    _reap()
+    _stop(info.pids, timeout_s=timeout_s)
     (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
     say(f"cluster in {run_dir} stopped")
+
+
+def _stop(pids: Mapping[str, int], *, timeout_s: float = 15.0) -> None:
+    """SIGTERM by group, agents, then services, then the broker: each group leaves the bus while the broker still
+    answers. SIGKILL for what still runs after ``timeout_s``; returns once all of it is gone (or 5 s more)."""
+    groups = (
+        [n for n in pids if n.startswith("node-")],
+        [n for n in pids if not n.startswith("node-") and n != "broker"],
+        [n for n in pids if n == "broker"],
+    )
+    for group in groups:
+        for name in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[name], signal.SIGTERM)
+        _gone([pids[n] for n in group], timeout_s)
+        for name in group:
+            if alive(pids[name]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pids[name], signal.SIGKILL)
+        _gone([pids[n] for n in group], 5.0)
+
+
+def _gone(pids: Sequence[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.1)
+    _reap()
 
 
 def _reap() -> None:

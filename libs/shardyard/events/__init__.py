@@ -28,6 +28,8 @@ from shardyard.events.job import (
     ShardPlacement,
 )
 from shardyard.events.node import (
+    ArtifactError,
+    ArtifactErrorReason,
     ArtifactPlace,
     GpuStatus,
     Heartbeat,
@@ -65,6 +67,8 @@ __all__ = [
     "AlertResolved",
     "AlertRule",
     "AlertSeverity",
+    "ArtifactError",
+    "ArtifactErrorReason",
     "ArtifactPlace",
     "AssignmentEvent",
     "CapacityRequested",

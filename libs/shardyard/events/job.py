@@ -161,6 +161,13 @@ class FailureCause(StrEnum):
     START_TIMEOUT = "START_TIMEOUT"
     """Reported by the scheduler, not an agent: the shard was not reported started within the start deadline of its
     assignment (its agent took it and died or hung), so the scheduler revoked it."""
+    ORPHANED = "ORPHANED"
+    """Reported by the scheduler, not an agent: past its start deadline, the shard's node has not reported it running
+    for longer than the reservation grace (its agent restarted, or its process vanished without a report), so the
+    scheduler revoked it and its GPUs came free."""
+    INVALID_SPEC = "INVALID_SPEC"
+    """Reported by the scheduler on a job it could not decide for: its spec breaks placement (a value no admission
+    accepts, e.g. a ready job produced straight to the lifecycle topic). The job fails; the other jobs are placed."""
 
 
 class ShardPlacement(Model):

@@ -30,6 +30,25 @@ class GpuStatus(Model):
 
 ArtifactPlace = Literal["local", "shared"]
 
+MAX_ARTIFACT_ERRORS = 64
+"""At most this many artifact errors ride on one heartbeat (the first paths in sorted order): a node watching many
+unservable paths must not grow its heartbeat without bound."""
+MAX_ARTIFACT_ERROR_CHARS = 200
+
+
+class ArtifactErrorReason(StrEnum):
+    NOT_SERVED = "NOT_SERVED"
+    """Not absolute, not normalised, or not under a mount this node serves: never looked at here."""
+    UNREADABLE = "UNREADABLE"
+    """Looking at it failed: name too long, permission denied, a symbolic link loop."""
+
+
+class ArtifactError(Model):
+    """Why a watched path counts as not present on a node, though it may be there."""
+
+    reason: ArtifactErrorReason
+    message: str = Field(max_length=MAX_ARTIFACT_ERROR_CHARS, description="e.g. 'ENAMETOOLONG: File name too long'")
+
 
 class RunningShard(Model):
     job_id: str
@@ -56,6 +75,11 @@ class Heartbeat(Event):
         default_factory=dict, description="watched job paths (models, datasets) present here: local disk or shared"
     )
     topology: dict[str, str] = Field(default_factory=dict, description="placement labels: zone, rack")
+    artifact_errors: dict[str, ArtifactError] = Field(
+        default_factory=dict,
+        max_length=MAX_ARTIFACT_ERRORS,
+        description="watched job paths this node could not look at, and why (they are not in artifacts)",
+    )
 
 
 class NodeLease(Event):
@@ -76,8 +100,8 @@ class NodeLease(Event):
 
 def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
     """What a heartbeat says that is not telemetry (a lease carries the telemetry): who and where the node is, its
-    GPUs and their health, cores, memory, mounts, running shards, artifacts and topology. An agent sends a full
-    heartbeat when this changes; the pool publishes the node's state when it does."""
+    GPUs and their health, cores, memory, mounts, running shards, artifacts (and artifact errors) and topology. An
+    agent sends a full heartbeat when this changes; the pool publishes the node's state when it does."""
     gpus = tuple(
         (g.index, g.model, g.tflops, g.memory_bytes, g.simulated, g.tflops_source, g.healthy, g.fault)
         for g in heartbeat.gpus
@@ -94,6 +118,7 @@ def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
         heartbeat.running,
         heartbeat.artifacts,
         heartbeat.topology,
+        heartbeat.artifact_errors,
     )
 
 

@@ -13,6 +13,9 @@ single-threaded, it costs a few tens of milliseconds and a few MiB. It
 - forwards SIGTERM, SIGINT and SIGHUP to the script's process group and the stop signal (preemption) to the script.
   A group still there :data:`TERM_GRACE_S` after a SIGTERM is killed;
 - passes the progress channel (``SHARDYARD_PROGRESS_FD``) on to the script and keeps no copy;
+- on rank 0, when the agent runs the gang's ranks as clients of a store the runtime hosts
+  (``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun does), hosts it (:mod:`shardyard.training.store`: on
+  MASTER_ADDR only, not on every interface as the script's own would) until the script ends;
 - exits with the script's status, so the agent classifies it as it does the built-in runner's
   (:func:`shardyard.training.exitcodes.classify_exit`):
 
@@ -49,7 +52,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Final
 
-from shardyard.training import exitcodes
+from shardyard.training import exitcodes, store
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.lease import CHECK_EVERY_S, DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV, silence
 from shardyard.training.preemption import STOP_SIGNAL
@@ -140,6 +143,39 @@ def _child_setup(parent: int) -> Callable[[], None]:
     return prepare
 
 
+def _store_setup(parent: int) -> Callable[[], None]:
+    def prepare() -> None:  # runs in the child between fork and exec
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGKILL)
+
+    return prepare
+
+
+def _host_store(env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+    """Rank 0's store host, when the ranks are to be clients of one (:mod:`shardyard.training.store`), bound to the
+    supervisor's life. None on the other ranks, or when the ranks host their own."""
+    if env.get(store.AGENT_STORE_ENV) != "True" or env.get("RANK") != "0":
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", store.MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=_store_setup(os.getpid()),
+    )
+
+
+def _end(host: subprocess.Popen[bytes] | None) -> None:
+    """The script ended: its store serves nobody now (it may still be importing torch: no waiting for it)."""
+    if host is None:
+        return
+    host.kill()
+    host.wait()
+    if host.stdin is not None:
+        host.stdin.close()
+
+
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -224,6 +260,14 @@ def supervise(invocation: Invocation, env: Mapping[str, str], *, clock: Callable
     signals.install()
     if signals.terminated is not None:  # stopped before anything ran (the SIGTERM was pending)
         return 128 + signals.terminated
+    host = _host_store(env)
+    try:
+        return _run(invocation, env, signals, clock)
+    finally:
+        _end(host)
+
+
+def _run(invocation: Invocation, env: Mapping[str, str], signals: _Signals, clock: Callable[[], float]) -> int:
     started = _start(invocation, env)
     if isinstance(started, str):
         _say(started)

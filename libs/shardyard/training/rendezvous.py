@@ -5,11 +5,17 @@ the index of the GPU it assigned, with every GPU visible; torchrun to the proces
 talks NCCL; without CUDA it trains on the CPU and talks gloo. ``SHARDYARD_DEVICE`` (``auto``, ``cpu``, ``cuda``)
 can insist on one. The parameter or gradient syncs use a group of their own whose collectives time out after
 ``sync_timeout_s``; the rendezvous and the barriers keep ``dist_timeout_s``.
+
+The gang's store (the rendezvous) is served by rank 0 on ``MASTER_ADDR:MASTER_PORT`` and on that address only: the
+agent sets MASTER_ADDR to the coordinator node's advertised address, and torch's own store would listen on every
+interface of the host. So rank 0 binds the listening socket itself and hands it to the store. (gloo and NCCL open
+their own listeners, on the interface the agent names in ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``.)
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,6 +57,30 @@ def place(cfg: RunConfig) -> Placement:
     return placement
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on exactly ``host:port`` (a host name is resolved: its first address), never on every
+    interface. OSError when the address is not this host's or the port is taken."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+
+
+def gang_store(cfg: RunConfig) -> dist.TCPStore:
+    """The gang's store: served by rank 0 on ``MASTER_ADDR:MASTER_PORT`` only (see :func:`listen`), a client of it
+    on the other ranks. Rank 0 waits for the others to join, up to ``dist_timeout_s``."""
+    timeout = timedelta(seconds=cfg.dist_timeout_s)
+    if cfg.rank != 0:
+        return dist.TCPStore(cfg.master_addr, cfg.master_port, cfg.world_size, is_master=False, timeout=timeout)
+    server = listen(cfg.master_addr, cfg.master_port)
+    return dist.TCPStore(
+        cfg.master_addr,
+        cfg.master_port,
+        cfg.world_size,
+        is_master=True,
+        timeout=timeout,
+        master_listen_fd=server.detach(),  # the store owns the socket from here
+    )
+
+
 def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGroup:
     """The default group (rendezvous, barriers: ``dist_timeout_s``) and the group the syncs use, whose collectives
     time out after ``sync_timeout_s``."""
@@ -59,7 +89,7 @@ def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGrou
     with comm(f"init_process_group({placement.backend}, {where})"):
         dist.init_process_group(
             placement.backend,
-            init_method="env://",
+            store=gang_store(cfg),
             rank=cfg.rank,
             world_size=cfg.world_size,
             timeout=timedelta(seconds=cfg.dist_timeout_s),

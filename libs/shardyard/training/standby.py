@@ -77,7 +77,7 @@ def redirect_output(log: str) -> None:
     """From now on the process's stdout and stderr (both file descriptors, so torch's C++ logs too) go to ``log``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the agent made it, for this process's user
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)

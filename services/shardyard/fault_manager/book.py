@@ -7,6 +7,10 @@
 Deciding is gated on attempt numbers: once an attempt is decided (a ``JobRecovering`` or ``JobFailed`` of ours, seen
 live or replayed), stopped on purpose (preemption) or superseded by a newer placement, nothing about it is decided
 again, so redelivered and replayed facts are harmless.
+
+Placements are fenced by the scheduler's leader term, job by job (as the scheduler fences them, see
+``shardyard.scheduler.fencing``): one under a lower term than the newest read for the job is a deposed leader's,
+landing late, and places nothing; one under a higher term starts the job's gang afresh, whatever its attempt number.
 """
 
 from dataclasses import dataclass, field
@@ -51,6 +55,8 @@ class Gang:
     attempt: int
     since: datetime
     """When the attempt was placed (its earliest placement fact)."""
+    term: int = 0
+    """The scheduler leader term it was placed under."""
     shards: dict[int, str] = field(default_factory=dict)
     """training shard -> node"""
     spares: dict[int, str] = field(default_factory=dict)
@@ -81,6 +87,8 @@ class JobRecord:
     history: dict[int, tuple[ShardCause, ...]] = field(default_factory=dict)
     """attempt -> the causes its recovery listed"""
     open: OpenFailure | None = None
+    fence: int = 0
+    """The highest scheduler term of a placement read for the job: placements under lower ones are stale."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,18 @@ class FaultBook:
         match event:
             case JobScheduled():
                 for p in event.placements:
-                    self._place(event.job_id, event.attempt, event.occurred_at, p.shard_index, p.node_id, p.spare)
+                    self._place(
+                        event.job_id, event.attempt, event.term, event.occurred_at, p.shard_index, p.node_id, p.spare
+                    )
             case ShardAssignment():
                 self._place(
-                    event.job_id, event.attempt, event.occurred_at, event.shard_index, event.node_id, event.spare
+                    event.job_id,
+                    event.attempt,
+                    event.term,
+                    event.occurred_at,
+                    event.shard_index,
+                    event.node_id,
+                    event.spare,
                 )
             case ShardFailed():
                 self._shard_failed(event)
@@ -165,13 +181,14 @@ class FaultBook:
             record.open = None
             self._undecided.discard(job_id)
 
-    def _place(self, job_id: str, attempt: int, at: datetime, index: int, node_id: str, spare: bool) -> None:
+    def _place(self, job_id: str, attempt: int, term: int, at: datetime, index: int, node_id: str, spare: bool) -> None:
         record = self._record(job_id)
-        if record is None or attempt <= record.closed_through:
-            return
+        if record is None or attempt <= record.closed_through or term < record.fence:
+            return  # the job ended, the attempt is decided, or a deposed leader placed it (fenced by term)
+        record.fence = term
         gang = record.gang
-        if gang is None or gang.attempt < attempt:
-            gang = record.gang = Gang(attempt, at)
+        if gang is None or gang.attempt < attempt or gang.term < term:
+            gang = record.gang = Gang(attempt, at, term)
             if record.open is not None and record.open.attempt < attempt:
                 # Failures of an attempt that was re-placed without us: its outcome is no longer ours to decide.
                 record.open = None

@@ -53,6 +53,12 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         # The shard was not reported started within its start deadline (its agent died or hung before starting it):
         # the scheduler revoked it and reports this on the agent's behalf.
         FailureCause.START_TIMEOUT: Disposition.RETRY,
+        # Past its start deadline the shard's node stopped reporting it running, and no end was reported (its agent
+        # restarted, its process vanished): the scheduler revoked it and reports this on the agent's behalf. The node
+        # is alive and heartbeating, so it is not excluded.
+        FailureCause.ORPHANED: Disposition.RETRY,
+        # The scheduler could not decide for the job at all (its spec breaks placement): it would break it anywhere.
+        FailureCause.INVALID_SPEC: Disposition.FAIL,
     }
 )
 

@@ -119,6 +119,8 @@ class JobView:
     """Parent jobs the queue holds this one for."""
     spec: dict[str, Any] | None = None
     attempt: int = 0
+    placed_term: int = 0
+    """The scheduler term of the job's newest placement: a placement under a lower one is a deposed leader's."""
     submitted_at: datetime | None = None
     first_step_at: datetime | None = None
     ended_at: datetime | None = None
@@ -166,6 +168,11 @@ class JobView:
             return False
         if isinstance(event, JobWaiting) and self.state is JobState.WAITING:
             self._waiting(event)  # a held job's new reason: no move
+            return False
+        if isinstance(event, JobScheduled) and event.term < self.placed_term:
+            # Fenced, as the scheduler fences it (shardyard.scheduler.fencing): it moves and shows nothing.
+            detail = f"attempt {event.attempt} under term {event.term}: term {self.placed_term} placed the job"
+            self.note(event.occurred_at, "stale placement fenced", detail)
             return False
         if target is not None and not can_move(self.state, target):
             return False  # late or duplicated: the transition table keeps the job where it is
@@ -257,6 +264,7 @@ class JobView:
         self.note(event.occurred_at, "waiting", event.message)
 
     def _scheduled(self, event: JobScheduled) -> None:
+        self.placed_term = event.term
         self.attempt, self.degraded, self.resume_from = event.attempt, event.degraded, event.resume_from
         self.preempting = None
         self.pending(None, "", node_counts={}, waiting_for=[])

@@ -1,7 +1,9 @@
 """Wiring of the node agent: one per node."""
 
 import asyncio
+import logging
 import os
+import pwd
 import sys
 from pathlib import Path
 from typing import Self
@@ -14,6 +16,7 @@ from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, Topic
 from shardyard.clock import Clock
+from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.lifecycle import LifecycleFact
 from shardyard.node_agent.artifacts import ArtifactWatch
@@ -29,10 +32,20 @@ from shardyard.node_agent.benchmark import (
 from shardyard.node_agent.book import AgentBook, RunnerOptions
 from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
+from shardyard.node_agent.interfaces import advertised_interface
 from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
 from shardyard.node_agent.load import LoadSetting, load_source
 from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
+from shardyard.node_agent.private_files import interpreter_unreachable
+from shardyard.node_agent.shard_users import (
+    AS_AGENT,
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    PER_JOB,
+    ShardUsers,
+    choose,
+)
 from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, Mode
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
@@ -40,6 +53,7 @@ from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYN
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
 
 SERVICE = "node-agent"
+log = logging.getLogger(__name__)
 
 
 def _host_memory() -> int:
@@ -120,11 +134,34 @@ class AgentSettings(ServiceSettings):
     peer_state_dir: Path | None = Field(
         default=None, description="where shards keep that state (node-local); default: <log-dir>/peer-state/<node-id>"
     )
+    shard_user: str = Field(
+        default=PER_JOB,
+        min_length=1,
+        description="who shards run as when the agent is root: job (a uid/gid of each job's own, from"
+        " shard-uid-base), agent (the agent's own user: no isolation), or a user name or uid (all shards as it)",
+    )
+    shard_uid_base: int = Field(default=DEFAULT_UID_BASE, ge=1, description="shard-user=job: the first uid/gid")
+    shard_uid_count: int = Field(
+        default=DEFAULT_UID_COUNT, ge=1, description="shard-user=job: how many uids/gids from shard-uid-base"
+    )
+    scratch_dir: Path | None = Field(
+        default=None,
+        description="where shards under a user of their own get a private HOME and TMPDIR, one directory per job"
+        " (node-local); default: <log-dir>/scratch/<node-id>",
+    )
 
     @model_validator(mode="after")
     def _lease_outlasts_a_heartbeat(self) -> Self:
         if self.lease_s <= self.heartbeat_interval_s:
             raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _uids_fit(self) -> Self:
+        if self.shard_uid_base + self.shard_uid_count > 2**31:
+            raise ValueError(
+                f"shard_uid_base + shard_uid_count ({self.shard_uid_base + self.shard_uid_count}) must not exceed 2**31"
+            )
         return self
 
 
@@ -133,6 +170,34 @@ def _peer_state_dir(settings: AgentSettings) -> str | None:
         return None
     chosen = settings.peer_state_dir or settings.log_dir / "peer-state" / settings.node_id
     return str(chosen.resolve())
+
+
+def _shard_users(settings: AgentSettings) -> ShardUsers:
+    def lookup(name: str) -> tuple[int, int]:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+
+    users = choose(
+        settings.shard_user,
+        base=settings.shard_uid_base,
+        count=settings.shard_uid_count,
+        agent_uid=os.geteuid(),
+        lookup=lookup,
+    )
+    if not users.isolated:
+        say = log.info if settings.shard_user == AS_AGENT else log.warning  # else: not root, it cannot switch
+        say("shards run as the agent's own user (uid %d): jobs can read each other's files", os.geteuid())
+        return users
+    probe = users.of(settings.node_id)
+    assert probe is not None  # isolated
+    why = interpreter_unreachable(Path(sys.executable), Path(os.__file__).parent, probe)
+    if why is not None:
+        raise ConfigError(
+            f"shard_user {settings.shard_user!r}: shards could not start Python as a user of their own ({why}); install"
+            " Shardyard where every user can read it, or run shards as the agent: --shard-user agent"
+            " (SHARDYARD_SHARD_USER=agent)"
+        )
+    return users
 
 
 def topology(zone: str, rack: str) -> dict[str, str]:
@@ -176,11 +241,14 @@ def build_app(
             lease_file=str(settings.log_dir.resolve() / f"{settings.node_id}.lease"),
             shard_lease_s=settings.shard_lease_s,
             peer_state_dir=_peer_state_dir(settings),
+            socket_ifname=advertised_interface(settings.address),
         ),
         standbys=settings.standbys,
         standby_ttl_s=settings.standby_ttl_s,
         standby_after_s=settings.standby_after_s,
         status_refresh_s=settings.status_refresh_s,
+        shard_users=_shard_users(settings),
+        scratch_dir=(settings.scratch_dir or settings.log_dir / "scratch" / settings.node_id).resolve(),
     )
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     handlers = AgentHandlers(

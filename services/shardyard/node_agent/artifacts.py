@@ -6,18 +6,47 @@ the lifecycle transition table, as every consumer of that topic does, so a late 
 revive a finished job nor (a resubmission refused as a duplicate) end a live one; success, failure and cancellation
 end a job's watch whatever the table says. The edge stats the paths this
 module asks about and feeds back what it found (``observe``); ``report`` is what a heartbeat carries.
+
+A path the edge could not look at (one this node does not serve, a name too long for the filesystem, a directory it
+may not read) is one job's problem, not the agent's: it counts as not present and its :class:`ArtifactError` rides
+on the heartbeat (``report_errors``), so the scheduler can say why the job waits.
 """
 
+import errno
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from shardyard.events import ArtifactPlace, JobAccepted, JobReady
+from shardyard.errors import JobPathError
+from shardyard.events import ArtifactError, ArtifactErrorReason, ArtifactPlace, JobAccepted, JobReady
+from shardyard.events.node import MAX_ARTIFACT_ERROR_CHARS, MAX_ARTIFACT_ERRORS
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+
+Look = bool | ArtifactError
+"""What the edge found at a watched path: a directory is there (True), nothing is (False), or it could not tell."""
 
 _OVER = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 """Ends that hold whatever this agent saw of the job before (an event it could not read must not leak a watch)."""
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ARTIFACT_ERROR_CHARS else text[: MAX_ARTIFACT_ERROR_CHARS - 1] + "…"
+
+
+def not_served(exc: JobPathError) -> ArtifactError:
+    return ArtifactError(reason=ArtifactErrorReason.NOT_SERVED, message=_bounded(str(exc)))
+
+
+def unreadable(exc: OSError | ValueError) -> ArtifactError:
+    """The error of a failed look, without the path (an OSError's text repeats it, and it may be 5,000 characters):
+    ``ENAMETOOLONG: File name too long``. The same failure gives the same message, so a report changes only when the
+    failure does."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        text = f"{errno.errorcode.get(exc.errno, f'errno {exc.errno}')}: {exc.strerror}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return ArtifactError(reason=ArtifactErrorReason.UNREADABLE, message=_bounded(text))
 
 
 def is_shared(job_path: str, shared_prefixes: Iterable[str]) -> bool:
@@ -35,6 +64,8 @@ class ArtifactWatch:
     """Live jobs and the paths each of them names."""
     refs: Counter[str] = field(default_factory=Counter)
     present: set[str] = field(default_factory=set)
+    errors: dict[str, ArtifactError] = field(default_factory=dict)
+    """Watched paths that could not be looked at, and why; they are not in ``present``."""
 
     def apply(self, event: LifecycleFact) -> frozenset[str]:
         """Take one lifecycle fact; returns the paths it started watching (to be checked at once)."""
@@ -57,21 +88,32 @@ class ArtifactWatch:
         return frozenset(self.refs)
 
     def absent(self) -> frozenset[str]:
-        """Watched paths not seen here yet: the ones to poll often."""
-        return frozenset(path for path in self.refs if path not in self.present)
+        """Watched paths not seen here yet: the ones to poll often. Paths in error are left to the heartbeat's look
+        at every watched path: most errors (a path not served, a name too long) never go away."""
+        return frozenset(path for path in self.refs if path not in self.present and path not in self.errors)
 
-    def observe(self, found: Mapping[str, bool]) -> bool:
-        """Record which paths exist here (paths no longer watched are ignored); True when the report changed."""
-        before = set(self.present)
-        for path, exists in found.items():
-            if exists and path in self.refs:
+    def observe(self, found: Mapping[str, Look]) -> bool:
+        """Record what the edge found at each path (paths no longer watched are ignored); True when the report or
+        the errors changed."""
+        before = (set(self.present), dict(self.errors))
+        for path, look in found.items():
+            if isinstance(look, ArtifactError) and path in self.refs:
+                self.present.discard(path)
+                self.errors[path] = look
+                continue
+            self.errors.pop(path, None)
+            if look is True and path in self.refs:
                 self.present.add(path)
             else:
                 self.present.discard(path)
-        return self.present != before
+        return (self.present, self.errors) != before
 
     def report(self) -> dict[str, ArtifactPlace]:
         return {path: "shared" if is_shared(path, self.shared_prefixes) else "local" for path in sorted(self.present)}
+
+    def report_errors(self) -> dict[str, ArtifactError]:
+        """The errors a heartbeat carries: of the first ``MAX_ARTIFACT_ERRORS`` paths in error, in sorted order."""
+        return {path: self.errors[path] for path in sorted(self.errors)[:MAX_ARTIFACT_ERRORS]}
 
     def _track(self, job_id: str, paths: frozenset[str]) -> frozenset[str]:
         old = self.jobs.pop(job_id, frozenset())
@@ -82,6 +124,7 @@ class ArtifactWatch:
             if self.refs[path] <= 0:
                 del self.refs[path]
                 self.present.discard(path)
+                self.errors.pop(path, None)
         added = frozenset(path for path in paths - old if self.refs[path] == 0)
         for path in paths - old:
             self.refs[path] += 1

@@ -22,7 +22,8 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.node_agent.mounts import resolve
-from shardyard.training import entry
+from shardyard.node_agent.redaction import redact, secrets_of
+from shardyard.training import entry, store
 from shardyard.training.config import (
     CHECKPOINT_EVERY_ENV,
     DEFAULT_CHECKPOINT_EVERY,
@@ -98,6 +99,10 @@ class RunnerOptions:
     lease_file: str | None = None
     """The file the agent touches on every heartbeat the bus acknowledged; shards fence themselves on its age."""
     shard_lease_s: float = DEFAULT_SHARD_LEASE_S
+    socket_ifname: str | None = None
+    """The network interface of the node's advertised address: gloo and NCCL listen there, not on whichever
+    interface the host name leads to (None: their own choice). The agent's environment, or the job's, may name
+    another."""
 
     def env(self) -> dict[str, str]:
         lease = {LEASE_FILE_ENV: self.lease_file, LEASE_S_ENV: repr(self.shard_lease_s)} if self.lease_file else {}
@@ -107,6 +112,11 @@ class RunnerOptions:
             SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
             **lease,
         }
+
+    def net_env(self) -> dict[str, str]:
+        if self.socket_ifname is None:
+            return {}
+        return {"GLOO_SOCKET_IFNAME": self.socket_ifname, "NCCL_SOCKET_IFNAME": f"={self.socket_ifname}"}
 
 
 @dataclass
@@ -264,6 +274,8 @@ class AgentBook:
             self.revoked.discard(key)
             return None
         job_id, shard_index, attempt = key
+        entrypoint = assignment.workload.entrypoint
+        message = message if entrypoint is None else redact(message, secrets_of(entrypoint.env))
         info = final or {}
         if cause is None and returncode is not None:
             exit_cause = classify_exit(returncode)
@@ -325,26 +337,31 @@ def shard_env(
     base_env: Mapping[str, str],
     options: RunnerOptions = RunnerOptions(),
     local_world_size: int = 1,
+    home: Path | None = None,
 ) -> dict[str, str]:
     """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
 
     Every GPU of the node stays visible and LOCAL_RANK is the shard's GPU index, so a script that does
     ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` (as torchrun scripts do) lands on its assigned GPU.
 
-    An entrypoint's environment is the agent's, then :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the
-    runtime's variables, which nothing overrides: these, ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU
-    count, so that LOCAL_RANK < LOCAL_WORLD_SIZE) and ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``).
+    An entrypoint's environment is the interface gloo and NCCL listen on (``options.net_env()``), the agent's,
+    ``home`` as HOME and TMPDIR (a shard under a user of its own cannot write the agent's), then
+    :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the runtime's variables, which nothing overrides: these,
+    ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU count, so that LOCAL_RANK < LOCAL_WORLD_SIZE),
+    ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``) and, for a gang, the hosted store's (:func:`hosted_store`).
     """
     workload = assignment.workload
     local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
+    base = {**options.net_env(), **base_env, **private_home(home)}
     if workload.entrypoint is None:
-        first: dict[str, str] = {**base_env, "OMP_NUM_THREADS": "1"}
+        first: dict[str, str] = {**base, "OMP_NUM_THREADS": "1"}
         last: dict[str, str] = {}
     else:
-        first = {**base_env, **ENTRY_DEFAULTS, **workload.entrypoint.env}
+        first = {**base, **ENTRY_DEFAULTS, **workload.entrypoint.env}
         last = {
             "LOCAL_WORLD_SIZE": str(max(local_world_size, local_rank + 1)),
             entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
+            **hosted_store(assignment),
         }
     return (
         {
@@ -371,6 +388,20 @@ def shard_env(
         | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
         | peer_state_env(assignment, options)
     )
+
+
+def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
+    """A gang of a job's own script rendezvous at a store the runtime hosts on MASTER_ADDR (rank 0's supervisor:
+    :mod:`shardyard.training.store`), every rank a client of it, as under torchrun; a script's own store would
+    listen on every interface. A single shard has no gang: its script is left to itself."""
+    if assignment.world_size < 2:
+        return {}
+    return {store.AGENT_STORE_ENV: "True", store.RESTART_COUNT_ENV: str(max(0, assignment.attempt - 1))}
+
+
+def private_home(home: Path | None) -> dict[str, str]:
+    """HOME and TMPDIR of a shard that has a private directory of its own (None: the agent's stay)."""
+    return {} if home is None else {"HOME": str(home), "TMPDIR": str(home)}
 
 
 def peer_state_dir(options: RunnerOptions, job_id: str) -> Path | None:

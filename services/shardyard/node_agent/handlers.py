@@ -8,6 +8,9 @@ Where a shard of a job is likely to start soon (a spare held, a shard that faile
 gang member that could be lost), the agent keeps a warm standby for the job (:mod:`.warm`), and a launch of the
 built-in runner for that job takes it instead of starting a cold process.
 
+An agent running as root starts each job's shards, and its standbys, as a user of the job's own (:mod:`.shard_users`),
+with the directories they write made theirs alone and their logs the agent's (:mod:`.private_files`).
+
 Every publish has a deadline (:class:`Outbox`). The lease is renewed by each heartbeat the bus acknowledges; when
 it runs out the agent stops its shards (self-fencing) and reports their end once the bus is back.
 """
@@ -27,6 +30,7 @@ from opentelemetry.trace import Span
 from shardyard import tracing
 from shardyard.clock import Clock
 from shardyard.events import (
+    ArtifactError,
     FailureCause,
     GpuStatus,
     Heartbeat,
@@ -38,7 +42,7 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
-from shardyard.node_agent.artifacts import ArtifactWatch
+from shardyard.node_agent.artifacts import ArtifactWatch, unreadable
 from shardyard.node_agent.beats import DEFAULT_REFRESH_S, Beats
 from shardyard.node_agent.book import (
     PROGRESS_FD_ENV,
@@ -47,7 +51,7 @@ from shardyard.node_agent.book import (
     ShardKey,
     Verdict,
     key_of,
-    peer_state_dir,
+    private_home,
     shard_argv,
     shard_env,
 )
@@ -55,8 +59,10 @@ from shardyard.node_agent.fencing import DEFAULT_LEASE_S, fence_message, lease_e
 from shardyard.node_agent.inventory import GpuProbe
 from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, Standby, tail
 from shardyard.node_agent.load import LoadSource, host_load, shards_load
-from shardyard.node_agent.mounts import LocalDisk, PathProbe, resolve
+from shardyard.node_agent.mounts import LocalDisk, PathProbe, look
 from shardyard.node_agent.outbox import Outbox, Publisher
+from shardyard.node_agent.private_files import ShardFiles, give_log
+from shardyard.node_agent.shard_users import ShardUsers
 from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, WARM_AFTER, Mode, WarmBook
 from shardyard.training import standby
 from shardyard.training.lease import renew
@@ -89,6 +95,15 @@ class NodeIdentity:
     """``gang`` mode: how long a shard trains before its standby is started (short runs never pay for one)."""
     status_refresh_s: float = DEFAULT_REFRESH_S
     """A full heartbeat at least this often; leases between (:mod:`shardyard.node_agent.beats`)."""
+    shard_users: ShardUsers = field(default_factory=ShardUsers)
+    """Who each job's shards run as (by default the agent's own user)."""
+    scratch_dir: Path | None = None
+    """Where a shard under a user of its own gets its private HOME and TMPDIR, one directory per job."""
+
+
+def _shown(job_path: str, limit: int = 120) -> str:
+    """A job path for a log line: a path of thousands of characters is cut, with its length said."""
+    return repr(job_path) if len(job_path) <= limit else f"{job_path[:limit]!r}... ({len(job_path)} characters)"
 
 
 def _host_load() -> float:
@@ -120,6 +135,7 @@ class AgentHandlers:
         self.gpus = gpus
         self.launcher = launcher
         self.watch = watch or ArtifactWatch()
+        self.files = ShardFiles(identity.shard_users, identity.runner, identity.scratch_dir)
         self.disk = disk or LocalDisk()
         self.host_load = host_load
         self.processes: dict[ShardKey, ShardProcess] = {}
@@ -165,28 +181,42 @@ class AgentHandlers:
     async def _launch(self, assignment: ShardAssignment) -> None:
         key = key_of(assignment)
         paths = self.book.paths(assignment, self.me.mounts)
-        missing = paths.missing()
+        try:
+            missing = paths.missing()
+        except (OSError, ValueError) as exc:  # one job's unreadable path fails that shard, not the handler
+            missing = [f"inputs that cannot be looked at ({unreadable(exc).message})"]
         if missing:
             await self._finish(
                 key, None, f"missing on {self.me.node_id}: {', '.join(missing)}", FailureCause.MISSING_ARTIFACT
             )
             return
         job, shard, attempt = key
+        user = self.me.shard_users.of(job)
+        blocked = self.files.blocked(paths, user)
+        if blocked is not None:
+            await self._finish(key, None, f"on {self.me.node_id}, {blocked}", FailureCause.LAUNCH_ERROR)
+            return
         log_path = self.me.log_dir / job / f"shard-{shard}-attempt-{attempt}.log"
         # An entrypoint sees every GPU of the node (LOCAL_RANK is its own): LOCAL_WORLD_SIZE is their number.
         local_world_size = len(self.gpus.uuids()) if assignment.workload.entrypoint is not None else 1
         env = shard_env(
-            assignment, paths, base_env=self.me.base_env, options=self.me.runner, local_world_size=local_world_size
+            assignment,
+            paths,
+            base_env=self.me.base_env,
+            options=self.me.runner,
+            local_world_size=local_world_size,
+            home=self.files.home(job, user),
         )
         spec = LaunchSpec(
             argv=shard_argv(assignment, paths, python=self.me.python),
             env=tracing.child_env(env, assignment.job_id),
             cwd=Path.cwd(),
             log_path=log_path,
+            user=user,
         )
         await self._older_attempts_gone(assignment)
         try:
-            paths.output.parent.mkdir(parents=True, exist_ok=True)
+            self.files.prepare(assignment, paths, log_path, user)
             process = await self._warm_process(assignment, spec)
             if process is None:
                 process = await self.launcher.launch(spec, progress_env=PROGRESS_FD_ENV)
@@ -232,7 +262,7 @@ class AgentHandlers:
         if assignment.workload.entrypoint is not None:
             return None
         while (warm := self.warm.take(assignment.job_id)) is not None:
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            give_log(spec.log_path, spec.user)  # the standby opens it itself, as the job's user
             try:
                 process = await warm.go(standby.Order(env=spec.env, log=str(spec.log_path)).encode())
             except OSError as exc:
@@ -252,13 +282,17 @@ class AgentHandlers:
 
     async def _warm_up(self, job_id: str) -> None:
         self._standbys += 1
+        user = self.me.shard_users.of(job_id)
+        home = self.files.home(job_id, user)
         spec = LaunchSpec(
             argv=(self.me.python, "-m", standby.MODULE),
-            env={**self.me.base_env, "OMP_NUM_THREADS": "1"},
+            env={**self.me.runner.net_env(), **self.me.base_env, "OMP_NUM_THREADS": "1", **private_home(home)},
             cwd=Path.cwd(),
             log_path=self.me.log_dir / job_id / f"standby-{self.me.node_id}-{self._standbys}.log",
+            user=user,
         )
         try:
+            self.files.prepare_standby(job_id, spec.log_path, user)
             warm = await self.launcher.standby(spec, progress_env=PROGRESS_FD_ENV)
         except OSError as exc:
             log.warning("cannot start a standby for %s: %s", job_id, exc)
@@ -427,9 +461,9 @@ class AgentHandlers:
             self._members.pop(event.job_id, None)
             for warm in self.warm.ended(event.job_id):
                 warm.discard()
-            kept = peer_state_dir(self.me.runner, event.job_id)
-            if kept is not None:
-                await asyncio.to_thread(shutil.rmtree, kept, True)  # the job's gang will not be re-formed
+            # The job's gang will not be re-formed: its state and its private home here go.
+            for kept in self.files.of_job(event.job_id):
+                await asyncio.to_thread(shutil.rmtree, kept, True)
         if added and await self._look(added):
             await self.heartbeat()
 
@@ -440,12 +474,16 @@ class AgentHandlers:
             await self.heartbeat()
 
     async def _look(self, job_paths: Iterable[str]) -> bool:
-        """Stat ``job_paths`` (in a thread: a network filesystem may be slow) and record it; True when it changed."""
+        """Stat ``job_paths`` (in a thread: a network filesystem may be slow) and record it; True when it changed.
+        A path that cannot be looked at is that path's error, logged when it first appears (not at every poll)."""
         paths = list(job_paths)
         if not paths:
             return False
         mounts, disk = self.me.mounts, self.disk
-        found = await asyncio.to_thread(lambda: {path: disk.is_dir(resolve(path, mounts)) for path in paths})
+        found = await asyncio.to_thread(lambda: {path: look(path, mounts, disk) for path in paths})
+        for path, seen in found.items():
+            if isinstance(seen, ArtifactError) and self.watch.errors.get(path) != seen:
+                log.warning("artifact %s counts as absent: %s (%s)", _shown(path), seen.message, seen.reason)
         return self.watch.observe(found)
 
     def _load(self) -> float:
@@ -479,6 +517,7 @@ class AgentHandlers:
                     running=self.book.running_shards(pids),
                     artifacts=self.watch.report(),
                     topology=dict(self.me.topology),
+                    artifact_errors=self.watch.report_errors(),
                 ),
                 sent,
             )

@@ -7,6 +7,11 @@ sent before the runner installed its handler stays pending for it instead of kil
 
 A standby (:mod:`shardyard.training.standby`) is started the same way, with its standard input a pipe: the agent
 writes it one order when it becomes a shard, or closes the pipe to discard it.
+
+A spec with a ``user`` (:mod:`.shard_users`) starts the child as that uid/gid, with no supplementary groups and umask
+0o077 (the agent must be root). The switch happens before the child's own set-up runs: the parent-death binding,
+which a change of credentials clears, is made afterwards. The log is opened by the agent (mode 0600) and inherited
+as stdout and stderr: the shard's user needs no access to it.
 """
 
 import asyncio
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from shardyard.node_agent.private_files import open_log
+from shardyard.node_agent.shard_users import UMASK, ShardUser
 from shardyard.training.preemption import STOP_SIGNAL
 
 _PR_SET_PDEATHSIG = 1
@@ -39,6 +46,8 @@ class LaunchSpec:
     env: Mapping[str, str]
     cwd: Path
     log_path: Path
+    user: ShardUser | None = None
+    """Who the process runs as; None: the agent's own user."""
 
 
 class ShardProcess(Protocol):
@@ -174,11 +183,12 @@ class SubprocessLauncher:
     async def _start(
         spec: LaunchSpec, progress_env: str, *, stdin: int
     ) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader]:
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        user = spec.user
         read_fd, write_fd = os.pipe()
         env = {**spec.env, progress_env: str(write_fd)}
         try:
-            with open(spec.log_path, "ab") as log:  # noqa: ASYNC230 - a local log file; opening it does not block
+            log = open_log(spec.log_path)  # a local log file; opening it does not block
+            try:
                 process = await asyncio.create_subprocess_exec(
                     *spec.argv,
                     env=env,
@@ -188,7 +198,13 @@ class SubprocessLauncher:
                     stderr=asyncio.subprocess.STDOUT,
                     pass_fds=(write_fd,),
                     preexec_fn=_prepare_child,
+                    user=None if user is None else user.uid,
+                    group=None if user is None else user.gid,
+                    extra_groups=None if user is None else [],
+                    umask=-1 if user is None else UMASK,
                 )
+            finally:
+                os.close(log)
         except BaseException:
             os.close(read_fd)
             raise
@@ -201,13 +217,17 @@ class SubprocessLauncher:
 
 
 def tail(path: Path, lines: int = 6, max_bytes: int = 4096) -> str:
-    """The last lines of a shard's log, for failure messages."""
+    """The last lines of a shard's log, for failure messages. Only whole lines: a line cut by the ``max_bytes``
+    window is left out, so that no part of a secret escapes the redaction of whole values (:mod:`.redaction`)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
+            start = max(0, size - max_bytes - 1)  # one byte before the window: does it start a line?
+            handle.seek(start)
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""
+    if start > 0:
+        text = text.partition("\n")[2]
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
+from uuid import NAMESPACE_URL, uuid5
 
 from shardyard.bus.topics import SUBMISSIONS, partition_of
 from shardyard.events import (
@@ -47,6 +48,13 @@ from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdic
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
 """The states in which the queue owns a job."""
+
+
+def verdict_id(source: str) -> str:
+    """The event id of the queue's verdict on the submission at ``source``: the same whichever replica gives it. A
+    replica thrown out of its group mid-batch (its session expired) may still publish verdicts its successor gives
+    too; both carry this id, so they are one answer, delivered twice, and consumers keep the first."""
+    return uuid5(NAMESPACE_URL, f"shardyard:verdict:{source}").hex
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ class QueueBook:
         result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
         if not isinstance(result, Admitted):
             rejection = JobRejected(
+                event_id=verdict_id(source),
                 occurred_at=now,
                 job_id=result.job_id,
                 reason=result.reason,
@@ -164,9 +173,12 @@ class QueueBook:
         spec = result.spec
         refusal = self._refusal(spec, source=source, now=now)
         if refusal is not None:
+            refusal = refusal.model_copy(update={"event_id": verdict_id(source)})
             self.apply(refusal)
             return [refusal]
-        accepted = JobAccepted(occurred_at=now, job_id=spec.job_id, spec=spec, source_offset=source)
+        accepted = JobAccepted(
+            event_id=verdict_id(source), occurred_at=now, job_id=spec.job_id, spec=spec, source_offset=source
+        )
         self.apply(accepted)
         return [accepted, *self._settle([spec.job_id], now)]
 

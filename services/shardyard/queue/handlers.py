@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 
 from shardyard import metrics, tracing
-from shardyard.bus.batch import Record
+from shardyard.bus.batch import Record, pace
 from shardyard.bus.kafka import Bus, source_of_record
 from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
@@ -33,7 +33,8 @@ class QueueHandlers:
         causes is handed to the producer; the acknowledgements are returned, for the bus to await before it commits
         the batch."""
         sent: list[Awaitable[object]] = []
-        for record in records:
+        for index, record in enumerate(records):
+            await pace(index)  # the group heartbeat runs between records, not only between batches
             sent.extend(await self.on_submission(record))
         return sent
 

@@ -11,6 +11,7 @@ from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE,
 from shardyard.clock import Clock
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.handlers import PoolHandlers
+from shardyard.resource_pool.ledger import Ledger
 from shardyard.resource_pool.telemetry import Tolerance
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
@@ -31,6 +32,15 @@ class PoolSettings(ReplicatedSettings):
     their end."""
     state_refresh_s: float = Field(default=30.0, gt=0, description="republish an unchanged node's state this often")
     load_step: float = Field(default=0.05, gt=0, description="CPU load change that republishes a node's state")
+    start_deadline_s: float = Field(
+        default=60.0, gt=0, description="the scheduler's start deadline: no reservation is orphaned within it"
+    )
+    reservation_grace_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="past the start deadline, release a training shard's reservation its node's full heartbeats "
+        "have left out this long (agents send one on change and every 10 s)",
+    )
 
 
 def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
@@ -47,6 +57,7 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         pause_after_s=max(1.0, PAUSE_TICKS * settings.tick_interval_s),
         refresh_s=settings.state_refresh_s,
         tolerance=Tolerance(load=settings.load_step),
+        ledger=Ledger(start_deadline_s=settings.start_deadline_s, grace_s=settings.reservation_grace_s),
     )
     handlers = PoolHandlers(book, bus, clock)
     follower = Follower(

@@ -1,4 +1,5 @@
-"""Node inventory, liveness, drain marks and the reservations ledger. Pure: receive times come in as arguments.
+"""Node inventory, liveness, drain marks and the reservations ledger (``ledger``). Pure: receive times come in as
+arguments.
 
 Agents send a full heartbeat (inventory and telemetry) when their inventory changes and on a slow refresh, and a
 small lease (liveness and telemetry, :class:`~shardyard.events.NodeLease`) every other second; both renew liveness.
@@ -43,26 +44,23 @@ from shardyard.bus.topics import HEARTBEATS, partition_of
 from shardyard.events import (
     Event,
     Heartbeat,
-    JobCancelled,
-    JobFailed,
-    JobPreempted,
-    JobSucceeded,
     NodeDrain,
     NodeLease,
     NodeLost,
     NodeState,
     NodeStatus,
-    ShardAssignment,
-    ShardCompleted,
-    ShardFailed,
-    ShardPreempted,
-    ShardRevocation,
+    RunningShard,
     inventory_of,
 )
+from shardyard.resource_pool.ledger import Key, Ledger
 from shardyard.resource_pool.telemetry import Telemetry, Tolerance, moved
 
 MAX_TRANSIT_S: Final = 0.5
 """How much earlier than its receipt a heartbeat's own timestamp may start the node's silence."""
+
+
+def keys_of(running: Iterable[RunningShard]) -> list[Key]:
+    return [(r.job_id, r.shard_index, r.attempt) for r in running]
 
 
 def silent_since(beat: Heartbeat | NodeLease, received_at: datetime) -> datetime:
@@ -104,13 +102,8 @@ class PoolBook:
     check_every_s: float = 0.0
     """How often ``tick`` is called: a node is suspected that much early rather than up to that much late."""
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
-    # node -> (job, shard, attempt) -> GPU indices reserved by an assignment
-    allocations: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = field(default_factory=dict)
-    max_term: int = 0
-    """The newest scheduler term seen on an assignment: assignments of older terms (a deposed leader's) are
-    refused, so they reserve nothing."""
-    jobs_on: dict[str, set[str]] = field(default_factory=dict)
-    """Job -> the nodes its assignments reserved GPUs on (a job's end releases those, not every node's ledger)."""
+    ledger: Ledger = field(default_factory=Ledger)
+    """The GPUs each assignment reserves, by node, and when they are released (orphans included)."""
     owned: frozenset[int] | None = None
     """The heartbeats partitions whose nodes this replica judges and publishes; None: every node (one replica)."""
     pause_after_s: float | None = None
@@ -167,7 +160,7 @@ class PoolBook:
         hb = record.heartbeat
         live = record.telemetry or Telemetry.of(hb)
         record.published, record.published_at = (record.inventory, live), now
-        allocated = sorted({g for gpus in self.allocations.get(node_id, {}).values() for g in gpus})
+        allocated = self.ledger.gpus_of(node_id)
         return NodeState(
             occurred_at=now,
             node_id=node_id,
@@ -178,7 +171,7 @@ class PoolBook:
             rendezvous_ports=hb.rendezvous_ports,
             last_heartbeat_at=record.received_at,
             gpus=live.gpus(hb.gpus),
-            allocated_gpus=tuple(allocated),
+            allocated_gpus=allocated,
             cpu_cores=hb.cpu_cores,
             memory_bytes=hb.memory_bytes,
             cpu_load=live.cpu_load,
@@ -199,6 +192,7 @@ class PoolBook:
         else:
             record.heartbeat, record.seq = heartbeat, heartbeat.seq
             record.inventory, record.telemetry = inventory_of(heartbeat), Telemetry.of(heartbeat)
+        self.ledger.reported(heartbeat.node_id, keys_of(heartbeat.running), now)
         return self._renewed(heartbeat.node_id, record, heartbeat, now)
 
     def on_lease(self, lease: NodeLease, now: datetime) -> list[Event]:
@@ -263,6 +257,7 @@ class PoolBook:
             topology=state.topology,
         )
         self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status, state.draining)
+        self.ledger.reported(state.node_id, keys_of(state.running), state.occurred_at)
         self.watched.pop(state.node_id, None)
         if state.status is not NodeStatus.LOST and self.owns(state.node_id):
             self.watched[state.node_id] = None
@@ -278,35 +273,16 @@ class PoolBook:
         return [self.state_of(n, now) for n in sorted(node_ids) if n in self.nodes and self.owns(n)]
 
     def apply_ledger(self, event: object) -> set[str]:
-        """Reserve or release GPUs; the nodes whose reservations changed."""
-        changed: set[str] = set()
-        match event:
-            case ShardAssignment() if event.term >= self.max_term:
-                self.max_term = event.term
-                key = (event.job_id, event.shard_index, event.attempt)
-                self.allocations.setdefault(event.node_id, {})[key] = event.gpu_indices
-                self.jobs_on.setdefault(event.job_id, set()).add(event.node_id)
-                changed.add(event.node_id)
-            case ShardRevocation() | ShardCompleted() | ShardFailed() | ShardPreempted():
-                key = (event.job_id, event.shard_index, event.attempt)
-                if self.allocations.get(event.node_id, {}).pop(key, None) is not None:
-                    changed.add(event.node_id)
-            case JobSucceeded() | JobFailed() | JobCancelled() | JobPreempted():
-                # A preempted job's later attempts are not placed yet when this is read; earlier ones are over.
-                last = event.attempt if isinstance(event, JobPreempted) else None
-                for node_id in self.jobs_on.get(event.job_id, ()):
-                    ledger = self.allocations.get(node_id, {})
-                    for key in [k for k in ledger if k[0] == event.job_id and (last is None or k[2] <= last)]:
-                        del ledger[key]
-                        changed.add(node_id)
-                if last is None:
-                    self.jobs_on.pop(event.job_id, None)
-            case _:
-                pass
-        return changed
+        """Reserve or release GPUs (see ``ledger``); the nodes whose reservations changed."""
+        return self.ledger.apply(event)
+
+    def alive(self, node_id: str) -> bool:
+        record = self.nodes.get(node_id)
+        return record is not None and record.status is NodeStatus.ALIVE
 
     def tick(self, now: datetime) -> list[Event]:
-        """Passive transitions from silence of the nodes this replica owns: ALIVE -> SUSPECT -> LOST."""
+        """Passive transitions from silence of the nodes this replica owns: ALIVE -> SUSPECT -> LOST; then the
+        orphaned reservations are released (every replica keeps its ledger so; the owner publishes the node)."""
         last, self.last_tick = self.last_tick, now
         pause = self.pause_after_s
         if last is not None and pause is not None and (now - last).total_seconds() >= pause:
@@ -325,7 +301,7 @@ class PoolBook:
             silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= lost_at:
                 record.status = NodeStatus.LOST
-                self.allocations.pop(node_id, None)
+                self.ledger.drop_node(node_id)
                 gone.append(node_id)
                 out.append(self.state_of(node_id, now))
                 out.append(
@@ -338,4 +314,5 @@ class PoolBook:
                 out.append(self.state_of(node_id, now))
         for node_id in gone:
             del self.watched[node_id]
+        out.extend(self.states_of(self.ledger.release_orphans(now, self.alive), now))
         return out

@@ -23,6 +23,9 @@ from shardyard.settings import ReplicatedSettings
 
 SERVICE = "scheduler"
 FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY)
+TAKE_OVER_RETRY_S = (0.5, 10.0)
+"""A take-over that failed (the broker too busy to answer, a book that could not be rebuilt) is tried again after
+the first of these, doubling up to the second, for as long as the replica is elected."""
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,12 @@ class SchedulerSettings(ReplicatedSettings):
     preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
     start_deadline_s: float = Field(
         default=60.0, gt=0, description="revoke a shard not reported started this long after its assignment"
+    )
+    reservation_grace_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="past its start deadline, revoke (ORPHANED) a shard its node has not reported running this long; "
+        "nodes report their running shards on change and every 10 s",
     )
     spare_grace_s: float = Field(default=2.0, ge=0, description="how long a new gang waits for room for its spares")
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
@@ -58,6 +67,7 @@ class SchedulerSettings(ReplicatedSettings):
             policy=self.policy(),
             preempt_deadline_s=self.preempt_deadline_s,
             start_deadline_s=self.start_deadline_s,
+            reservation_grace_s=self.reservation_grace_s,
             spare_grace_s=self.spare_grace_s,
             elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
         )
@@ -65,7 +75,9 @@ class SchedulerSettings(ReplicatedSettings):
 
 class SchedulerReplica:
     """Follows the state topics into its book from start-up (a warm standby); decides once elected and caught up.
-    A replica whose book went ahead of the log (decisions it could not publish) rebuilds it before leading."""
+    A replica whose book went ahead of the log (decisions it could not publish) rebuilds it before leading: at its
+    next election, or at once while it is still elected. A take-over that fails is retried while elected: an elected
+    replica that does not lead leaves the service without a leader."""
 
     def __init__(self, settings: SchedulerSettings, bus: Bus, clock: Clock) -> None:
         self.settings = settings
@@ -113,8 +125,8 @@ class SchedulerReplica:
         await self.handlers.drain()
         await self.follower.stop()
 
-    async def _confirm(self) -> bool:
-        return await self.leadership.confirm()
+    async def _confirm(self, term: int) -> bool:
+        return await self.leadership.confirm(term)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -129,22 +141,33 @@ class SchedulerReplica:
 
     def _diverged(self) -> None:
         self._stale = True
+        term = self.leadership.term
+        if term is not None:
+            self._spawn(self._take_over(term))  # still elected (e.g. re-elected meanwhile): rebuild, lead again
+
+    def _leads(self, term: int) -> bool:
+        return self.handlers.leading and self.handlers.book.term == term
 
     async def _take_over(self, term: int) -> None:
+        delay, longest = TAKE_OVER_RETRY_S
         async with self._turn:
-            try:
-                if self._stale:
-                    await self._rebuild()
-                await self.follower.caught_up()
-                if self.leadership.term != term:
-                    return  # lost again while catching up
-                await self.handlers.take_over(term)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("taking over as leader (term %d) failed; standing by", term)
-                self.handlers.leading = False
-                self._stale = True
+            while self.leadership.term == term and not self._leads(term):
+                try:
+                    if self._stale:
+                        await self._rebuild()
+                    await self.follower.caught_up()  # the log to its end: every placement made before this term
+                    if self.leadership.term != term:
+                        return  # lost again while catching up
+                    await self.handlers.take_over(term)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("taking over as leader (term %d) failed; retrying in %.1f s", term, delay)
+                    self.handlers.leading = False
+                    self._stale = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, longest)
 
     async def _rebuild(self) -> None:
         log.info("rebuilding the scheduler's book from the log")

@@ -1,7 +1,8 @@
 """The scheduler's state (rebuilt from the log) and its decisions, as events to publish. Pure: time comes in.
 
 ``apply`` takes facts (also during the start-up replay) and never decides; ``cycle``, ``on_shard_event`` and
-``on_cancel`` return the events that carry out decisions.
+``on_cancel`` return the events that carry out decisions. The book decides under ``term``, the term its replica was
+elected under (``take_over``); the terms it reads are a fence (see ``fencing``), never its own.
 """
 
 import math
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 
 from shardyard.events import (
     Event,
+    FailureCause,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -37,8 +39,10 @@ from shardyard.events import (
     Workload,
 )
 from shardyard.scheduler.elasticity import ElasticityTracker
+from shardyard.scheduler.fencing import Verdict, judge, stale_revocations
 from shardyard.scheduler.gangs import Gang, SnapshotCache, revocation
 from shardyard.scheduler.model import (
+    Invalid,
     NodeView,
     PendingJob,
     Place,
@@ -48,8 +52,14 @@ from shardyard.scheduler.model import (
     Unschedulable,
     estimated_rtt_ms,
 )
+from shardyard.scheduler.orphans import ShardKey, orphan_failure, orphaned, running_keys
 from shardyard.scheduler.placement import schedule
 from shardyard.scheduler.start_deadline import overdue, start_timeout
+
+MAX_SHARDS = 1 << 20
+"""Beyond any shard count admission accepts (4096): a larger one gets no spares (its job fails in the cycle)."""
+ORPHAN_CHECK_EVERY_S = 1.0
+"""Orphans are looked for at most this often (a check reads every placed shard; cycles come per batch of facts)."""
 
 
 class SchedulerBook:
@@ -61,17 +71,22 @@ class SchedulerBook:
         policy: Policy | None = None,
         preempt_deadline_s: float = 30.0,
         start_deadline_s: float = 60.0,
+        reservation_grace_s: float = 30.0,
         spare_grace_s: float = 2.0,
         elasticity: ElasticityTracker | None = None,
     ) -> None:
         self.term = term
+        """The term this book decides under: its replica's, once elected. Never raised by what it reads."""
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.policy = policy or Policy()
         self.preempt_deadline_s = preempt_deadline_s
         self.start_deadline_s = start_deadline_s
+        self.reservation_grace_s = reservation_grace_s
         self.spare_grace_s = spare_grace_s
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
+        self.running: dict[str, frozenset[ShardKey]] = {}
+        """Node -> the shards its agent reports running (its last state's)."""
         self._views = SnapshotCache(self.policy)
         """The nodes' views for placement, kept between cycles (rebuilt only where a node or its gangs changed)."""
         self.specs: dict[str, JobSpec] = {}
@@ -86,6 +101,14 @@ class SchedulerBook:
         self.last_port: dict[str, tuple[str, int]] = {}
         """Job -> (node, port) of its latest rendezvous: a new attempt takes another port."""
         self.attempts: dict[str, int] = {}
+        """Job -> the attempt of its newest placement in force (or ended)."""
+        self.placed: dict[str, tuple[int, int]] = {}
+        """Job -> (term, attempt) of its newest placement: the fence placements are judged by (see ``fencing``)."""
+        self.numbered: dict[str, int] = {}
+        """Job -> the highest attempt seen placed, stale placements included: its next placement takes a higher one."""
+        self.stale: list[JobScheduled] = []
+        """Fenced or superseded placements whose shards the leader has yet to revoke."""
+        self._orphans_checked_at: datetime | None = None
         self.finished: set[str] = set()
         self.reasons: dict[str, tuple[str, str]] = {}
         self.blocked: list[tuple[JobSpec, PendingReason, datetime]] = []
@@ -98,6 +121,7 @@ class SchedulerBook:
         match event:
             case NodeState():
                 self.nodes[event.node_id] = event
+                self.running[event.node_id] = running_keys(event)
                 self._views.changed(event.node_id)
             case JobReady() if event.job_id not in self.finished and event.job_id not in self.gangs:
                 self.specs[event.job_id] = event.spec
@@ -157,7 +181,9 @@ class SchedulerBook:
                 pass
 
     def _spares(self, spec: JobSpec) -> int:
-        return math.ceil(spec.shard_count * self.spare_ratio - 1e-9) if self.spare_ratio > 0 else 0
+        if self.spare_ratio <= 0 or not 0 < spec.shard_count <= MAX_SHARDS:
+            return 0  # a shard count no admission accepts fails the job in the cycle, not here
+        return math.ceil(spec.shard_count * self.spare_ratio - 1e-9)
 
     def _pending(self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None) -> PendingJob:
         excluded = self.excluded.get(spec.job_id, frozenset())
@@ -165,17 +191,23 @@ class SchedulerBook:
 
     def _on_scheduled(self, event: JobScheduled) -> None:
         """A placement: ours as we make it, then again as it comes back from the log (its echo must not reset the
-        gang's started shards), or replayed. Placements of attempts already superseded change nothing."""
+        gang's started shards), or replayed; judged by term (see ``fencing``). A stale placement changes nothing
+        but is revoked; a newer leader's supersedes the job's current one, which is revoked."""
         job_id = event.job_id
-        self.term = max(self.term, event.term)
-        latest = self.attempts.get(job_id, 0)
-        gang = self.gangs.get(job_id)
-        if job_id in self.finished or event.attempt < latest:
+        self.numbered[job_id] = max(self.numbered.get(job_id, 0), event.attempt)
+        if job_id in self.finished:
             return
-        if gang is not None and gang.scheduled.attempt == event.attempt:
-            return  # the echo of our own placement
-        if event.attempt == latest and gang is None:
-            return  # that attempt already ended (recovery or preemption requeued the job)
+        gang = self.gangs.get(job_id)
+        verdict = judge(event, self.placed.get(job_id), gang.scheduled if gang is not None else None)
+        if verdict is Verdict.STALE:
+            self.stale.append(event)
+            return
+        if verdict is not Verdict.NEW:
+            return  # the echo of our own placement, or that attempt already ended (the job was requeued)
+        if gang is not None:
+            self.stale.append(gang.scheduled)  # superseded by a newer leader's placement of the job
+            self.gangs.pop(job_id)
+        self.placed[job_id] = (event.term, event.attempt)
         self.attempts[job_id] = event.attempt
         self.last_port[job_id] = (event.coordinator_node, event.rendezvous_port)
         self.pending.pop(job_id, None)
@@ -193,15 +225,18 @@ class SchedulerBook:
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:
-        """One scheduling cycle: overdue preemptions end, cancelled jobs leave, shards past their start deadline are
-        revoked and failed, every pending job is decided."""
-        out = self._overdue_preemptions(now)
+        """One scheduling cycle: fenced placements are revoked, overdue preemptions end, cancelled jobs leave,
+        shards past their start deadline and orphaned shards are revoked and failed, every pending job is decided
+        (a job that cannot be decided for fails, alone)."""
+        out = self._revoke_stale(now)
+        out.extend(self._overdue_preemptions(now))
         for job_id in [j for j in [*self.pending, *self.gangs] if j in self.cancel_requested]:
             # A cancel request that arrived before the job became ready here (e.g. as the queue released it), or
             # one a previous leader took in but did not carry out.
             request = JobCancelRequested(occurred_at=now, job_id=job_id, requested_by=self.cancel_requested[job_id])
             out.extend(self.on_cancel(request, now))
         out.extend(self._overdue_starts(now))
+        out.extend(self._orphans(now))
         self.blocked = []
         if not self.pending:
             return out
@@ -210,16 +245,67 @@ class SchedulerBook:
         # Spares follow the ratio in force now, not the one when the job became ready.
         queue = [replace(job, spares=self._spares(job.spec)) for job in self.pending.values()]
         for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
-            if isinstance(decision, Place):
-                if self._short_of_spares(decision, now):
-                    continue  # capacity (or an artifact report) for the spares may show within the grace
-                out.extend(self._admit(decision, by_id, now))
-            elif isinstance(decision, Preempt):
-                out.extend(self._preempt(decision, now))
-            else:
-                pending = self.pending[decision.job_id]
-                self.blocked.append((pending.spec, decision.reason, pending.ready_at))
-                out.extend(self._explain(decision, now))
+            try:
+                out.extend(self._carry_out(decision, by_id, now))
+            except Exception as exc:  # one job's bad data fails that job, never the cycle
+                if not isinstance(decision, Preempt):  # a victim is a placed job: its preemption is just not made
+                    out.extend(self._invalid(Invalid(decision.job_id, f"{type(exc).__name__}: {exc}"[:500]), now))
+        return out
+
+    def _carry_out(
+        self, decision: Place | Preempt | Unschedulable | Invalid, by_id: dict[str, NodeView], now: datetime
+    ) -> list[Event]:
+        if isinstance(decision, Place):
+            if self._short_of_spares(decision, now):
+                return []  # capacity (or an artifact report) for the spares may show within the grace
+            return self._admit(decision, by_id, now)
+        if isinstance(decision, Preempt):
+            return self._preempt(decision, now)
+        if isinstance(decision, Invalid):
+            return self._invalid(decision, now)
+        pending = self.pending[decision.job_id]
+        self.blocked.append((pending.spec, decision.reason, pending.ready_at))
+        return self._explain(decision, now)
+
+    def _invalid(self, decision: Invalid, now: datetime) -> list[Event]:
+        """End a job no cycle can decide for: FAILED ``INVALID_SPEC``, with what broke."""
+        if decision.job_id in self.finished:
+            return []
+        failed = JobFailed(
+            occurred_at=now,
+            job_id=decision.job_id,
+            attempt=self.attempts.get(decision.job_id, 0),
+            cause=FailureCause.INVALID_SPEC,
+            message=decision.message,
+        )
+        self.apply(failed)
+        return [failed]
+
+    def _revoke_stale(self, now: datetime) -> list[Event]:
+        """Revoke what fenced and superseded placements assigned (see ``fencing``), under this book's term."""
+        stale, self.stale = self.stale, []
+        out: list[Event] = []
+        for placement in stale:
+            gang = self.gangs.get(placement.job_id)
+            out.extend(stale_revocations(placement, gang.scheduled if gang else None, term=self.term, now=now))
+        return out
+
+    def _orphans(self, now: datetime) -> list[Event]:
+        """Revoke the shards no node reports running past their start deadline and the grace, and report them failed
+        ``ORPHANED`` (see ``orphans``); the failure, applied here, marks each one decided."""
+        last = self._orphans_checked_at
+        if last is not None and (now - last).total_seconds() < ORPHAN_CHECK_EVERY_S:
+            return []
+        self._orphans_checked_at = now
+        out: list[Event] = []
+        grace = self.reservation_grace_s
+        for gang in list(self.gangs.values()):
+            found = orphaned(gang, self.nodes, self.running, now, deadline_s=self.start_deadline_s, grace_s=grace)
+            for shard in found:
+                events = orphan_failure(gang, shard, term=self.term, grace_s=grace, now=now)
+                for event in events:
+                    self.apply(event)
+                out.extend(events)
         return out
 
     def _short_of_spares(self, place: Place, now: datetime) -> bool:
@@ -255,7 +341,7 @@ class SchedulerBook:
 
     def _admit(self, place: Place, nodes: dict[str, NodeView], now: datetime) -> list[Event]:
         spec = self.pending[place.job_id].spec
-        attempt = self.attempts.get(place.job_id, 0) + 1
+        attempt = self.numbered.get(place.job_id, 0) + 1  # never an attempt seen placed, under any term
         coordinator = nodes[place.coordinator_node]
         # The view's ports were free at the snapshot; gangs admitted earlier in this cycle took some of them.
         port = self._free_port(coordinator, place.job_id) or coordinator.rendezvous_ports[-1]

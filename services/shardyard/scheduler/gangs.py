@@ -31,6 +31,9 @@ class Gang:
     running: bool = False
     preempted_by: str | None = None
     preempt_deadline: datetime | None = None
+    unlisted: dict[int, datetime] = field(default_factory=dict)
+    """Training shards its node's state left out of its running shards, since the first check that found so (see
+    ``orphans``); the leader's own bookkeeping, not a fact of the log."""
 
 
 def revocation(gang: Gang, shard: ShardPlacement, *, term: int, now: datetime, reason: str) -> ShardRevocation:

@@ -1,8 +1,10 @@
 """Scheduler handlers: apply each fact to the book and, on the leader only, publish what the book decides.
 
 Every replica follows the same topics and applies every fact (a standby is warm: its book is the leader's, read
-from the log). Only the leader decides, and only while its lease holds: a decision it could not publish leaves its
-book ahead of the log, so the replica rebuilds its book from the log before it may lead again.
+from the log). Only the leader decides, and only while its lease holds for the term it decided under: a decision it
+could not publish leaves its book ahead of the log, so the replica rebuilds its book from the log before it may lead
+again. A placement the book fences (a deposed leader's, landing late) asks for a cycle, which revokes what it
+assigned.
 
 Cycles are coalesced: a burst of node states (10,000 nodes heartbeat every second) asks for one cycle, not one per
 message. The periodic tick also reports elasticity signals.
@@ -40,7 +42,7 @@ PLACEMENT_SPANS: Mapping[type[Event], str] = {JobScheduled: "placement"}
 COMPLETION_SPANS: Mapping[type[Event], str] = {JobSucceeded: "completion"}
 
 
-async def _always() -> bool:
+async def _always(_term: int) -> bool:
     return True
 
 
@@ -51,7 +53,7 @@ class SchedulerHandlers:
         bus: Bus,
         clock: Clock,
         *,
-        confirm: Callable[[], Awaitable[bool]] = _always,
+        confirm: Callable[[int], Awaitable[bool]] = _always,
         on_diverged: Callable[[], None] = lambda: None,
     ) -> None:
         self.book = book
@@ -60,6 +62,7 @@ class SchedulerHandlers:
         self.leading = False
         """Whether this replica decides: it was elected and its book has caught up with the log."""
         self._confirm = confirm
+        """Whether this replica still leads under the given term (its lease holds)."""
         self._on_diverged = on_diverged
         self._wanted = False
         self._runner: asyncio.Task[None] | None = None
@@ -94,7 +97,7 @@ class SchedulerHandlers:
             self.request_cycle()
             return
         self.book.apply(event)
-        if isinstance(event, JobReady | JobPreempted):
+        if isinstance(event, JobReady | JobPreempted) or (isinstance(event, JobScheduled) and self.book.stale):
             self.request_cycle()
 
     async def on_redundancy(self, event: RedundancyChanged) -> None:
@@ -129,8 +132,11 @@ class SchedulerHandlers:
         decisions that are a span of their job's trace, begun at ``started`` (ns)."""
         if not events:
             return
-        if not self.leading or not await self._confirm():
-            log.warning("not leader any more: %d decided events withheld; rebuilding from the log", len(events))
+        book, term = self.book, self.book.term  # what these were decided on and under, before any await
+        if not self.leading or not await self._confirm(term) or not self.leading or self.book.term != term:
+            if self.book is not book:
+                return  # decided on a book the replica has since rebuilt: nothing of it is left to withhold
+            log.warning("not leading under term %d: %d decided events withheld; rebuilding", term, len(events))
             self.leading = False
             self._on_diverged()
             return

@@ -131,7 +131,16 @@ class Unschedulable:
     node_counts: dict[str, int] = field(default_factory=dict)
 
 
-Decision = Place | Preempt | Unschedulable
+@dataclass(frozen=True)
+class Invalid:
+    """The job could not be decided for at all: deciding raised on its data (``message`` says how). The job fails
+    with ``INVALID_SPEC``; every other job of the cycle is decided as usual."""
+
+    job_id: str
+    message: str
+
+
+Decision = Place | Preempt | Unschedulable | Invalid
 
 
 class Located(Protocol):

@@ -11,6 +11,9 @@ One cycle, in phases:
    **reserves** the nodes it will need (lower jobs backfill only elsewhere) and is reported **unschedulable** with
    a typed reason and per-filter node counts.
 
+A job whose data breaks a phase (ordering or deciding raises on it) is decided :class:`Invalid` and left out; the
+cycle goes on with the others: one bad job never stops placement.
+
 No I/O, no clock: ``now`` comes in.
 """
 
@@ -25,6 +28,7 @@ from shardyard.scheduler.gang_placement import place_gang
 from shardyard.scheduler.index import ClusterIndex
 from shardyard.scheduler.model import (
     Decision,
+    Invalid,
     NodeView,
     PendingJob,
     Policy,
@@ -65,8 +69,29 @@ class PlacementCycle:
 
     def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
         """Queue order: effective priority (priority + aging), then the longest ready, then the job id."""
-        now, policy = self.now, self.policy
-        return sorted(pending, key=lambda p: (-effective_priority(p, policy, now), p.ready_at, p.spec.job_id))
+        return sorted(pending, key=self._rank)
+
+    def _rank(self, job: PendingJob) -> tuple[float, datetime, str]:
+        return -effective_priority(job, self.policy, self.now), job.ready_at, job.spec.job_id
+
+    def queue(self, pending: Sequence[PendingJob]) -> tuple[list[PendingJob], list[Invalid]]:
+        """The jobs in queue order (``order``), and those whose data cannot even be ranked."""
+        ranked: list[tuple[tuple[float, datetime, str], PendingJob]] = []
+        invalid: list[Invalid] = []
+        for job in pending:
+            try:
+                ranked.append((self._rank(job), job))
+            except Exception as exc:  # e.g. a priority too large for a float: that job, not the queue
+                invalid.append(invalid_job(job, exc))
+        ranked.sort(key=lambda entry: entry[0])
+        return [job for _, job in ranked], invalid
+
+    def decide_safely(self, pending_job: PendingJob) -> list[Decision]:
+        """``decide``, with a job whose data makes deciding raise decided :class:`Invalid`."""
+        try:
+            return self.decide(pending_job)
+        except Exception as exc:  # one job's bad data fails that job, never the cycle
+            return [invalid_job(pending_job, exc)]
 
     def decide(self, pending_job: PendingJob) -> list[Decision]:
         """The decisions for one job: [Place], [Preempt..., Unschedulable(PREEMPTING)] or [Unschedulable]."""
@@ -117,13 +142,18 @@ def schedule(
         index.begin()
     try:
         cycle = PlacementCycle(snapshot, policy, now=now, index=index)
-        decisions: list[Decision] = []
-        for job in cycle.order(pending):
-            decisions.extend(cycle.decide(job))
+        queued, invalid = cycle.queue(pending)
+        decisions: list[Decision] = [*invalid]
+        for job in queued:
+            decisions.extend(cycle.decide_safely(job))
         return decisions
     finally:
         if index is not None:
             index.rollback()
+
+
+def invalid_job(job: PendingJob, exc: Exception) -> Invalid:
+    return Invalid(job.spec.job_id, f"the scheduler cannot place this job: {type(exc).__name__}: {exc}"[:500])
 
 
 def place_one(nodes: Sequence[NodeView], job: PendingJob, policy: Policy | None = None, *, now: datetime) -> Decision:

@@ -33,15 +33,23 @@ def start_timeout(gang: Gang, shard: ShardPlacement, *, term: int, deadline_s: f
     """Revoke an overdue shard and report it failed ``START_TIMEOUT``."""
     attempt = gang.scheduled.attempt
     message = f"not reported started within {deadline_s:g}s of its assignment (attempt {attempt}): revoked"
+    return revoked_failure(gang, shard, FailureCause.START_TIMEOUT, message, term=term, now=now, what="start deadline")
+
+
+def revoked_failure(
+    gang: Gang, shard: ShardPlacement, cause: FailureCause, message: str, *, term: int, now: datetime, what: str
+) -> list[Event]:
+    """Revoke one shard (its agent stops it should it run after all; the pool frees its GPUs) and report it failed
+    with ``cause`` on its agent's behalf, so the fault manager recovers the gang by the usual rules."""
     return [
-        revocation(gang, shard, term=term, now=now, reason=f"start deadline: {message}"),
+        revocation(gang, shard, term=term, now=now, reason=f"{what}: {message}"),
         ShardFailed(
             occurred_at=now,
             job_id=gang.spec.job_id,
             shard_index=shard.shard_index,
-            attempt=attempt,
+            attempt=gang.scheduled.attempt,
             node_id=shard.node_id,
-            cause=FailureCause.START_TIMEOUT,
+            cause=cause,
             exit_code=None,
             message=message,
         ),
