@@ -34,8 +34,8 @@ from typing import Any
 
 from shardyard.events import JobSpec, NodeStatus
 from shardyard.gpus import DEFAULT_TFLOPS
-from shardyard.scheduler.model import NodeView, PendingJob, Place, Policy, Snapshot
-from shardyard.scheduler.placement import PlacementCycle
+from shardyard.placement.cycle import PlacementCycle
+from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Snapshot
 
 GIB = 1024**3
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -41,7 +41,7 @@ from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyCh
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker]
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
 AGENTS = 4
 JOBS = 20

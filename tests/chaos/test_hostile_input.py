@@ -46,7 +46,7 @@ from shardyard.events import JobAccepted, JobRejected, NodeState, NodeStatus, Re
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support.cluster import cli, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker]
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
 FLOOD = 10_000
 VALID = 6

@@ -21,7 +21,10 @@ from shardyard.training.artifacts import DemoArtifacts, create_demo_artifacts
 from tests.support.runners import Launcher, free_port, runners, train_env
 from tests.support.runners import wait_exit as _wait
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a GPU and its driver)")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a GPU and its driver)"),
+]
 
 ROOT = Path(__file__).parents[2]
 GIB = 1024**3

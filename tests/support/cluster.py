@@ -66,46 +66,76 @@ def reachable_by_shards(path: Path) -> Path:
 
 SEARCHABLE = r"""
 set -e
-closed=$1 view=$2
-shift 2
-mount --bind "$closed" "$view"
-mount -t tmpfs -o mode=0711 tmpfs "$closed"
-for entry in "$view"/* "$view"/.[!.]* "$view"/..?*; do
-    [ -e "$entry" ] || [ -L "$entry" ] || continue
-    name=${entry##*/}
-    if [ -L "$entry" ]; then
-        ln -s "$(readlink "$entry")" "$closed/$name"
-        continue
-    fi
-    if [ -d "$entry" ]; then mkdir "$closed/$name"; else touch "$closed/$name"; fi
-    mount --bind "$entry" "$closed/$name"
+views=$1
+shift
+while [ "$1" != "--" ]; do
+    closed=$1
+    view="$views/$(printf %s "$closed" | tr / _)"
+    shift
+    mkdir -p "$view"
+    mount --bind "$closed" "$view"
+    mount -t tmpfs -o mode=0711 tmpfs "$closed"
+    for entry in "$view"/* "$view"/.[!.]* "$view"/..?*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        name=${entry##*/}
+        if [ -L "$entry" ]; then
+            ln -s "$(readlink "$entry")" "$closed/$name"
+            continue
+        fi
+        if [ -d "$entry" ]; then mkdir "$closed/$name"; else touch "$closed/$name"; fi
+        mount --bind "$entry" "$closed/$name"
+    done
 done
+shift
 exec "$@"
 """
-"""Run a command in a private mount namespace where the directory ``$1`` reads as searchable by everyone (0711)
-with the same contents (each entry bind-mounted from ``$2``, where the real one is mounted): the processes started
-there, and only they, can hand a Python under a 0700 home directory to other users. The real directory is never
-changed."""
+"""Run a command in a private mount namespace where each directory named before ``--`` reads as searchable by
+everyone (0711) with the same contents (each entry bind-mounted from where the real directory is mounted, under
+``$1``), outermost first: the processes started there, and only they, can hand a Python, a virtual environment or a
+checkout under a 0700 directory to other users. The real directories are never changed."""
 
 
-def closed_to_others() -> Path | None:
-    """The first directory on the way to this Python that other users may not search, or None."""
-    for directory in reversed(Path(sys.executable).resolve().parents):
-        if not os.stat(directory).st_mode & stat.S_IXOTH:
-            return directory
-    return None
+def closed_to_others() -> list[Path]:
+    """The directories on the way to what a shard runs (this Python, its standard library, the virtual environment,
+    this checkout's code) that other users may not search, outermost first."""
+    import shardyard
+
+    targets = [
+        Path(sys.executable).resolve(),
+        Path(os.__file__).resolve(),
+        Path(sys.prefix),
+        Path(shardyard.__path__[0]),
+    ]
+    closed: set[Path] = set()
+    for target in targets:
+        for directory in (*reversed(target.parents), target):
+            if directory.is_dir() and not os.stat(directory).st_mode & stat.S_IXOTH:
+                closed.add(directory)
+    return sorted(closed, key=lambda path: len(path.parts))
 
 
-def searchable_namespace(view: Path) -> list[str] | None:
-    """The argv prefix that runs a command where other users can run this Python (see ``SEARCHABLE``): empty when
-    they already can; None when it cannot be arranged (not root, or no ``unshare``)."""
+def searchable_namespace(views: Path) -> list[str] | None:
+    """The argv prefix that runs a command where other users can run this Python and this checkout (see
+    ``SEARCHABLE``): empty when they already can; None when it cannot be arranged (not root, or no ``unshare``)."""
     closed = closed_to_others()
-    if closed is None:
+    if not closed:
         return []
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return None
-    view.mkdir(parents=True, exist_ok=True)
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SEARCHABLE, "sh", str(closed), str(view)]
+    views.mkdir(parents=True, exist_ok=True)
+    return [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        SEARCHABLE,
+        "sh",
+        str(views),
+        *map(str, closed),
+        "--",
+    ]
 
 
 def shard_users_unavailable() -> str | None:

@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from shardyard.events import NodeStatus
-from shardyard.scheduler.model import (
+from shardyard.placement.cycle import schedule
+from shardyard.placement.model import (
     Decision,
     NodeView,
     PendingJob,
@@ -16,7 +17,6 @@ from shardyard.scheduler.model import (
     Snapshot,
     Unschedulable,
 )
-from shardyard.scheduler.placement import schedule
 from tests.unit.builders import ARTIFACTS, GIB, T0, at, job_spec
 
 TFLOPS = {"A100": 35.0, "V100": 15.0, "H100": 67.0}

@@ -28,8 +28,8 @@ from shardyard.events import (
 from shardyard.monitor.metrics import MonitorMetrics, make_registry, mean_rtt_ms
 from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
-from shardyard.scheduler.gangs import build_snapshot
-from shardyard.scheduler.model import estimated_rtt_ms
+from shardyard.placement.snapshot import build_snapshot
+from shardyard.topology import estimated_rtt_ms
 from tests.unit.builders import GIB, at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
 
 

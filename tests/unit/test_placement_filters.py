@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardyard.events import NodeStatus, PendingReason
-from shardyard.scheduler.model import NodeView, Policy
+from shardyard.placement.model import NodeView, Policy
 from tests.unit.builders import GIB
 from tests.unit.placement_support import blocked, decide, node, only, pending, placed_on
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from shardyard.events import NodeStatus
-from shardyard.scheduler.index import ClusterIndex, Slot
-from shardyard.scheduler.model import NodeView, Policy
+from shardyard.placement.index import ClusterIndex, Slot
+from shardyard.placement.model import NodeView, Policy
 from tests.unit.builders import GIB, job_spec
 from tests.unit.placement_support import node as view
 

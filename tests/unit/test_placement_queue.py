@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shardyard.events import PendingReason
-from shardyard.scheduler.model import Place, Policy, Preempt
-from shardyard.scheduler.placement import effective_priority
+from shardyard.placement.cycle import effective_priority
+from shardyard.placement.model import Place, Policy, Preempt
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, placed_on, running
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from shardyard.gpus import DEFAULT_TFLOPS
-from shardyard.scheduler import placement
-from shardyard.scheduler.model import Policy
+from shardyard.placement import cycle as placement
+from shardyard.placement.model import Policy
 from shardyard.sim import policies
 from shardyard.sim.cluster import parse_cluster
 from shardyard.sim.engine import US, SimResult, SimulationError, Start, State, simulate

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from shardyard.events import JobReady, NodeStatus
+from shardyard.placement.cycle import schedule
+from shardyard.placement.model import NodeView, PendingJob, Policy, RunningJob, Snapshot
+from shardyard.placement.snapshot import build_snapshot
+from shardyard.placement.standing import StandingIndex
 from shardyard.scheduler.book import SchedulerBook
-from shardyard.scheduler.gangs import build_snapshot
-from shardyard.scheduler.model import NodeView, PendingJob, Policy, RunningJob, Snapshot
-from shardyard.scheduler.placement import schedule
-from shardyard.scheduler.standing import StandingIndex
 from tests.unit.builders import ARTIFACTS, at, gpus, job_spec, node_state
 from tests.unit.placement_support import node, pending, running
 

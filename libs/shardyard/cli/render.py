@@ -4,12 +4,7 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
-
-def table(rows: list[list[str]], headers: list[str]) -> str:
-    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=False)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
+from shardyard.text_table import table
 
 
 def _fmt(value: Any, digits: int = 4) -> str:

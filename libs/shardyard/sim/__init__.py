@@ -5,7 +5,7 @@ placement core with plain FIFO and priority scheduling.
 - ``cluster``    the cluster declaration ``A100:8x4,V100:8x8`` -> ``NodeSpec`` per node
 - ``generate``   a seeded synthetic trace (Poisson arrivals, skewed gang sizes, log-normal durations)
 - ``engine``     the discrete-event loop: arrivals, completions, checkpoint ends, degraded-wait wake-ups
-- ``policies``   the policies the engine can ask: the real core (``shardyard.scheduler.placement.schedule``) and
+- ``policies``   the policies the engine can ask: the real core (``shardyard.placement.cycle.schedule``) and
                  the two baselines of ``baselines``
 - ``report``     per-policy figures (JCT, queueing delay, makespan, utilisation) as a table or JSON
 - ``cli``        the ``simulate`` subcommand

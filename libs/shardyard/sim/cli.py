@@ -20,7 +20,7 @@ from shardyard.sim.report import as_json, render_table, summarize
 from shardyard.sim.trace import read_trace, write_trace
 
 CORE_NOTE = (
-    "shardyard = the real placement core (shardyard.scheduler.placement.schedule, default Policy); "
+    "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy); "
     "fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or preemption"
 )
 

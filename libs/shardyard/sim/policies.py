@@ -1,7 +1,7 @@
 """The policies the simulator compares, by name.
 
 ``shardyard`` is not a model of Shardyard: ``CorePolicy`` builds the same frozen ``Snapshot`` the scheduler service
-builds and calls the same pure function, ``shardyard.scheduler.placement.schedule``; it only translates the
+builds and calls the same pure function, ``shardyard.placement.cycle.schedule``; it only translates the
 decisions (Place -> ``Start``, Preempt -> ``Stop``, Unschedulable -> nothing). ``fifo`` and ``priority`` are the
 plain baselines of ``shardyard.sim.baselines``.
 
@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from shardyard.events import JobSpec, NodeStatus
-from shardyard.scheduler.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
-from shardyard.scheduler.placement import schedule
+from shardyard.placement.cycle import schedule
+from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
 from shardyard.sim.baselines import fifo, priority_first
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardyard.cli.render import table
 from shardyard.sim.engine import US, SimResult
+from shardyard.text_table import table
 
 
 @dataclass(frozen=True)

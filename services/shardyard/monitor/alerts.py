@@ -1,4 +1,5 @@
-"""The book that turns the alert rules (``monitor/rules.py``) into firing and resolved events, and the log of them.
+"""The book that turns the alert rules (``monitor/rules.py``) into firing and resolved events (the log of them is
+``monitor/alert_log.py``).
 
 Pure: ``AlertBook.evaluate(view, now)`` reads no clock and performs nothing; it returns the events to publish. One
 evaluation runs in three phases:
@@ -19,59 +20,17 @@ resolution whose ``since`` is not the firing's, and the event ids, made from (ru
 where ``since`` comes from the data, so any other consumer can drop them too.
 """
 
-from __future__ import annotations
-
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
 from shardyard.events import AlertFiring, AlertResolved, AlertRule
 from shardyard.events.alert import alert_event_id, alert_key
 from shardyard.monitor.rules import RULES, AlertPolicy, Condition, conditions
+from shardyard.monitor.views import ClusterView
 
-if TYPE_CHECKING:  # the view holds an AlertLog from here
-    from shardyard.monitor.views import ClusterView
-
-MAX_HISTORY = 200
 RESEND_AFTER_S = 5.0
 """A transition this replica published and the view has not echoed within this long is published again."""
-
-
-# --- the alerts as the alerts topic says (folded into the view) ---------------------------------------------------
-@dataclass
-class AlertLog:
-    """Alerts firing now and the recent transitions, folded from the alerts topic in its (one partition's) order."""
-
-    firing: dict[str, AlertFiring] = field(default_factory=dict)
-    history: deque[AlertFiring | AlertResolved] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
-
-    def apply(self, event: AlertFiring | AlertResolved) -> None:
-        key = alert_key(event.rule, event.subject)
-        current = self.firing.get(key)
-        if isinstance(event, AlertFiring):
-            if current is not None:
-                return  # another replica's duplicate, or a redelivery: the first firing stands
-            self.firing[key] = event
-        else:
-            if current is None or current.since != event.since:
-                return  # a duplicate, or the end of an earlier episode
-            del self.firing[key]
-        self.history.append(event)
-
-    def counts(self) -> dict[AlertRule, int]:
-        out = dict.fromkeys(AlertRule, 0)
-        for alert in self.firing.values():
-            out[alert.rule] += 1
-        return out
-
-    def json(self, recent: int = 50) -> dict[str, Any]:
-        firing = sorted(self.firing.values(), key=lambda a: (a.since, a.rule, a.subject))
-        return {
-            "firing": [a.model_dump(mode="json") for a in firing],
-            "recent": [e.model_dump(mode="json") for e in reversed(self.history)][:recent],
-        }
 
 
 # --- the book: phases 2 and 3 ---------------------------------------------------------------------------------------

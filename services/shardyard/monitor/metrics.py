@@ -27,8 +27,8 @@ from shardyard.monitor.exposition import FamiliesCollector, Family, Key, Kind, r
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.rules import last_heartbeat, last_progress, shortage_since, sync_ratio
 from shardyard.monitor.views import ClusterView
-from shardyard.scheduler.gangs import build_snapshot
-from shardyard.scheduler.model import estimated_rtt_ms
+from shardyard.placement.snapshot import build_snapshot
+from shardyard.topology import estimated_rtt_ms
 
 QUEUED = frozenset({JobState.ACCEPTED, JobState.WAITING, JobState.READY})
 """Jobs not placed yet: held by the queue, or ready and waiting for the scheduler."""

@@ -7,20 +7,15 @@ newest sign of life, its hottest GPU) rather than walking every heartbeat or GPU
 condition that holds.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from shardyard.events import AlertRule, AlertSeverity, NodeStatus, PendingReason
 from shardyard.events.alert import alert_key
 from shardyard.lifecycle import TERMINAL, JobState
-
-if TYPE_CHECKING:  # the view holds the alert log (monitor/alerts.py), which judges with these rules
-    from shardyard.monitor.jobs import JobView
-    from shardyard.monitor.views import ClusterView
+from shardyard.monitor.jobs import JobView
+from shardyard.monitor.views import ClusterView
 
 SHORTAGE: frozenset[str] = frozenset(
     {

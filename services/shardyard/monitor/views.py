@@ -37,7 +37,7 @@ from shardyard.events import (
     ShardStarted,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact
-from shardyard.monitor.alerts import AlertLog
+from shardyard.monitor.alert_log import AlertLog
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.telemetry import Telemetry
 

@@ -14,10 +14,10 @@ from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.leadership import Leadership
 from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
+from shardyard.placement.model import Policy
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.elasticity import ElasticityTracker
 from shardyard.scheduler.handlers import SchedulerHandlers
-from shardyard.scheduler.model import Policy
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 

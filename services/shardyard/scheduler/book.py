@@ -38,10 +38,8 @@ from shardyard.events import (
     ShardStopRequest,
     Workload,
 )
-from shardyard.scheduler.elasticity import ElasticityTracker
-from shardyard.scheduler.fencing import Verdict, judge, stale_revocations
-from shardyard.scheduler.gangs import Gang, SnapshotCache, revocation
-from shardyard.scheduler.model import (
+from shardyard.placement.cycle import schedule
+from shardyard.placement.model import (
     Invalid,
     NodeView,
     PendingJob,
@@ -50,11 +48,14 @@ from shardyard.scheduler.model import (
     Preempt,
     Snapshot,
     Unschedulable,
-    estimated_rtt_ms,
 )
+from shardyard.placement.snapshot import SnapshotCache
+from shardyard.scheduler.elasticity import ElasticityTracker
+from shardyard.scheduler.fencing import Verdict, judge, stale_revocations
+from shardyard.scheduler.gang import Gang, revocation
 from shardyard.scheduler.orphans import ShardKey, orphan_failure, orphaned, running_keys
-from shardyard.scheduler.placement import schedule
 from shardyard.scheduler.start_deadline import overdue, start_timeout
+from shardyard.topology import estimated_rtt_ms
 
 MAX_SHARDS = 1 << 20
 """Beyond any shard count admission accepts (4096): a larger one gets no spares (its job fails in the cycle)."""

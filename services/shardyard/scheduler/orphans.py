@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from shardyard.events import Event, FailureCause, NodeState, NodeStatus, ShardPlacement
-from shardyard.scheduler.gangs import Gang
+from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.start_deadline import revoked_failure
 
 ShardKey = tuple[str, int, int]

@@ -15,7 +15,7 @@ of its own).
 from datetime import datetime, timedelta
 
 from shardyard.events import Event, FailureCause, ShardFailed, ShardPlacement
-from shardyard.scheduler.gangs import Gang, revocation
+from shardyard.scheduler.gang import Gang, revocation
 
 
 def overdue(gang: Gang, now: datetime, deadline_s: float) -> list[ShardPlacement]:

@@ -26,7 +26,7 @@ from operator import attrgetter
 
 from shardyard.events import JobSpec, NodeStatus
 from shardyard.gpus import canonical_model
-from shardyard.scheduler.model import NodeView, Policy
+from shardyard.placement.model import NodeView, Policy
 
 
 def norm_path(path: str) -> str:
@@ -187,7 +187,7 @@ class ClusterIndex:
 
     def _add(self, view: NodeView, *, arriving: bool = False) -> Slot:
         """File a node's slot. At indexing, slots come in walk order and are appended (then sorted once); a node
-        ``arriving`` later (:class:`~shardyard.scheduler.standing.StandingIndex`) is inserted in order."""
+        ``arriving`` later (:class:`~shardyard.placement.standing.StandingIndex`) is inserted in order."""
         model = canonical_model(view.gpu_model)
         group = self.groups.get((model, view.tflops))
         if group is None:

@@ -5,8 +5,8 @@ from datetime import datetime
 
 from shardyard.events import PendingReason
 from shardyard.gpus import match_score
-from shardyard.scheduler.index import ClusterIndex, Group, norm_path
-from shardyard.scheduler.model import (
+from shardyard.placement.index import ClusterIndex, Group, norm_path
+from shardyard.placement.model import (
     PendingJob,
     Policy,
 )

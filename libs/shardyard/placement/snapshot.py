@@ -1,52 +1,26 @@
-"""Gangs (placed jobs) as the scheduler book tracks them, and the snapshot a cycle decides on. Pure."""
+"""The snapshot a cycle decides on, built from the nodes' states and the placed gangs (``Placed``). Pure."""
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from typing import Protocol
 
-from shardyard.events import (
-    JobScheduled,
-    JobSpec,
-    NodeState,
-    ShardCompleted,
-    ShardPlacement,
-    ShardPreempted,
-    ShardRevocation,
-)
-from shardyard.scheduler.model import NodeView, Policy, RunningJob, Snapshot
-from shardyard.scheduler.standing import StandingIndex
+from shardyard.events import JobScheduled, JobSpec, NodeState
+from shardyard.placement.model import NodeView, Policy, RunningJob, Snapshot
+from shardyard.placement.standing import StandingIndex
 
 RENDEZVOUS_PORT_CHOICES = 8
 
 
-@dataclass
-class Gang:
-    spec: JobSpec
-    scheduled: JobScheduled
-    started: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)
-    """Shards reported failed (by their agent, or by the scheduler at their start deadline)."""
-    completed: dict[int, ShardCompleted] = field(default_factory=dict)
-    preempted: dict[int, ShardPreempted] = field(default_factory=dict)
-    running: bool = False
-    preempted_by: str | None = None
-    preempt_deadline: datetime | None = None
-    unlisted: dict[int, datetime] = field(default_factory=dict)
-    """Training shards its node's state left out of its running shards, since the first check that found so (see
-    ``orphans``); the leader's own bookkeeping, not a fact of the log."""
+class Placed(Protocol):
+    """A placed gang as the snapshot reads it: its spec, its placement, and whom it is being preempted for (the
+    scheduler's ``Gang``)."""
 
-
-def revocation(gang: Gang, shard: ShardPlacement, *, term: int, now: datetime, reason: str) -> ShardRevocation:
-    """Stop one shard of ``gang``'s attempt (its agent stops it; the pool frees its GPUs)."""
-    return ShardRevocation(
-        occurred_at=now,
-        job_id=gang.spec.job_id,
-        shard_index=shard.shard_index,
-        node_id=shard.node_id,
-        attempt=gang.scheduled.attempt,
-        term=term,
-        reason=reason,
-    )
+    @property
+    def spec(self) -> JobSpec: ...
+    @property
+    def scheduled(self) -> JobScheduled: ...
+    @property
+    def preempted_by(self) -> str | None: ...
 
 
 @dataclass
@@ -61,7 +35,7 @@ class Usage:
     running: list[RunningJob] = field(default_factory=list)
 
     @classmethod
-    def of(cls, gangs: Iterable[Gang]) -> "Usage":
+    def of(cls, gangs: Iterable[Placed]) -> "Usage":
         usage = cls()
         for gang in gangs:
             shards: dict[str, list[int]] = {}
@@ -132,7 +106,7 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
     )
 
 
-def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Gang]) -> Snapshot:
+def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Placed]) -> Snapshot:
     """The frozen view a cycle decides on: each node's view (:func:`node_view`), by node id, and the gangs as
     preemptable jobs. :class:`SnapshotCache` builds the same snapshot at the cost of what changed."""
     usage = Usage.of(gangs)
@@ -156,7 +130,7 @@ class SnapshotCache:
     def changed(self, node_id: str) -> None:
         self._dirty.add(node_id)
 
-    def snapshot(self, nodes: Mapping[str, NodeState], gangs: Iterable[Gang]) -> Snapshot:
+    def snapshot(self, nodes: Mapping[str, NodeState], gangs: Iterable[Placed]) -> Snapshot:
         usage = Usage.of(gangs)
         for node_id in self._dirty | self._held.keys() | usage.nodes():
             held = usage.of_node(node_id)

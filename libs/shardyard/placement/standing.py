@@ -1,6 +1,6 @@
 """The placement index kept from cycle to cycle, so a cycle's cost does not grow with idle nodes. Pure.
 
-A :class:`~shardyard.scheduler.index.ClusterIndex` built afresh each cycle costs a slot per node: at 10,000 nodes,
+A :class:`~shardyard.placement.index.ClusterIndex` built afresh each cycle costs a slot per node: at 10,000 nodes,
 most of a cycle. The standing index is built once and then told what changed: ``update`` files a node's new view
 (its state changed, or the gangs on it did) and ``remove`` drops a node, each at the cost of that node. A cycle
 works on it as on a fresh index, between ``begin`` and ``rollback``: every slot the cycle changes (admitting gangs,
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardyard.events import JobSpec, NodeStatus
-from shardyard.scheduler.index import Bucket, ClusterIndex, Group, Slot
-from shardyard.scheduler.model import NodeView, Policy
+from shardyard.placement.index import Bucket, ClusterIndex, Group, Slot
+from shardyard.placement.model import NodeView, Policy
 
 _GROUP_FIELDS = ("free_gpus", "reserved", "reserved_free")
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from shardyard.events import PendingReason
-from shardyard.scheduler.candidate import (
+from shardyard.placement.candidate import (
     ARTIFACT,
     CPU,
     DRAINING,
@@ -24,8 +24,8 @@ from shardyard.scheduler.candidate import (
     Candidate,
     load_filter_name,
 )
-from shardyard.scheduler.index import ClusterIndex, Slot
-from shardyard.scheduler.model import (
+from shardyard.placement.index import ClusterIndex, Slot
+from shardyard.placement.model import (
     RunningJob,
     Unschedulable,
 )

@@ -6,12 +6,10 @@ from collections.abc import Iterator
 
 from shardyard.events import ShardPlacement
 from shardyard.gpus import match_score
-from shardyard.scheduler.candidate import Candidate
-from shardyard.scheduler.index import ClusterIndex, Group, Slot
-from shardyard.scheduler.model import (
-    Place,
-    estimated_rtt_ms,
-)
+from shardyard.placement.candidate import Candidate
+from shardyard.placement.index import ClusterIndex, Group, Slot
+from shardyard.placement.model import Place
+from shardyard.topology import estimated_rtt_ms
 
 
 def frag_order(k: int, max_free: int) -> list[int]:

@@ -4,7 +4,6 @@ decisions as data (place, preempt, unschedulable-with-reason). No I/O, no clock.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
 
@@ -141,28 +140,3 @@ class Invalid:
 
 
 Decision = Place | Preempt | Unschedulable | Invalid
-
-
-class Located(Protocol):
-    """Where a node sits: a ``NodeView``, or the placement index's slot for it."""
-
-    @property
-    def node_id(self) -> str: ...
-    @property
-    def zone(self) -> str: ...
-    @property
-    def rack(self) -> str: ...
-
-
-def estimated_rtt_ms(a: Located, b: Located, measured: Mapping[tuple[str, str], float]) -> float:
-    """RTT between two nodes: measured when known, else estimated from their topology labels."""
-    if a.node_id == b.node_id:
-        return 0.0
-    known = measured.get((a.node_id, b.node_id), measured.get((b.node_id, a.node_id)))
-    if known is not None:
-        return known
-    if a.rack and a.rack == b.rack and a.zone == b.zone:
-        return 0.1
-    if a.zone and b.zone:
-        return 0.5 if a.zone == b.zone else 5.0
-    return 1.0

@@ -22,11 +22,11 @@ from dataclasses import replace
 from datetime import datetime
 
 from shardyard.events import PendingReason
-from shardyard.scheduler.candidate import RESERVABLE, Candidate, effective_priority
-from shardyard.scheduler.contention import choose_victims, explain, hold_for, preempting_verdict, reserve_for
-from shardyard.scheduler.gang_placement import place_gang
-from shardyard.scheduler.index import ClusterIndex
-from shardyard.scheduler.model import (
+from shardyard.placement.candidate import RESERVABLE, Candidate, effective_priority
+from shardyard.placement.contention import choose_victims, explain, hold_for, preempting_verdict, reserve_for
+from shardyard.placement.gang_placement import place_gang
+from shardyard.placement.index import ClusterIndex
+from shardyard.placement.model import (
     Decision,
     Invalid,
     NodeView,
@@ -37,7 +37,7 @@ from shardyard.scheduler.model import (
     Snapshot,
     Unschedulable,
 )
-from shardyard.scheduler.standing import StandingIndex
+from shardyard.placement.standing import StandingIndex
 
 
 class PlacementCycle:
