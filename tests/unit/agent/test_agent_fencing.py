@@ -22,8 +22,8 @@ from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
+from tests.unit.agent.test_agent_handlers import FakeDisk, FakeLauncher, FakeProcess
 from tests.unit.builders import T0, assignment, workload
-from tests.unit.test_agent_handlers import FakeDisk, FakeLauncher, FakeProcess
 
 
 class ManualClock:

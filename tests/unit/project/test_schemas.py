@@ -9,7 +9,7 @@ import pytest
 
 from shardyard.schemas import generate, render
 
-SCHEMAS = Path(__file__).parents[2] / "schemas"
+SCHEMAS = Path(__file__).parents[3] / "schemas"
 GENERATED = generate()
 
 
@@ -25,5 +25,5 @@ def test_no_stale_schema_files() -> None:
 
 
 def test_the_s15_example_validates_against_the_submission_schema() -> None:
-    example = json.loads((Path(__file__).parents[2] / "examples" / "fine_tune_gpt2.json").read_text())
+    example = json.loads((Path(__file__).parents[3] / "examples" / "fine_tune_gpt2.json").read_text())
     jsonschema.validate(example, GENERATED["job-submission.json"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 LIBS = ROOT / "libs"
 SERVICES = ROOT / "services"
 SERVICE_PACKAGES = frozenset(

@@ -8,8 +8,8 @@ import pytest
 from shardyard.events import FailureCause, ShardAssignment, ShardCompleted, ShardFailed, ShardPreempted
 from shardyard.node_agent.book import AgentBook, Verdict, key_of
 from shardyard.node_agent.fencing import fence_message, lease_expired
+from tests.unit.agent.test_agent_book import revocation, stop_request
 from tests.unit.builders import assignment, at, workload
-from tests.unit.test_agent_book import revocation, stop_request
 
 SPARE = assignment(shard_index=2, spare=True)
 SPARE_KEY = ("job-1", 2, 1)

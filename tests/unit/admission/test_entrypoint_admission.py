@@ -19,7 +19,7 @@ from shardyard.queue.admission import Admitted, Refused, admit
 from shardyard.schemas import generate
 from tests.unit.builders import T0, raw, submission
 
-DDP_JOB = Path(__file__).resolve().parents[2] / "examples" / "ddp_job.json"
+DDP_JOB = Path(__file__).resolve().parents[3] / "examples" / "ddp_job.json"
 COMMAND = ["python", "train.py", "--steps", "10"]
 
 

@@ -17,7 +17,7 @@ import shardyard.metrics  # noqa: F401 - registers the process metrics on the de
 from shardyard.bus.topics import BY_NAME
 from shardyard.settings import BOOTSTRAP_ENV, ServiceSettings, load_settings
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SHARDYARD = {name: svc for name, svc in COMPOSE["services"].items() if svc.get("image") == "shardyard:dev"}
 SETTINGS = {
@@ -231,7 +231,7 @@ def exported_names() -> set[str]:
     from shardyard.monitor.metrics import make_registry
     from shardyard.monitor.views import ClusterView
     from tests.unit.builders import heartbeat, node_state, progress
-    from tests.unit.test_monitor_metrics import running
+    from tests.unit.monitor.test_monitor_metrics import running
 
     view = ClusterView()
     for event in [*running("job-1", 5), node_state("node-a"), heartbeat("node-a"), progress("job-1", syncs=1)]:

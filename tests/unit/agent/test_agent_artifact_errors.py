@@ -10,7 +10,7 @@ import pytest
 
 from shardyard.events import ArtifactErrorReason
 from shardyard.node_agent.mounts import LocalDisk
-from tests.unit.test_agent_handlers import DATA, MODEL, Agent, accepted
+from tests.unit.agent.test_agent_handlers import DATA, MODEL, Agent, accepted
 
 LONG = "/data/datasets/" + "d" * (5000 - len("/data/datasets/"))
 NUL = "/data/datasets/wiki\x00text"

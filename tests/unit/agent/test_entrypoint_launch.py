@@ -11,8 +11,8 @@ from shardyard.events import ShardAssignment, ShardCompleted, ShardStarted
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.book import AgentBook, RunnerOptions, ShardPaths, shard_argv, shard_env
 from shardyard.training.preemption import RESUME_DIR_ENV
+from tests.unit.agent.test_agent_handlers import Agent
 from tests.unit.builders import assignment, workload
-from tests.unit.test_agent_handlers import Agent
 
 MOUNTS = {"/data": "/srv/data"}
 RUNTIME = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -17,7 +17,7 @@ from shardyard.monitor.metrics import make_registry
 from shardyard.monitor.views import ClusterView
 from tests.unit.builders import node_state
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+RULES_DIR = Path(__file__).resolve().parents[3] / "deploy" / "prometheus"
 RULES = RULES_DIR / "alerts.yml"
 RULE_TESTS = RULES_DIR / "alerts_test.yml"
 

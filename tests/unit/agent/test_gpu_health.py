@@ -24,8 +24,8 @@ from shardyard.node_agent.gpu_health import CRITICAL_XIDS, GpuHealth
 from shardyard.node_agent.inventory import GpuProbeUnavailable, MeasuredTflops, NvmlGpus, SimulatedGpus
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.training import exitcodes
+from tests.unit.agent.test_agent_handlers import Agent
 from tests.unit.builders import GIB, T0, assignment, at, gpus, job_spec, node_state
-from tests.unit.test_agent_handlers import Agent
 
 XID_79 = "Xid 79: GPU has fallen off the bus"
 

@@ -14,8 +14,8 @@ from shardyard.events import FailureCause, JobSucceeded, ShardFailed, ShardStart
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.shard_users import ShardUsers
 from tests.support.cluster import reachable_by_shards
+from tests.unit.agent.test_agent_handlers import Agent, spare
 from tests.unit.builders import T0, assignment, workload
-from tests.unit.test_agent_handlers import Agent, spare
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
 
