@@ -6,7 +6,18 @@ ShardyardError
 │   └── BrokerStartError   the embedded broker did not become ready
 ├── EventDecodeError       bytes on a topic that are not a valid event of that topic
 ├── ClusterError           a local cluster (``shardyard up``) is missing, half-started or unhealthy
-└── JobPathError           a job path a node will not map to its disk: not absolute, not normalised, not mounted
+├── JobPathError           a job path a node will not map to its disk: not absolute, not normalised, not mounted
+│
+│   Where they are raised (each module keeps its own):
+├── training.config.ConfigError   a shard's environment is missing a variable or holds a bad value (a ConfigError)
+├── training.errors.UserError     what the user supplied cannot be trained on: exit USER_ERROR
+├── training.errors.DeviceError   the shard's GPU is not visible to it: exit GPU_FAULT
+├── training.errors.CommError     a torch.distributed failure: exit COMM_ERROR
+│   └── SyncTimeoutError          a sync past its timeout: exit SYNC_TIMEOUT
+├── training.model.CheckpointError, training.data.DatasetError, training.entry.UsageError,
+│   training.standby.OrderError   a checkpoint, dataset, entrypoint command line or standby order that cannot be used
+├── sim.trace.TraceError, sim.engine.SimulationError   a trace or a simulation that cannot be run
+└── node_agent.book.NotRunning    an agent asked to end a shard attempt that is not running (also a KeyError)
 """
 
 

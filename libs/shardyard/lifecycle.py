@@ -21,6 +21,7 @@ from shardyard.events import (
     JobUnschedulable,
     JobWaiting,
 )
+from shardyard.events.job import LifecycleFact  # the one list of lifecycle events; declared beside them
 
 
 class JobState(StrEnum):
@@ -58,23 +59,6 @@ TRANSITIONS: Final = MappingProxyType(
         JobState.FAILED: frozenset(),
         JobState.CANCELLED: frozenset(),
     }
-)
-
-LifecycleFact = (
-    JobAccepted
-    | JobRejected
-    | JobReady
-    | JobWaiting
-    | JobUnschedulable
-    | JobScheduled
-    | JobRunning
-    | JobSucceeded
-    | JobFailed
-    | JobRecovering
-    | JobPreempting
-    | JobPreempted
-    | JobCancelRequested
-    | JobCancelled
 )
 
 

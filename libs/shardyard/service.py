@@ -1,4 +1,5 @@
-"""What every service process shares: logging, its presence event, periodic work and the run loop."""
+"""What every service process shares: logging, its presence event, periodic work, the run loop, and the wiring of a
+service whose replicas split the work by key."""
 
 import asyncio
 import contextlib
@@ -6,17 +7,23 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from faststream import FastStream
 
 from shardyard import tracing
-from shardyard.bus.kafka import Bus
+from shardyard.bus.admin import ensure_topics
+from shardyard.bus.batch import BatchHandler, RawBatchHandler
+from shardyard.bus.follow import Follower, FollowHandler
+from shardyard.bus.kafka import BACKGROUND_FETCH_MS, Bus, make_broker
+from shardyard.bus.ownership import Assign, Ownership
+from shardyard.bus.topics import Topic
 from shardyard.clock import Clock, SystemClock
 from shardyard.errors import ShardyardError
 from shardyard.events import ServiceReady
 from shardyard.metrics import serve_metrics
-from shardyard.settings import S, load_settings
+from shardyard.settings import ReplicatedSettings, S, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +98,98 @@ def run_main(
         return 2
     asyncio.run(app.run())
     return 0
+
+
+@dataclass(frozen=True)
+class Follow:
+    """The facts every replica follows in full (see :mod:`shardyard.bus.follow`): ``handle`` gets each one, and
+    ``after_batch`` is called once the records of one fetch were all handed over."""
+
+    topics: Sequence[Topic]
+    handle: FollowHandler
+    after_batch: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the replicas split the work (see :mod:`shardyard.bus.ownership`): one consumer group on the keyed
+    ``topic`` gives each replica some of its partitions, and ``own`` is told which after each change (``owned``
+    says which it holds now). The group reads ``routes`` (events) and ``raw_routes`` (records) in batches."""
+
+    topic: Topic
+    group: str
+    own: Assign
+    owned: Callable[[], frozenset[int] | None]
+    who: str
+    """The replica and its work, in the log line of each assignment ("queue q-0 decides the jobs")."""
+    routes: Mapping[Topic, BatchHandler] = field(default_factory=dict)
+    raw_routes: Mapping[Topic, RawBatchHandler] | None = None
+    after_catching_up: bool = True
+    """Hand partitions given over only once the follower has read every fact written before: the replica then does
+    not decide again what their previous owner decided."""
+    fetch_max_wait_ms: int = BACKGROUND_FETCH_MS
+
+
+def replica_bus(service: str, settings: ReplicatedSettings) -> Bus:
+    """The bus of one replica of ``service``; its broker's client names the service and the instance."""
+    return Bus(make_broker(settings.bootstrap, client_id=f"{service}-{settings.instance}"), service=service)
+
+
+def partitioned_app(
+    bus: Bus,
+    settings: ReplicatedSettings,
+    clock: Clock,
+    *,
+    follow: Follow,
+    split: Split,
+    ticker: Periodic | None = None,
+    on_caught_up: Callable[[], None] | None = None,
+) -> FastStream:
+    """The app of one replica of a service whose replicas split the work by key. At start it creates the topics and
+    follows ``follow`` until it has read the whole log (then ``on_caught_up``: followed facts are current from here
+    on); then it joins the group of ``split``, whose members move partitions between them within one election's
+    time, starts ``ticker`` and announces itself."""
+    follower = Follower(
+        settings.bootstrap,
+        follow.topics,
+        follow.handle,
+        name=f"{bus.service}-{settings.instance}-follow",
+        after_batch=follow.after_batch,
+    )
+    bus.subscribe_batch(
+        split.routes,
+        raw_routes=split.raw_routes,
+        group=split.group,
+        listener=Ownership(
+            split.topic,
+            split.own,
+            split.owned,
+            who=split.who,
+            caught_up=follower.caught_up if split.after_catching_up else None,
+        ),
+        group_options=settings.election_timings().group_options(),
+        fetch_max_wait_ms=split.fetch_max_wait_ms,
+    )
+    app = FastStream(bus.broker)
+
+    @app.on_startup
+    async def rebuild() -> None:
+        await ensure_topics(settings.bootstrap)
+        await follower.start()
+        await follower.caught_up()
+        if on_caught_up is not None:
+            on_caught_up()
+
+    @app.after_startup
+    async def ready() -> None:
+        if ticker is not None:
+            ticker.start()
+        await announce(bus, clock, instance=settings.instance)
+
+    @app.on_shutdown
+    async def stop() -> None:
+        if ticker is not None:
+            await ticker.stop()
+        await follower.stop()
+
+    return app

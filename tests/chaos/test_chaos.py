@@ -40,6 +40,7 @@ from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
+from tests.support import wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
@@ -162,13 +163,7 @@ def jobs(info: ClusterInfo) -> dict[str, dict[str, Any]]:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    return wait.until(check, what, timeout_s, every_s=0.25)
 
 
 def leader(info: ClusterInfo, service: str) -> dict[str, Any] | None:

@@ -3,13 +3,13 @@
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shardyard.cli.cluster import ClusterInfo
+from tests.support import wait
 from tests.support.cluster import EXAMPLE, ROOT, cli, job, local_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
@@ -118,16 +118,12 @@ def produce_with_kafka_python(bootstrap: str, task_id: str) -> None:
 
 
 def wait_for_end(run_dir: Path, job_id: str, timeout_s: float = 180) -> dict[str, object]:
-    deadline = time.monotonic() + timeout_s
-    view: dict[str, object] = {}
-    while time.monotonic() < deadline:
+    def ended() -> dict[str, object] | None:
         shown = cli("status", job_id, "--json", run_dir=run_dir)
-        if shown.returncode == 0:
-            view = json.loads(shown.stdout)
-            if view["state"] in ("SUCCEEDED", "FAILED", "REJECTED"):
-                return view
-        time.sleep(0.5)
-    return view
+        view: dict[str, object] = json.loads(shown.stdout) if shown.returncode == 0 else {}
+        return view if view.get("state") in ("SUCCEEDED", "FAILED", "REJECTED") else None
+
+    return wait.until(ended, f"{job_id} to end", timeout_s, every_s=0.5)
 
 
 def test_kcat_submits_like_the_cli(cluster: Path) -> None:

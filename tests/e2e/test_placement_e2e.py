@@ -18,6 +18,7 @@ import pytest
 
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import EXAMPLE, cli
+from tests.support import wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -40,14 +41,14 @@ def view(run_dir: Path, job_id: str) -> dict[str, Any]:
 
 
 def until(run_dir: Path, job_id: str, check: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
     last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def probe() -> dict[str, Any] | None:
+        nonlocal last
         last = view(run_dir, job_id)
-        if last and check(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"{job_id}: condition not met in {timeout_s}s; last view: {json.dumps(last)[:2000]}")
+        return last if last and check(last) else None
+
+    return wait.until(probe, f"{job_id}'s condition", timeout_s, every_s=0.2, describe=lambda: json.dumps(last)[:2000])
 
 
 def first_at(job: dict[str, Any], event: str) -> float:

@@ -19,6 +19,7 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.codec import encode
 from shardyard.bus.topics import HEARTBEATS, NODE_STATE, SERVICES, Topic
 from shardyard.events import GpuStatus, Heartbeat, HeartbeatEvent, NodeState, NodeStatus, ServiceReady
+from tests.support import wait
 from tests.support.events import Watcher
 from tests.support.processes import service
 from tests.support.replicas import consumed
@@ -52,14 +53,6 @@ def seqs(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
-async def until(condition: object, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_replica_killed_in_the_middle_of_a_batch_loses_no_message(bootstrap: str, tmp_path: Path) -> None:
     topic = Topic(f"shardyard.test.batches.{uuid.uuid4().hex[:8]}", 1, "node id", HeartbeatEvent)
     await ensure_topics(bootstrap, [topic])
@@ -88,7 +81,9 @@ async def test_a_replica_killed_in_the_middle_of_a_batch_loses_no_message(bootst
 
     survivor = consumer(second)
     try:
-        await until(lambda: set(seqs(second)) >= set(range(die_at, total)), "the rest of the topic", timeout_s=60)
+        await wait.eventually(
+            lambda: set(seqs(second)) >= set(range(die_at, total)), "the rest of the topic", 60, every_s=0.1
+        )
     finally:
         survivor.send_signal(signal.SIGTERM)
         survivor.wait(timeout=15)
@@ -138,9 +133,11 @@ async def test_a_pool_replica_that_fell_behind_catches_up_without_suspecting_a_l
                 await asyncio.sleep(stopped_s)  # the outage itself: heartbeats pile up meanwhile
                 behind = sent
                 os.kill(pool.pid, signal.SIGCONT)
-                await until(lambda: consumed(port, HEARTBEATS) >= behind, "the backlog read", timeout_s=30)
+                await wait.eventually(lambda: consumed(port, HEARTBEATS) >= behind, "the backlog read", 30, every_s=0.1)
                 caught_up_at, backlog = sent, behind
-                await until(lambda: consumed(port, HEARTBEATS) >= caught_up_at + len(nodes) * 4, "4 s more", 30)
+                await wait.eventually(
+                    lambda: consumed(port, HEARTBEATS) >= caught_up_at + len(nodes) * 4, "4 s more", 30, every_s=0.1
+                )
             finally:
                 beats.cancel()
                 await producer.stop()

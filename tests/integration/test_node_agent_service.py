@@ -26,6 +26,7 @@ from shardyard.events import (
     NodeLease,
     NodeState,
     NodeStatus,
+    RevocationReason,
     ServiceReady,
     ShardAssignment,
     ShardCheckpointed,
@@ -36,6 +37,7 @@ from shardyard.events import (
     ShardRevocation,
     ShardStarted,
     ShardStopRequest,
+    StopReason,
     Workload,
 )
 from shardyard.training.artifacts import create_demo_artifacts
@@ -154,7 +156,7 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
                     node_id="agent-n1",
                     attempt=1,
                     term=2,
-                    reason="test",
+                    reason=RevocationReason.CANCELLED,
                 )
             )
             await watch.until(
@@ -194,7 +196,7 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
                     node_id="agent-n1",
                     attempt=1,
                     term=2,
-                    reason="test",
+                    reason=RevocationReason.JOB_SUCCEEDED,
                 )
             )
             await send.event(assignment("agent-marker-2", term=2, steps=5))
@@ -274,7 +276,7 @@ async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
                     node_id=node,
                     attempt=1,
                     term=2,
-                    reason="test",
+                    reason=StopReason.PREEMPTED,
                 )
             )
             preempted = await watch.first(ShardPreempted, job_id="agent-preempt", timeout_s=60)

@@ -187,7 +187,7 @@ async def test_an_assignment_never_started_is_revoked_at_its_deadline_and_the_ga
             assert (timeout.shard_index, timeout.node_id) == (1, silent)
             assert (timeout.occurred_at - first.occurred_at).total_seconds() >= 2.0
             revoked = await watch.until(
-                lambda: [r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "start deadline" in r.reason]
+                lambda: [r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "start deadline" in r.message]
             )
             assert [(r.shard_index, r.node_id) for r in revoked] == [(1, silent)]  # the started shard is not
 
@@ -257,7 +257,9 @@ async def test_a_started_shard_its_node_stops_reporting_is_revoked_as_orphaned_a
             revoked = await watch.until(
                 lambda: (
                     len(
-                        found := [r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "orphaned" in r.reason]
+                        found := [
+                            r for r in watch.of(ShardRevocation, job_id=job, attempt=1) if "orphaned" in r.message
+                        ]
                     )
                     == 2
                     and found

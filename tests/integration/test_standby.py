@@ -8,17 +8,17 @@ import asyncio
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from shardyard.node_agent.book import PROGRESS_FD_ENV
+from shardyard.node_agent.environment import PROGRESS_FD_ENV
 from shardyard.node_agent.launcher import LaunchSpec, SubprocessLauncher
 from shardyard.training import exitcodes, standby
 from shardyard.training.artifacts import DemoArtifacts, create_demo_artifacts
 from shardyard.training.model import TinyGPTConfig, load_pretrained
+from tests.support import wait
 from tests.support.runners import free_port, train_env
 
 TEST_MODEL = TinyGPTConfig(n_positions=64, n_embd=32, n_layer=1, n_head=2)
@@ -40,10 +40,7 @@ def _spec(tmp_path: Path) -> LaunchSpec:
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+    await wait.eventually(condition, what, DEADLINE_S)
 
 
 async def _warm(log: Path) -> None:

@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from shardyard.cli.cluster import get_json
 from shardyard.node_agent.private_files import interpreter_unreachable
 from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, ShardUser
 from shardyard.training.artifacts import create_demo_artifacts
+from tests.support import wait
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = json.loads((ROOT / "examples" / "fine_tune_gpt2.json").read_text())
@@ -181,17 +181,7 @@ def wait_for(
 ) -> T:
     """``probe``'s first truthy answer within ``timeout_s``. An HTTP or socket error (a 404 before the monitor saw
     the job, a monitor not listening yet) counts as not yet; ``describe`` says what was seen when time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            found = probe()
-            if found:
-                return found
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f} s. {describe()}")
-        time.sleep(0.2)
+    return wait.until(probe, what, timeout_s, every_s=0.2, tolerate=(urllib.error.URLError, OSError), describe=describe)
 
 
 def job_view(monitor_url: str, job_id: str) -> dict[str, Any]:

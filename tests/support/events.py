@@ -3,7 +3,6 @@
 import asyncio
 import json
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import Topic
 from shardyard.events import Event
+from tests.support import wait
 
 
 class Producer:
@@ -78,14 +78,12 @@ class Watcher:
         return [e for e in self.events if isinstance(e, kind) and all(getattr(e, k) == v for k, v in fields.items())]
 
     async def until(self, condition: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = condition()
-            if result:
-                return result
-            await asyncio.sleep(0.05)
-        seen = [type(e).__name__ for e in self.events][-30:]
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}; last events: {seen}")
+        return await wait.eventually(
+            condition, what or str(condition), timeout_s, describe=lambda: f"last events: {self.seen()}"
+        )
+
+    def seen(self) -> list[str]:
+        return [type(e).__name__ for e in self.events][-30:]
 
     async def first(self, kind: type, *, timeout_s: float = 30.0, **fields: Any) -> Any:
         found = await self.until(lambda: self.of(kind, **fields), timeout_s=timeout_s, what=f"{kind.__name__} {fields}")
@@ -95,16 +93,7 @@ class Watcher:
 async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:
     """``probe``'s first truthy answer within ``timeout_s``; an HTTP error (a 404 before the event arrived, a server
     not listening yet) counts as not yet."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            found = await probe()
-            if found:
-                return found
-        except OSError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return await wait.eventually(probe, what, timeout_s, tolerate=(OSError,))
 
 
 def dumps(document: Any) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from shardyard.training.artifacts import DemoArtifacts
+from tests.support import wait
 
 
 def free_port() -> int:
@@ -131,11 +132,7 @@ def wait_exit(shard: Shard, timeout_s: float) -> int:
 
 
 def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.02)
+    wait.until(condition, what, timeout_s, every_s=0.02)
 
 
 def train_env(artifacts: DemoArtifacts, output_dir: Path, **extra: str) -> dict[str, str]:

@@ -6,101 +6,23 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from shardyard.bus.topics import (
-    ALERTS,
     ASSIGNMENTS,
+    CATALOGUE,
     ELASTICITY,
     FAILURES,
     HEARTBEATS,
     LEADERSHIP,
-    LIFECYCLE,
     NODE_STATE,
     REDUNDANCY,
     SERVICES,
-    SHARD_EVENTS,
     Topic,
 )
 from shardyard.errors import EventDecodeError
-from shardyard.events import (
-    AlertFiring,
-    AlertResolved,
-    CapacityRequested,
-    Event,
-    Heartbeat,
-    JobAccepted,
-    JobCancelled,
-    JobCancelRequested,
-    JobFailed,
-    JobPreempted,
-    JobPreempting,
-    JobReady,
-    JobRecovering,
-    JobRejected,
-    JobRunning,
-    JobScheduled,
-    JobSucceeded,
-    JobUnschedulable,
-    JobWaiting,
-    LeaderElected,
-    LeadershipClaimed,
-    NodeDrain,
-    NodeLease,
-    NodeLost,
-    NodeState,
-    ReclaimCandidate,
-    RedundancyChanged,
-    ServiceReady,
-    ShardAssignment,
-    ShardCheckpointed,
-    ShardCompleted,
-    ShardFailed,
-    ShardPreempted,
-    ShardProgress,
-    ShardRevocation,
-    ShardStarted,
-    ShardStopRequest,
-)
+from shardyard.events import AlertFiring, AlertResolved, Event
 from shardyard.events.alert import alert_key
 
-_TOPIC_OF: dict[type[Event], Topic] = {
-    **dict.fromkeys(
-        (
-            JobAccepted,
-            JobRejected,
-            JobReady,
-            JobWaiting,
-            JobUnschedulable,
-            JobScheduled,
-            JobRunning,
-            JobSucceeded,
-            JobFailed,
-            JobRecovering,
-            JobPreempting,
-            JobPreempted,
-            JobCancelRequested,
-            JobCancelled,
-        ),
-        LIFECYCLE,
-    ),
-    Heartbeat: HEARTBEATS,
-    NodeLease: HEARTBEATS,
-    NodeDrain: HEARTBEATS,
-    NodeState: NODE_STATE,
-    NodeLost: FAILURES,
-    ShardAssignment: ASSIGNMENTS,
-    ShardRevocation: ASSIGNMENTS,
-    ShardStopRequest: ASSIGNMENTS,
-    **dict.fromkeys(
-        (ShardStarted, ShardProgress, ShardCheckpointed, ShardCompleted, ShardFailed, ShardPreempted), SHARD_EVENTS
-    ),
-    ServiceReady: SERVICES,
-    LeaderElected: SERVICES,
-    LeadershipClaimed: LEADERSHIP,
-    CapacityRequested: ELASTICITY,
-    ReclaimCandidate: ELASTICITY,
-    RedundancyChanged: REDUNDANCY,
-    AlertFiring: ALERTS,
-    AlertResolved: ALERTS,
-}
+_TOPIC_OF: dict[type[Event], Topic] = {event: topic for topic in CATALOGUE for event in topic.events}
+"""Each event type's topic, from the catalogue: the topic whose payload names it."""
 
 
 def topic_of(event: Event) -> Topic:

@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard import metrics, tracing
+from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
@@ -53,21 +54,9 @@ class Follower:
         self._progress = asyncio.Event()
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
-            bootstrap_servers=self.bootstrap,
-            client_id=self.name,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
+        consumer, partitions = await assigned_consumer(
+            self.bootstrap, self.topics.values(), fetch_max_wait_ms=self.fetch_max_wait_ms, client_id=self.name
         )
-        await consumer.start()
-        await consumer.topics()  # loads metadata for every topic
-        partitions = [
-            TopicPartition(name, p) for name in self.topics for p in sorted(consumer.partitions_for_topic(name) or ())
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
         self._done = dict.fromkeys(partitions, 0)
         self._consumer = consumer
         metrics.CONSUMER_LAG.track(self, group=None)

@@ -4,8 +4,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
+from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import Topic
@@ -20,24 +21,11 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     Reads without a consumer group, so it never moves anyone's committed offsets.
     """
     by_name = {topic.name: topic for topic in topics}
-    consumer = AIOKafkaConsumer(
-        fetch_max_wait_ms=JOB_PATH_FETCH_MS,
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    await consumer.start()
+    consumer, partitions = await assigned_consumer(bootstrap, by_name.values(), fetch_max_wait_ms=JOB_PATH_FETCH_MS)
     applied = 0
     try:
-        await consumer.topics()  # loads metadata for every topic
-        partitions = [
-            TopicPartition(name, p) for name in by_name for p in sorted(consumer.partitions_for_topic(name) or ())
-        ]
         if not partitions:
             return 0
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
         ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
         pending = {tp for tp, end in ends.items() if end > 0}
         while pending:

@@ -1,7 +1,8 @@
 """The topic catalogue: every topic Shardyard uses, its partitions, its key and the events it carries."""
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from types import UnionType
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 from aiokafka.partitioner import murmur2
 
@@ -9,6 +10,7 @@ from shardyard.events import (
     AlertEvent,
     AssignmentEvent,
     ElasticityEvent,
+    Event,
     HeartbeatEvent,
     JobLifecycleEvent,
     LeadershipClaimed,
@@ -32,6 +34,23 @@ class Topic:
     @property
     def configs(self) -> dict[str, str]:
         return {"cleanup.policy": "compact"} if self.compacted else {}
+
+    @property
+    def events(self) -> tuple[type[Event], ...]:
+        """The event types the topic carries, read off its payload: the one place that says which topic an event
+        goes on (the codec routes by it)."""
+        return _members(self.payload)
+
+
+def _members(payload: Any) -> tuple[type[Event], ...]:
+    """The event types of ``payload``: an event type, a union of them, or either annotated (a discriminator)."""
+    if payload is None:
+        return ()
+    if get_origin(payload) is Annotated:
+        return _members(get_args(payload)[0])
+    if get_origin(payload) in (Union, UnionType):
+        return tuple(member for arg in get_args(payload) for member in _members(arg))
+    return (payload,)
 
 
 SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)")

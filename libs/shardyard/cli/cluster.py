@@ -31,6 +31,21 @@ DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 CLUSTER_FILE = "cluster.json"
 RENDEZVOUS_BASE = 29500
 RENDEZVOUS_PER_NODE = 50
+RENDEZVOUS_BASE_ENV = "SHARDYARD_RENDEZVOUS_PORT_BASE"
+"""The first node's first rendezvous port (node i gets the ``RENDEZVOUS_PER_NODE`` ports from base + 50 i); set it
+apart for clusters that run side by side on one host, whose gangs would otherwise listen on the same ports."""
+
+
+def rendezvous_base(env: Mapping[str, str]) -> int:
+    """The rendezvous port base ``up`` gives its agents: ``SHARDYARD_RENDEZVOUS_PORT_BASE``, else 29500."""
+    value = env.get(RENDEZVOUS_BASE_ENV, "").strip()
+    if not value:
+        return RENDEZVOUS_BASE
+    if not value.isdigit() or not 0 < int(value) < 65536 - 64 * RENDEZVOUS_PER_NODE:
+        raise ClusterError(
+            f"{RENDEZVOUS_BASE_ENV} is a port number below {65536 - 64 * RENDEZVOUS_PER_NODE}: {value!r}"
+        )
+    return int(value)
 
 
 @dataclass
@@ -121,7 +136,7 @@ def shard_user_fallback(env: Mapping[str, str], say: Callable[[str], None]) -> l
 
 
 def _agent_argv(
-    index: int, gpus: str, info: ClusterInfo, logs: Path, extra: Sequence[str] = ()
+    index: int, gpus: str, info: ClusterInfo, logs: Path, extra: Sequence[str] = (), *, port_base: int
 ) -> Callable[[Ports], list[str]]:
     node_id = f"node-{index}"
     line = [
@@ -142,7 +157,7 @@ def _agent_argv(
         "--memory-gib",
         "128",
         "--rendezvous-port-base",
-        str(RENDEZVOUS_BASE + index * RENDEZVOUS_PER_NODE),
+        str(port_base + index * RENDEZVOUS_PER_NODE),
         "--rendezvous-port-count",
         str(RENDEZVOUS_PER_NODE),
         "--log-dir",
@@ -170,10 +185,7 @@ def up(
     is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES``
     times."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(ClusterError):
-        existing = ClusterInfo.load(run_dir)
-        if any(alive(pid) for pid in existing.pids.values()):
-            raise ClusterError(f"a cluster is already running from {run_dir}; stop it with `shardyard down`")
+    _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     data_root.mkdir(parents=True, exist_ok=True)
@@ -195,16 +207,7 @@ def up(
             say(f"embedded broker on {broker.bootstrap}")
         info.save()
         asyncio.run(ensure_topics(info.bootstrap))
-        env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
-        children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
-        for service in SERVICES:
-            roles = ("http", "metrics") if service == "monitor" else ("metrics",)
-            for replica in range(REPLICAS):
-                name = f"{service}-{replica}"
-                children.start(name, _service_argv(service, name), roles)
-        shard_user = shard_user_fallback(env, say)
-        for index, gpus in enumerate(nodes):
-            children.start(f"node-{index}", _agent_argv(index, gpus, info, logs, shard_user), ("metrics",))
+        children = _start_processes(info, logs, nodes=nodes, say=say, pick_port=pick_port)
         wait_ready(
             children,
             ready=lambda: _ready(info, expected_nodes=len(nodes)),
@@ -214,13 +217,46 @@ def up(
         )
     except BaseException:
         say("start-up failed: stopping the processes started so far")
-        _stop(info.pids)
-        (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
-        if broker is not None:
-            broker.stop()
+        _abandon(run_dir, info, broker)
         raise
     say(f"cluster ready in {time.monotonic() - started:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
+
+
+def _refuse_a_running_cluster(run_dir: Path) -> None:
+    """One cluster per run folder: a second would overwrite the first's cluster file and so orphan its processes."""
+    with contextlib.suppress(ClusterError):
+        existing = ClusterInfo.load(run_dir)
+        if any(alive(pid) for pid in existing.pids.values()):
+            raise ClusterError(f"a cluster is already running from {run_dir}; stop it with `shardyard down`")
+
+
+def _start_processes(
+    info: ClusterInfo, logs: Path, *, nodes: Sequence[str], say: Callable[[str], None], pick_port: PortPicker
+) -> Children:
+    """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
+    for any of them to be ready."""
+    env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
+    children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
+    for service in SERVICES:
+        roles = ("http", "metrics") if service == "monitor" else ("metrics",)
+        for replica in range(REPLICAS):
+            name = f"{service}-{replica}"
+            children.start(name, _service_argv(service, name), roles)
+    shard_user = shard_user_fallback(env, say)
+    port_base = rendezvous_base(env)
+    for index, gpus in enumerate(nodes):
+        argv = _agent_argv(index, gpus, info, logs, shard_user, port_base=port_base)
+        children.start(f"node-{index}", argv, ("metrics",))
+    return children
+
+
+def _abandon(run_dir: Path, info: ClusterInfo, broker: EmbeddedBroker | None) -> None:
+    """Undo a start-up that failed: stop what started (by the pids recorded so far) and forget the cluster."""
+    _stop(info.pids)
+    (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
+    if broker is not None:
+        broker.stop()
 
 
 def _record(info: ClusterInfo, started: Mapping[str, Child]) -> None:

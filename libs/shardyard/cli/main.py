@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeAlias
 
 from shardyard.cli import client, cluster, render
 from shardyard.errors import ClusterError, ShardyardError
@@ -233,11 +234,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if final["state"] == "SUCCEEDED" else 1
 
 
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="shardyard", description=__doc__)
     top.add_argument("--run-dir", help=f"the local cluster's folder (env SHARDYARD_RUN_DIR; default {DEFAULT_RUN_DIR})")
     sub = top.add_subparsers(dest="command", required=True)
+    # In the order `shardyard --help` lists them.
+    _cluster_commands(sub)
+    _job_commands(sub)
+    _node_commands(sub)
+    _view_commands(sub)
+    _logs_command(sub)
+    sim_cli.add_parser(sub)
+    _demo_command(sub)
+    return top
 
+
+def _cluster_commands(sub: Commands) -> None:
     up = sub.add_parser("up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)")
     up.add_argument("--node", action="append", help="a node's simulated GPUs, e.g. A100:2 (repeat per node)")
     up.add_argument("--data-root", help="local folder the agents mount at /data (default RUN_DIR/data)")
@@ -245,6 +260,8 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
 
+
+def _job_commands(sub: Commands) -> None:
     submit = sub.add_parser("submit", help="produce a job's JSON to the submission topic")
     submit.add_argument("file", help="the job's JSON file, or - for standard input")
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
@@ -262,6 +279,8 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits at most")
     cancel.set_defaults(func=cmd_cancel)
 
+
+def _node_commands(sub: Commands) -> None:
     drain = sub.add_parser("drain", help="stop placing new shards on a node (running ones finish), or --undo it")
     drain.add_argument("node")
     drain.add_argument("--undo", action="store_true", help="let the node take new shards again")
@@ -269,6 +288,8 @@ def parser() -> argparse.ArgumentParser:
     drain.add_argument("--timeout", type=float, default=60.0, help="seconds --wait waits at most")
     drain.set_defaults(func=cmd_drain)
 
+
+def _view_commands(sub: Commands) -> None:
     sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
     sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)
 
@@ -276,11 +297,13 @@ def parser() -> argparse.ArgumentParser:
     alerts.add_argument("--json", action="store_true", help="print the monitor's JSON (/api/alerts)")
     alerts.set_defaults(func=cmd_alerts)
 
-    top_ = sub.add_parser("top", help="a live view of nodes, jobs and alerts firing, redrawn every second")
-    top_.add_argument("--once", action="store_true", help="print one frame and exit")
-    top_.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
-    top_.set_defaults(func=cmd_top)
+    top = sub.add_parser("top", help="a live view of nodes, jobs and alerts firing, redrawn every second")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    top.set_defaults(func=cmd_top)
 
+
+def _logs_command(sub: Commands) -> None:
     logs = sub.add_parser("logs", help="a job's shard logs (each shard's newest attempt unless --attempt)")
     logs.add_argument("job")
     logs.add_argument("--shard", type=int, help="only this shard (by index)")
@@ -290,13 +313,12 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--interval", type=float, default=0.25, help="seconds between reads with --follow")
     logs.set_defaults(func=cmd_logs)
 
-    sim_cli.add_parser(sub)
 
+def _demo_command(sub: Commands) -> None:
     demo = sub.add_parser("demo", help="create demo data, start a cluster, run the S15 example, stop the cluster")
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     demo.set_defaults(func=cmd_demo)
-    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,6 +47,7 @@ from shardyard.events.node import (
 from shardyard.events.service import LeaderElected, LeadershipClaimed, ServiceEvent, ServiceReady
 from shardyard.events.shard import (
     AssignmentEvent,
+    RevocationReason,
     ShardAssignment,
     ShardCheckpointed,
     ShardCompleted,
@@ -57,6 +58,7 @@ from shardyard.events.shard import (
     ShardRevocation,
     ShardStarted,
     ShardStopRequest,
+    StopReason,
     Workload,
 )
 from shardyard.events.submission import JobSubmission
@@ -109,6 +111,7 @@ __all__ = [
     "ReclaimCandidate",
     "RedundancyChanged",
     "RejectReason",
+    "RevocationReason",
     "RunningShard",
     "ServiceEvent",
     "ServiceReady",
@@ -124,6 +127,7 @@ __all__ = [
     "ShardRevocation",
     "ShardStarted",
     "ShardStopRequest",
+    "StopReason",
     "Workload",
     "inventory_of",
     "lease_of",

@@ -4,7 +4,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from shardyard.events.base import AwareDatetime, Event, Model
 
@@ -56,6 +56,34 @@ class Entrypoint(Model):
     )
 
 
+MAX_SEED: Final = 2**32 - 1
+"""The widest seed every generator takes (NumPy's)."""
+
+
+# One value from the submission to the shard: the job spec and the workload hold these fields flat on the wire (their
+# schemas name them one by one) and give them back as this value (``.training``); the agent turns it into the
+# runner's environment (``shardyard.training.config.training_env``). Nobody copies them field by field.
+class TrainingParams(BaseModel):
+    """Knobs of the built-in fine-tune runner; every one has a default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    max_steps: int = Field(default=300, ge=1, le=10_000_000)
+    batch_size: int = Field(default=8, ge=1, le=65_536)
+    seq_len: int = Field(default=64, ge=2, le=1_000_000)
+    lr: float = Field(default=3e-3, gt=0, le=10)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+
+TRAINING_FIELDS: Final = tuple(TrainingParams.model_fields)
+
+
+def training_of(holder: object) -> TrainingParams:
+    """The training parameters a spec or a workload holds flat. Not validated again: they were at admission, and a
+    spec built in code (the simulator's) may carry placeholders."""
+    return TrainingParams.model_construct(**{name: getattr(holder, name) for name in TRAINING_FIELDS})
+
+
 class JobSpec(Model):
     """A validated submission, normalised: what every service after the queue works from."""
 
@@ -83,6 +111,10 @@ class JobSpec(Model):
     max_wait_s: float = 0.0
     preemptible: bool = True
     entrypoint: Entrypoint | None = Field(default=None, description="the user's own command; None: built-in runner")
+
+    @property
+    def training(self) -> TrainingParams:
+        return training_of(self)
 
     @property
     def memory_per_shard(self) -> int:
@@ -313,7 +345,7 @@ class JobCancelled(Event):
     message: str
 
 
-JobLifecycleEvent = Annotated[
+LifecycleFact = (
     JobAccepted
     | JobRejected
     | JobReady
@@ -327,6 +359,9 @@ JobLifecycleEvent = Annotated[
     | JobPreempting
     | JobPreempted
     | JobCancelRequested
-    | JobCancelled,
-    Field(discriminator="type"),
-]
+    | JobCancelled
+)
+"""Every event of a job's lifecycle: the one list of them. A new lifecycle event is declared here only: the lifecycle
+topic carries this union (:data:`JobLifecycleEvent`), and the codec routes each of its members to that topic."""
+
+JobLifecycleEvent = Annotated[LifecycleFact, Field(discriminator="type")]

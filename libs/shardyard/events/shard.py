@@ -1,11 +1,12 @@
 """Assignments (scheduler -> agent, keyed by node) and shard events (agent -> everyone, keyed by job)."""
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from shardyard.events.base import Event, Model
-from shardyard.events.job import Entrypoint, FailureCause
+from shardyard.events.job import Entrypoint, FailureCause, TrainingParams, training_of
 
 
 class Workload(Model):
@@ -24,6 +25,10 @@ class Workload(Model):
     resume_from: str | None = Field(default=None, description="checkpoint directory to resume from (job path)")
     entrypoint: Entrypoint | None = Field(default=None, description="the job's own command; None: the built-in runner")
 
+    @property
+    def training(self) -> TrainingParams:
+        return training_of(self)
+
 
 class ShardAssignment(Event):
     type: Literal["shard.assignment"] = "shard.assignment"
@@ -40,6 +45,34 @@ class ShardAssignment(Event):
     spare: bool = Field(default=False, description="hold the GPU for the gang; start nothing until promoted")
 
 
+class RevocationReason(StrEnum):
+    """Why the scheduler stops a shard at once (its agent kills it; the resource pool frees its GPUs)."""
+
+    STALE_PLACEMENT = "STALE_PLACEMENT"
+    """A deposed leader's placement, or one superseded by a newer leader's: the job runs under the newest one."""
+    START_TIMEOUT = "START_TIMEOUT"
+    """Not reported started within the start deadline of its assignment (reported failed ``START_TIMEOUT`` too)."""
+    ORPHANED = "ORPHANED"
+    """Past its start deadline its node stopped reporting it running (reported failed ``ORPHANED`` too)."""
+    PREEMPTION_TIMEOUT = "PREEMPTION_TIMEOUT"
+    """Asked to checkpoint and stop for a higher-priority job, it had not stopped by the preemption deadline."""
+    RECOVERING = "RECOVERING"
+    """Its attempt failed: what is left of the gang stops before the gang re-forms."""
+    CANCELLED = "CANCELLED"
+    """Its job was cancelled."""
+    JOB_FAILED = "JOB_FAILED"
+    """Its job ended FAILED: its GPUs are freed at once."""
+    JOB_SUCCEEDED = "JOB_SUCCEEDED"
+    """Its job ended SUCCEEDED: the spares it held are released."""
+
+
+class StopReason(StrEnum):
+    """Why the scheduler asks a shard to checkpoint and stop."""
+
+    PREEMPTED = "PREEMPTED"
+    """A higher-priority job needs its GPUs; the job is requeued and resumes from the checkpoint."""
+
+
 class ShardRevocation(Event):
     type: Literal["shard.revocation"] = "shard.revocation"
     job_id: str
@@ -47,7 +80,8 @@ class ShardRevocation(Event):
     node_id: str
     attempt: int
     term: int
-    reason: str
+    reason: RevocationReason
+    message: str = Field(default="", description="what happened, for people: the reason's details")
 
 
 class ShardStopRequest(Event):
@@ -59,7 +93,8 @@ class ShardStopRequest(Event):
     node_id: str
     attempt: int
     term: int
-    reason: str
+    reason: StopReason
+    message: str = Field(default="", description="what happened, for people: the reason's details")
 
 
 AssignmentEvent = Annotated[ShardAssignment | ShardRevocation | ShardStopRequest, Field(discriminator="type")]

@@ -13,7 +13,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
-from shardyard.events.job import Argument, EnvName, EnvValue
+from shardyard.events.job import MAX_SEED as MAX_SEED  # re-exported: the submission limits are all here
+from shardyard.events.job import Argument, EnvName, EnvValue, TrainingParams
 from shardyard.units import parse_bytes
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -23,8 +24,6 @@ MAX_COMPONENT_BYTES: Final = 255
 """NAME_MAX on Linux: a longer file name cannot exist (ENAMETOOLONG)."""
 MAX_MEMORY_BYTES: Final = 2**53
 """Host memory a job may ask for, 8 PiB: above any cluster's, and exact as a float."""
-MAX_SEED: Final = 2**32 - 1
-"""The widest seed every generator takes (NumPy's)."""
 MAX_TFLOPS: Final = 1_000_000.0
 
 
@@ -107,16 +106,6 @@ class ResourceRequirements(_UserModel):
 class Dependencies(_UserModel):
     pretrained_model: JobPath = Field(description="directory of the pretrained checkpoint")
     dataset: JobPath = Field(description="directory of the training text")
-
-
-class TrainingParams(_UserModel):
-    """Knobs of the built-in fine-tune runner; every one has a default."""
-
-    max_steps: int = Field(default=300, ge=1, le=10_000_000)
-    batch_size: int = Field(default=8, ge=1, le=65_536)
-    seq_len: int = Field(default=64, ge=2, le=1_000_000)
-    lr: float = Field(default=3e-3, gt=0, le=10)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
 class PlacementOptions(_UserModel):

@@ -6,7 +6,8 @@ every cycle; the simulator (``shardyard.sim``) and the placement bench call the 
 - ``snapshot``        the snapshot built from node states and placed gangs (``build_snapshot``, ``SnapshotCache``)
 - ``index``           the cycle's indexed working copy of the snapshot
 - ``standing``        that index kept from cycle to cycle
-- ``candidate``       a pending job's filters and queue order
+- ``filters``         the filter table that placing and explaining both read
+- ``candidate``       a pending job as a decision reads it, and the queue order
 - ``gang_placement``  placing one gang on the index
 - ``contention``      when a job does not fit: why, whom to preempt, what to reserve
 - ``cycle``           one cycle, in phases (``PlacementCycle``, ``schedule``)

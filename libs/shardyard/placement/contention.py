@@ -1,139 +1,157 @@
 """When a job does not fit: why (a typed reason with per-filter node counts), whom to preempt, what to reserve.
-Pure."""
+Pure.
 
-from collections import Counter
+The "why" reads the filter table (``filters``) as placing does: every node counts under the first filter it fails,
+in table order, and the reason is that of the filter that left fewer free GPUs than the gang has shards.
+"""
+
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shardyard.events import PendingReason
-from shardyard.placement.candidate import (
-    ARTIFACT,
-    CPU,
-    DRAINING,
-    EXCLUDED,
-    MATCH,
-    MEMORY,
-    MODEL,
-    NO_GPU,
-    NO_PORT,
-    NOT_ALIVE,
-    RESERVED,
-    TFLOPS,
-    TOO_FEW,
-    Candidate,
-    load_filter_name,
+from shardyard.placement.candidate import Candidate
+from shardyard.placement.filters import (
+    BY_NAME,
+    CAPACITY,
+    CAPPED,
+    GANG_FILTERS,
+    GROUP_FILTERS,
+    IDENTITY,
+    Filter,
+    GangFilter,
+    StateFilter,
+    bucket_failing,
+    could_host,
+    gang_failing,
+    group_failing,
+    node_failing,
+    shards,
 )
-from shardyard.placement.index import ClusterIndex, Slot
+from shardyard.placement.index import ClusterIndex, Group, Slot
 from shardyard.placement.model import (
+    NodeView,
     RunningJob,
     Unschedulable,
 )
 
 
+@dataclass
+class Tally:
+    """One job's nodes, filter by filter: those each filter stopped first, and those that pass them all."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BY_NAME, 0))
+    """Filter name -> the nodes it stopped first."""
+    withheld: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BY_NAME, 0))
+    """Filter name -> the free GPUs of those nodes, past the identity filters: what the job lost to it."""
+    nodes: int = 0
+    """All nodes of the index."""
+    survivors: int = 0
+    """Nodes that pass the identity filters: up, and of the kind the job asks for."""
+    free: int = 0
+    """Their free GPUs."""
+    passing: list[tuple[Slot, int]] = field(default_factory=list)
+    """The nodes that pass every state, group, bucket and node filter, with the shards each can take."""
+    gang: GangFilter | None = None
+    """The first gang filter ``passing`` fails (None: the gang would fit)."""
+
+    @property
+    def shards(self) -> int:
+        return sum(capacity for _slot, capacity in self.passing)
+
+    def stop(self, name: str, nodes: int, free: int = 0) -> None:
+        self.counts[name] += nodes
+        self.withheld[name] += free
+
+
+def tally(index: ClusterIndex, job: Candidate) -> Tally:
+    """Count ``job``'s nodes by the first filter each fails; the nodes that fail none, and the gang filter they do."""
+    counted = Tally()
+    for key, group in index.groups.items():
+        _tally_group(counted, group, job, key in job.eligible)
+    counted.gang = gang_failing(counted.passing, job)
+    return counted
+
+
+def _tally_group(counted: Tally, group: Group, job: Candidate, eligible: bool) -> None:
+    """Count one group's nodes: those its tallies hold under a state filter, the whole rest when the group fails a
+    group filter, else those of its buckets by bucket and node filter."""
+    nodes = group.nodes_total()
+    counted.nodes += nodes
+    failed = None if eligible else group_failing(group, job)
+    held, held_free = group.held, group.held_free
+    for f in IDENTITY:
+        if f is failed:
+            counted.stop(f.name, nodes)  # the rest of the group is the wrong kind
+            return
+        if isinstance(f, StateFilter) and held[f.name]:
+            counted.stop(f.name, held[f.name])
+            nodes -= held[f.name]
+    counted.survivors += nodes
+    counted.free += group.free_gpus
+    for f in CAPACITY:
+        if isinstance(f, StateFilter) and held[f.name]:
+            counted.stop(f.name, held[f.name], held_free[f.name])
+            counted.free += held_free[f.name]
+    for (_step, free), bucket in group.buckets.items():
+        if not bucket.count:
+            continue
+        failed_bucket = bucket_failing(free)
+        if failed_bucket is not None:
+            counted.stop(failed_bucket.name, bucket.count, free * bucket.count)
+            continue
+        for slot in bucket.members():
+            failed_node = node_failing(slot, job)
+            if failed_node is None:
+                counted.passing.append((slot, slot.capacity(job)))
+            else:
+                withheld = slot.capacity(job) if failed_node.name in CAPPED else free
+                counted.stop(failed_node.name, 1, withheld)
+
+
 def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unschedulable, int]:
     """Why ``job`` cannot be placed: a typed reason, a message and node counts by first failing filter; also the
     shards it could place now (for the preemption estimate)."""
-    policy = index.policy
-    spec = job.spec
-    load_name = load_filter_name(policy)
-    counts: Counter[str] = Counter()
-    survivors = 0
-    free_before = load_free = reserved_free = excluded_free = memory_free = cpu_free = artifact_free = 0
-    passing = passing_nodes = 0
-    for key, group in index.groups.items():
-        counts[NOT_ALIVE] += group.dead
-        counts[DRAINING] += group.draining
-        rest = group.nodes_total() - group.dead - group.draining
-        if key not in job.eligible:
-            why = job.why_not(group)
-            counts[why or MODEL] += rest
-            continue
-        survivors += rest
-        counts[load_name] += group.overloaded
-        counts[RESERVED] += group.reserved
-        load_free += group.overloaded_free
-        reserved_free += group.reserved_free
-        free_before += group.overloaded_free + group.reserved_free + group.free_gpus
-        for (_step, fc), bucket in group.buckets.items():
-            if fc == 0:
-                counts[NO_GPU] += bucket.count
-                continue
-            for slot in bucket.members():
-                if slot.node_id in job.excluded:
-                    counts[EXCLUDED] += 1
-                    excluded_free += fc
-                elif spec.memory_per_shard and slot.memory < spec.memory_per_shard:
-                    counts[MEMORY] += 1
-                    memory_free += fc
-                elif spec.cpu_per_shard and slot.cpu + 1e-9 < spec.cpu_per_shard:
-                    counts[CPU] += 1
-                    cpu_free += fc
-                elif not slot.has_artifacts(job.model_path, job.dataset_path):
-                    counts[ARTIFACT] += 1
-                    artifact_free += slot.capacity(spec)
-                else:
-                    passing += slot.capacity(spec)
-                    passing_nodes += 1
-    k = job.k
-    total_nodes = sum(group.nodes_total() for group in index.groups.values())
-    if passing_nodes and passing < k:
-        counts[TOO_FEW] += passing_nodes
-    elif passing >= k:
-        counts[NO_PORT] += passing_nodes
-    reason = _reason(
-        job,
-        total_nodes,
-        survivors,
-        counts,
-        [
-            (free_before, PendingReason.INSUFFICIENT_GPUS),
-            (load_free, PendingReason.LOAD_TOO_HIGH),
-            (reserved_free, PendingReason.RESERVED_FOR_HIGHER_PRIORITY),
-            (excluded_free, PendingReason.NO_FIT),
-            (memory_free, PendingReason.INSUFFICIENT_MEMORY),
-            (cpu_free, PendingReason.INSUFFICIENT_CPU),
-            (artifact_free, PendingReason.WAITING_FOR_ARTIFACT),
-        ],
-        passing,
-    )
+    counted = tally(index, job)
+    # Explain runs once placing failed. Where the passing nodes would hold the gang, placing failed on the members
+    # it chose (the best ranked), none of which had a free port: that too counts as the last gang filter's.
+    gang = counted.gang or GANG_FILTERS[-1]
+    counted.stop(gang.name, len(counted.passing))
+    policy, spec = index.policy, job.spec
     # Ties by name: the message is the same whatever order the index met the nodes in.
-    shown = {name: count for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if count}
-    parts = ", ".join(f"{count} {name}" for name, count in shown.items())
-    wanted = f"{k} x {spec.gpu_model or 'any GPU'} (>= {spec.min_tflops:g} TFLOPS)"
-    message = f"0/{total_nodes} nodes can take the gang of {wanted}: {parts or 'no nodes'}"
+    counts = ((BY_NAME[name].label(policy), count) for name, count in counted.counts.items() if count)
+    shown = dict(sorted(counts, key=_by_count))
+    parts = ", ".join(f"{count} {label}" for label, count in shown.items())
+    wanted = f"{job.k} x {spec.gpu_model or 'any GPU'} (>= {spec.min_tflops:g} TFLOPS)"
+    message = f"0/{counted.nodes} nodes can take the gang of {wanted}: {parts or 'no nodes'}"
     if spec.min_match is not None and not job.degraded:
         wait = spec.max_wait_s - (now - job.pending.ready_at).total_seconds()
         message += f"; degraded placement (match >= {spec.min_match:g}) allowed in {max(0.0, wait):.0f}s"
-    return Unschedulable(spec.job_id, reason, message, shown), passing
+    return Unschedulable(spec.job_id, _reason(counted, job.k), message, shown), counted.shards
 
 
-def _reason(
-    job: Candidate,
-    total_nodes: int,
-    survivors: int,
-    counts: Counter[str],
-    stages: list[tuple[int, PendingReason]],
-    passing: int,
-) -> PendingReason:
-    """The filter that made the gang impossible: identity filters when no node of the right kind is usable at all,
-    else the first capacity stage after which fewer than ``k`` GPUs remain."""
-    if total_nodes == 0:
+def _by_count(labelled: tuple[str, int]) -> tuple[int, str]:
+    return -labelled[1], labelled[0]
+
+
+def _reason(counted: Tally, k: int) -> PendingReason:
+    """The filter that made the gang impossible: identity filters when no node of the right kind is up at all,
+    else the first capacity filter after which fewer than ``k`` free GPUs remain, else the gang filter."""
+    if counted.nodes == 0:
         return PendingReason.NO_NODES
-    if survivors == 0:
-        if counts[MODEL] or counts[MATCH]:
-            return PendingReason.GPU_MODEL_MISMATCH
-        if counts[TFLOPS]:
-            return PendingReason.INSUFFICIENT_TFLOPS
-        return PendingReason.NO_FIT
-    remaining = stages[0][0]
-    if remaining < job.k:
+    if counted.survivors == 0:
+        # A job that asks for a GPU the cluster lacks hears that, rather than that some nodes are down.
+        stopped: list[Filter] = [f for f in GROUP_FILTERS if counted.counts[f.name]]
+        stopped = stopped or [f for f in IDENTITY if counted.counts[f.name]]
+        return stopped[0].reason
+    remaining = counted.free
+    if remaining < k:
         return PendingReason.INSUFFICIENT_GPUS
-    for removed, reason in stages[1:]:
-        remaining -= removed
-        if remaining < job.k:
-            return reason
-    return PendingReason.INSUFFICIENT_GPUS if passing < job.k else PendingReason.NO_FIT
+    for f in CAPACITY:
+        remaining -= counted.withheld[f.name]
+        if remaining < k:
+            return f.reason
+    return (counted.gang or GANG_FILTERS[-1]).reason
 
 
 def choose_victims(
@@ -171,26 +189,21 @@ def choose_victims(
 
 
 def _could_host(index: ClusterIndex, slot: Slot, job: Candidate) -> bool:
-    return (
-        (slot.group.model, slot.group.tflops) in job.eligible
-        and slot.reserved_for is None
-        and slot.view.draining is False
-        and slot.view.cpu_load < index.policy.load_threshold
-        and slot.node_id not in job.excluded
-        and slot.has_artifacts(job.model_path, job.dataset_path)
-        and slot.view.status.value == "ALIVE"
-    )
+    """Whether preempting gangs on ``slot`` could make room there for ``job``: it passes the state filters (it is in
+    a bucket), the group filters, and the node filters that freed GPUs, memory and CPU do not cure."""
+    return (slot.group.model, slot.group.tflops) in job.eligible and index.usable(slot) and could_host(slot, job)
 
 
 def _capacity_with(slot: Slot, job: Candidate, extra: list[float] | None) -> int:
     gpus, memory, cpu = extra or (0.0, 0.0, 0.0)
-    spec = job.spec
-    count = len(slot.free) + int(gpus)
-    if spec.memory_per_shard:
-        count = min(count, int((slot.memory + memory) // spec.memory_per_shard))
-    if spec.cpu_per_shard:
-        count = min(count, int((slot.cpu + cpu) / spec.cpu_per_shard + 1e-9))
-    return count
+    return shards(len(slot.free) + int(gpus), slot.memory + memory, slot.cpu + cpu, job)
+
+
+def _potential(view: NodeView, job: Candidate) -> int:
+    """Shards of ``job`` the node could take once everything on it ended."""
+    memory = view.total_memory_bytes if view.total_memory_bytes >= 0 else view.free_memory_bytes
+    cpu = view.total_cpu_cores if view.total_cpu_cores >= 0 else view.free_cpu_cores
+    return shards(view.gpu_total, memory, cpu, job)
 
 
 def reserve_for(index: ClusterIndex, job: Candidate) -> None:
@@ -201,13 +214,11 @@ def reserve_for(index: ClusterIndex, job: Candidate) -> None:
         for key in job.eligible
         for (step, _fc), bucket in index.groups[key].buckets.items()
         for slot in bucket.members()
-        if slot.node_id not in job.excluded
+        if could_host(slot, job)
     )
     plan: list[Slot] = []
     for _neg_free, _step, _order, slot in order:
-        if not slot.has_artifacts(job.model_path, job.dataset_path):
-            continue
-        could = slot.view.potential(job.spec.memory_per_shard, job.spec.cpu_per_shard)
+        could = _potential(slot.view, job)
         if could <= 0:
             continue
         plan.append(slot)

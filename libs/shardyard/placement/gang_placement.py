@@ -3,28 +3,37 @@ the members (mutual latency breaks ties), the coordinator (lowest mean RTT, a fr
 Pure."""
 
 from collections.abc import Iterator
+from functools import cache
 
 from shardyard.events import ShardPlacement
 from shardyard.gpus import match_score
 from shardyard.placement.candidate import Candidate
+from shardyard.placement.filters import bucket_failing, full_match, gang_failing, node_failing
 from shardyard.placement.index import ClusterIndex, Group, Slot
 from shardyard.placement.model import Place
 from shardyard.topology import estimated_rtt_ms
 
-
-def frag_order(k: int, max_free: int) -> list[int]:
-    """Free-GPU counts in fragmentation order: nodes that take the most shards first, best fit among them."""
-    return [*range(k, max_free + 1), *range(min(k - 1, max_free), 0, -1)]
+RankKey = tuple[float, int, int, int]
+"""(-match, load step, -locality, fragmentation rank): smaller is better."""
 
 
-def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int, int, int], Slot, int]]:
-    """Nodes that can take shards of ``job``, best ranked first: (rank key, slot, shards it can take)."""
+@cache
+def frag_order(k: int, max_free: int) -> tuple[int, ...]:
+    """The free-GPU counts that pass the bucket filters, in fragmentation order: nodes that take the most shards
+    first, best fit among them. (The bucket filters read no job, so each (k, max_free) is worked out once.)"""
+    order = (*range(k, max_free + 1), *range(min(k - 1, max_free), -1, -1))
+    return tuple(free for free in order if bucket_failing(free) is None)
+
+
+def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[RankKey, Slot, int]]:
+    """Nodes that pass every bucket and node filter for ``job``, best ranked first: (rank key, slot, shards it can
+    take). The state and group filters are passed already: the index files only the nodes that pass the state ones,
+    and ``job.eligible`` holds only the groups that pass the group ones."""
     tiers: dict[float, list[Group]] = {}
     for key, match in job.eligible.items():
         tiers.setdefault(match, []).append(index.groups[key])
     fcs = frag_order(job.k, index.max_free)
     frag_rank = {fc: rank for rank, fc in enumerate(fcs)}
-    excluded = job.excluded
     for match in sorted(tiers, reverse=True):
         groups = tiers[match]
         for step in range(index.load_steps):
@@ -39,17 +48,14 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int
                     for slot in index.local_nodes(path, group, step):
                         if len(local) >= room:
                             break
-                        if slot in seen:
+                        rank = frag_rank.get(len(slot.free))
+                        if slot in seen or rank is None:
                             continue
                         seen.add(slot)
-                        loc = slot.locality(job.model_path, job.dataset_path)
-                        local.append((-loc, frag_rank.get(len(slot.free), len(fcs)), slot.order, slot))
+                        local.append((-slot.locality(job.model_path, job.dataset_path), rank, slot.order, slot))
             for neg_loc, rank, _order, slot in sorted(local):
-                if (excluded and slot.node_id in excluded) or not slot.has_artifacts(job.model_path, job.dataset_path):
-                    continue
-                capacity = slot.capacity(job.spec)
-                if capacity > 0:
-                    yield (-match, step, neg_loc, rank), slot, capacity
+                if node_failing(slot, job) is None:
+                    yield (-match, step, neg_loc, rank), slot, slot.capacity(job)
             for fc in fcs:
                 rank = frag_rank[fc]
                 for group in groups:
@@ -57,68 +63,26 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[tuple[float, int
                     if bucket is None or not bucket.count:
                         continue
                     for slot in bucket.members():
-                        # (excluded tested only when non-empty: hashing a node id reads one more object per node)
-                        if (seen and slot in seen) or (excluded and slot.node_id in excluded):
+                        if (seen and slot in seen) or node_failing(slot, job) is not None:
                             continue
-                        if not slot.has_artifacts(job.model_path, job.dataset_path):
-                            continue
-                        capacity = slot.capacity(job.spec)
-                        if capacity > 0:
-                            yield (-match, step, 0, rank), slot, capacity
+                        yield (-match, step, 0, rank), slot, slot.capacity(job)
 
 
 def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], float], topology: bool) -> Place | None:
-    k = job.k
-    candidates: list[tuple[tuple[float, int, int, int], Slot, int]] = []
-    total = 0
-    boundary: tuple[float, int, int, int] | None = None
-    extra = 0
-    for key, slot, capacity in walk(index, job):
-        if total >= k:
-            if not topology or key != boundary or extra >= index.policy.latency_window:
-                break
-            extra += 1
-        else:
-            total += capacity
-            boundary = key
-        candidates.append((key, slot, capacity))
-        if len(candidates) == 1 and capacity >= k:
-            break  # the best-ranked node takes the whole gang: no mutual latency to weigh
-    if total < k:
+    """Place ``job``'s gang whole on the best-ranked nodes, or nothing (None) when the gang filters fail."""
+    keys, members = gather(index, job, topology)
+    if gang_failing(members, job) is not None:
         return None
-    chosen: list[tuple[Slot, int]] = []
-    remaining = k
-    if topology:
-        rtt_sum = [0.0] * len(candidates)
-        left = list(range(len(candidates)))
-        while remaining > 0:
-            best = min(
-                left,
-                key=lambda i: (candidates[i][0], rtt_sum[i], candidates[i][1].order),
-            )
-            left.remove(best)
-            _key, slot, capacity = candidates[best]
-            take = min(capacity, remaining)
-            chosen.append((slot, take))
-            remaining -= take
-            for i in left if remaining > 0 else ():
-                rtt_sum[i] += estimated_rtt_ms(candidates[i][1], slot, rtt)
-    else:
-        for _key, slot, capacity in candidates:
-            take = min(capacity, remaining)
-            chosen.append((slot, take))
-            remaining -= take
-            if remaining == 0:
-                break
+    chosen = choose_by_latency(keys, members, job.k, rtt) if topology else choose_in_order(members, job.k)
     coordinator = coordinator_of(chosen, rtt)
-    if coordinator is None:
+    if coordinator is None:  # none of the chosen members has a free port, though one passed over has
         return None
     placements: list[ShardPlacement] = []
     degraded = False
     for slot, take in chosen:
         gpus = slot.free[:take]
         score = round(match_score(slot.group.tflops, job.spec.min_tflops), 4)
-        below = not job.is_full_match(slot.group)
+        below = degraded_on(slot, job)
         degraded = degraded or below
         for gpu in gpus:
             placements.append(
@@ -137,6 +101,69 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
     return Place(job.spec.job_id, tuple(placements), coordinator.node_id, degraded)
 
 
+def degraded_on(slot: Slot, job: Candidate) -> bool:
+    """Whether a shard of ``job`` on ``slot`` runs degraded: only a degraded job may be placed off the full-match
+    groups (the others place only on groups that passed the full-match filters)."""
+    return job.degraded and not full_match(slot.group, job)
+
+
+def gather(index: ClusterIndex, job: Candidate, topology: bool) -> tuple[list[RankKey], list[tuple[Slot, int]]]:
+    """The walk's nodes until they hold the gang, plus (with topology) up to ``latency_window`` more of the last
+    rank to weigh mutual latency among: their rank keys, and each node with the shards it can take."""
+    k = job.k
+    keys: list[RankKey] = []
+    members: list[tuple[Slot, int]] = []
+    total = 0
+    boundary: RankKey | None = None
+    extra = 0
+    for key, slot, capacity in walk(index, job):
+        if total >= k:
+            if not topology or key != boundary or extra >= index.policy.latency_window:
+                break
+            extra += 1
+        else:
+            total += capacity
+            boundary = key
+        keys.append(key)
+        members.append((slot, capacity))
+        if len(members) == 1 and capacity >= k:
+            break  # the best-ranked node takes the whole gang: no mutual latency to weigh
+    return keys, members
+
+
+def choose_by_latency(
+    keys: list[RankKey], members: list[tuple[Slot, int]], k: int, rtt: dict[tuple[str, str], float]
+) -> list[tuple[Slot, int]]:
+    """Members in rank order, ties broken by the least RTT to the members chosen so far: (slot, shards)."""
+    chosen: list[tuple[Slot, int]] = []
+    remaining = k
+    rtt_sum = [0.0] * len(members)
+    left = list(range(len(members)))
+    while remaining > 0:
+        best = min(left, key=lambda i: (keys[i], rtt_sum[i], members[i][0].order))
+        left.remove(best)
+        slot, capacity = members[best]
+        take = min(capacity, remaining)
+        chosen.append((slot, take))
+        remaining -= take
+        for i in left if remaining > 0 else ():
+            rtt_sum[i] += estimated_rtt_ms(members[i][0], slot, rtt)
+    return chosen
+
+
+def choose_in_order(members: list[tuple[Slot, int]], k: int) -> list[tuple[Slot, int]]:
+    """Members in rank order until they hold the gang: (slot, shards)."""
+    chosen: list[tuple[Slot, int]] = []
+    remaining = k
+    for slot, capacity in members:
+        take = min(capacity, remaining)
+        chosen.append((slot, take))
+        remaining -= take
+        if remaining == 0:
+            break
+    return chosen
+
+
 def place_spares(index: ClusterIndex, job: Candidate, gang_nodes: set[str], first_index: int) -> list[ShardPlacement]:
     """Up to ``job.pending.spares`` spare GPUs, one per node and off the gang's nodes first (a spare must survive
     the loss of a gang node); on the gang's nodes only when nothing else is free."""
@@ -151,7 +178,7 @@ def place_spares(index: ClusterIndex, job: Candidate, gang_nodes: set[str], firs
             used.add(slot.node_id)
     for node_id in sorted(gang_nodes) if len(picked) < wanted else ():
         slot = index.slots[node_id]
-        for gpu in slot.free[: slot.capacity(job.spec)]:
+        for gpu in slot.free[: slot.capacity(job)]:
             if len(picked) < wanted:
                 picked.append((slot, gpu))
     out: list[ShardPlacement] = []
@@ -164,7 +191,7 @@ def place_spares(index: ClusterIndex, job: Candidate, gang_nodes: set[str], firs
                 gpu_indices=(gpu,),
                 gpu_model=slot.gpu_model,
                 match_score=round(match_score(slot.group.tflops, job.spec.min_tflops), 4),
-                degraded=not job.is_full_match(slot.group),
+                degraded=degraded_on(slot, job),
                 spare=True,
             )
         )

@@ -15,7 +15,9 @@ What a decision costs does not grow with the number of nodes:
 - a slot carries what a walk and a placement read (free GPUs, load, id, topology), so a decision reads one object
   per node, not the node's view as well.
 
-"Why not" counts (``contention.explain``) come from per-group tallies plus a scan of the usable nodes.
+Which nodes are filed in the buckets is the state filters' doing (``filters``): a node that fails one is held out of
+them and tallied per group under that filter. "Why not" counts (``contention.explain``) come from those tallies plus
+a scan of the usable nodes.
 """
 
 import bisect
@@ -24,8 +26,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from shardyard.events import JobSpec, NodeStatus
+from shardyard.events import JobSpec
 from shardyard.gpus import canonical_model
+from shardyard.placement.filters import RESERVED, STATE_FILTERS, Wants, shards, state_failing
 from shardyard.placement.model import NodeView, Policy
 
 
@@ -45,6 +48,7 @@ class Slot:
         "free",
         "gpu_model",
         "group",
+        "held_by",
         "load",
         "load_rank",
         "memory",
@@ -74,6 +78,8 @@ class Slot:
         self.order: tuple[float, str] = (view.cpu_load, view.node_id)
         """Position in (load, node id) order over the whole cluster."""
         self.reserved_for: str | None = None
+        self.held_by: str | None = None
+        """The state filter the node failed, which holds it out of the buckets (None: filed in one)."""
         self.bucket: Bucket | None = None
         self.arrived = False
         """Filed in its bucket's arrivals (during the cycle) rather than among the nodes indexed at its start."""
@@ -81,18 +87,9 @@ class Slot:
         """The index's lists of nodes holding an artifact locally that this node is in; it leaves them when it can
         take no more shards this cycle."""
 
-    def capacity(self, spec: JobSpec) -> int:
-        """Shards of ``spec`` this node can take now."""
-        count = len(self.free)
-        if spec.memory_per_shard:
-            count = min(count, self.memory // spec.memory_per_shard)
-        if spec.cpu_per_shard:
-            count = min(count, int(self.cpu / spec.cpu_per_shard + 1e-9))
-        return count
-
-    def has_artifacts(self, model_path: str, dataset_path: str) -> bool:
-        artifacts = self.artifacts
-        return model_path in artifacts and dataset_path in artifacts
+    def capacity(self, job: Wants) -> int:
+        """Shards of ``job`` this node can take now."""
+        return shards(len(self.free), self.memory, self.cpu, job)
 
     def locality(self, model_path: str, dataset_path: str) -> int:
         artifacts = self.artifacts
@@ -143,25 +140,35 @@ class Bucket:
             j += 1
 
 
+def _per_state_filter() -> dict[str, int]:
+    return dict.fromkeys((f.name for f in STATE_FILTERS), 0)
+
+
 @dataclass
 class Group:
     """The nodes of one GPU model and TFLOPS figure."""
 
     model: str
     tflops: float
-    dead: int = 0
-    draining: int = 0
-    overloaded: int = 0
-    overloaded_free: int = 0
-    reserved: int = 0
-    reserved_free: int = 0
+    held: dict[str, int] = field(default_factory=_per_state_filter)
+    """State filter name -> the nodes held out of the buckets by it (dead, draining, overloaded, reserved)."""
+    held_free: dict[str, int] = field(default_factory=_per_state_filter)
+    """State filter name -> the free GPUs of those nodes."""
     buckets: dict[tuple[int, int], Bucket] = field(default_factory=dict)
     """(load step, free GPUs) -> the nodes that can take work (0 free included)."""
     free_gpus: int = 0
 
+    @property
+    def reserved(self) -> int:
+        return self.held[RESERVED]
+
+    @property
+    def reserved_free(self) -> int:
+        return self.held_free[RESERVED]
+
     def nodes_total(self) -> int:
         usable = sum(bucket.count for bucket in self.buckets.values())
-        return self.dead + self.draining + self.overloaded + self.reserved + usable
+        return sum(self.held.values()) + usable
 
 
 class ClusterIndex:
@@ -195,13 +202,9 @@ class ClusterIndex:
         load_rank = int(view.cpu_load / self.policy.load_step) if self.policy.load_step > 0 else 0
         slot = Slot(view, group, load_rank, self._interned(view.artifacts))
         self.slots[view.node_id] = slot
-        if view.status is not NodeStatus.ALIVE:
-            group.dead += 1
-        elif view.draining:
-            group.draining += 1
-        elif view.cpu_load >= self.policy.load_threshold:
-            group.overloaded += 1
-            group.overloaded_free += len(slot.free)
+        held = state_failing(slot, self.policy)
+        if held is not None:
+            self._hold(slot, held.name)
         elif arriving:
             self._refile(slot)
             self._cache(slot, arriving=True)
@@ -239,6 +242,19 @@ class ClusterIndex:
         return shared
 
     # --- bucket maintenance ------------------------------------------------------------------------------------
+    def _hold(self, slot: Slot, name: str) -> None:
+        """Tally ``slot``, out of any bucket, under the state filter ``name`` it fails."""
+        slot.held_by = name
+        slot.group.held[name] += 1
+        slot.group.held_free[name] += len(slot.free)
+
+    def _release(self, slot: Slot) -> None:
+        """Take a held ``slot`` off its group's tallies."""
+        if slot.held_by is not None:
+            slot.group.held[slot.held_by] -= 1
+            slot.group.held_free[slot.held_by] -= len(slot.free)
+            slot.held_by = None
+
     def _bucket(self, slot: Slot) -> Bucket:
         """The bucket ``slot`` belongs in now (created the first time a node belongs in it)."""
         key = (slot.load_rank, len(slot.free))
@@ -299,8 +315,7 @@ class ClusterIndex:
         self._unfile(slot)
         self._uncache(slot)
         slot.reserved_for = job_id
-        slot.group.reserved += 1
-        slot.group.reserved_free += len(slot.free)
+        self._hold(slot, RESERVED)  # the one state filter it now fails: it passed the others to be in a bucket
 
     def usable(self, slot: Slot) -> bool:
         return slot.bucket is not None

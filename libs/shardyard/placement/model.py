@@ -56,17 +56,6 @@ class NodeView:
     def gpu_total(self) -> int:
         return self.total_gpus if self.total_gpus >= 0 else len(self.free_gpus)
 
-    def potential(self, memory_per_shard: int, cpu_per_shard: float) -> int:
-        """Shards of this size the node could take once everything on it ended."""
-        count = self.gpu_total
-        memory = self.total_memory_bytes if self.total_memory_bytes >= 0 else self.free_memory_bytes
-        cpu = self.total_cpu_cores if self.total_cpu_cores >= 0 else self.free_cpu_cores
-        if memory_per_shard:
-            count = min(count, memory // memory_per_shard)
-        if cpu_per_shard:
-            count = min(count, int(cpu / cpu_per_shard + 1e-9))
-        return count
-
 
 @dataclass(frozen=True)
 class RunningJob:

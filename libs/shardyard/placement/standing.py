@@ -17,11 +17,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shardyard.events import JobSpec, NodeStatus
+from shardyard.events import JobSpec
 from shardyard.placement.index import Bucket, ClusterIndex, Group, Slot
 from shardyard.placement.model import NodeView, Policy
-
-_GROUP_FIELDS = ("free_gpus", "reserved", "reserved_free")
 
 
 @dataclass
@@ -35,6 +33,16 @@ class _Saved:
     bucket: Bucket | None
     arrived: bool
     cached_in: list[list[Slot]]
+    held_by: str | None
+
+
+@dataclass
+class _GroupSaved:
+    """A group's tallies as they were before the cycle touched it."""
+
+    free_gpus: int
+    held: dict[str, int]
+    held_free: dict[str, int]
 
 
 class StandingIndex(ClusterIndex):
@@ -44,7 +52,7 @@ class StandingIndex(ClusterIndex):
         self.with_topology = sum(1 for slot in self.slots.values() if slot.zone or slot.rack)
         """Nodes with a zone or rack label: while there are none, placement skips topology ranking."""
         self._saved: dict[str, _Saved] | None = None
-        self._groups_saved: dict[int, tuple[Group, tuple[int, ...]]] = {}
+        self._groups_saved: dict[int, tuple[Group, _GroupSaved]] = {}
 
     # --- what changed between cycles -------------------------------------------------------------------------
     def update(self, view: NodeView) -> None:
@@ -64,19 +72,13 @@ class StandingIndex(ClusterIndex):
             return
         self.free_counts[len(slot.free)] -= 1
         self.with_topology -= bool(slot.zone or slot.rack)
-        group, view = slot.group, slot.view
         if slot.bucket is not None:
             bucket = slot.bucket
             self._unfile(slot)
             self._uncache(slot)
             self._compact(bucket)
-        elif view.status is not NodeStatus.ALIVE:
-            group.dead -= 1
-        elif view.draining:
-            group.draining -= 1
         else:
-            group.overloaded -= 1
-            group.overloaded_free -= len(slot.free)
+            self._release(slot)
 
     def _compact(self, bucket: Bucket) -> None:
         """Sort a bucket's members into one indexed list again once departed slots and arrivals outweigh it."""
@@ -101,11 +103,10 @@ class StandingIndex(ClusterIndex):
             self._unfile(slot)
             self._uncache(slot)
             slot.free, slot.memory, slot.cpu, slot.ports = before.free, before.memory, before.cpu, before.ports
-            slot.reserved_for = None
+            slot.reserved_for, slot.held_by = None, before.held_by
             self._restore(slot, before)
         for group, tallies in self._groups_saved.values():
-            for name, value in zip(_GROUP_FIELDS, tallies, strict=True):
-                setattr(group, name, value)
+            group.free_gpus, group.held, group.held_free = tallies.free_gpus, tallies.held, tallies.held_free
         self._groups_saved = {}
 
     def _restore(self, slot: Slot, before: _Saved) -> None:
@@ -127,11 +128,19 @@ class StandingIndex(ClusterIndex):
         if saved is None or slot.node_id in saved:
             return
         saved[slot.node_id] = _Saved(
-            list(slot.free), slot.memory, slot.cpu, list(slot.ports), slot.bucket, slot.arrived, list(slot.cached_in)
+            list(slot.free),
+            slot.memory,
+            slot.cpu,
+            list(slot.ports),
+            slot.bucket,
+            slot.arrived,
+            list(slot.cached_in),
+            slot.held_by,
         )
         group = slot.group
         if id(group) not in self._groups_saved:
-            self._groups_saved[id(group)] = (group, tuple(getattr(group, name) for name in _GROUP_FIELDS))
+            tallies = _GroupSaved(group.free_gpus, dict(group.held), dict(group.held_free))
+            self._groups_saved[id(group)] = (group, tallies)
 
     def take(self, slot: Slot, gpus: list[int], spec: JobSpec, *, coordinator: bool) -> None:
         self._save(slot)

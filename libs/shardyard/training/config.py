@@ -6,9 +6,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast
 
+from shardyard import errors
 from shardyard.training.preemption import RESUME_DIR_ENV
+
+if TYPE_CHECKING:
+    from shardyard.events.job import TrainingParams
 
 _T = TypeVar("_T")
 
@@ -27,9 +31,22 @@ this many steps, not every ``checkpoint_every`` syncs (a checkpoint a step would
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[Device, ...] = ("auto", "cpu", "cuda")
 _MAX_SEED = 2**63 - 1
+TRAINING_ENV: Final = {
+    "max_steps": "SHARDYARD_MAX_STEPS",
+    "batch_size": "SHARDYARD_BATCH_SIZE",
+    "seq_len": "SHARDYARD_SEQ_LEN",
+    "lr": "SHARDYARD_LR",
+    "seed": "SHARDYARD_SEED",
+}
+"""Where each training parameter (``shardyard.events.job.TrainingParams``) travels to the runner."""
 
 
-class ConfigError(ValueError):
+def training_env(training: TrainingParams) -> dict[str, str]:
+    """The runner's environment for ``training``: each parameter under its variable, floats exact (``repr``)."""
+    return {TRAINING_ENV[name]: repr(value) for name, value in training.model_dump().items()}
+
+
+class ConfigError(errors.ConfigError, ValueError):
     """The shard's environment is missing a variable or holds a bad value."""
 
     def __init__(self, problems: list[str]) -> None:
@@ -102,11 +119,11 @@ class RunConfig:
         dataset_dir = p.required("SHARDYARD_DATASET_DIR", str, lambda v: v != "", "a directory path")
         output_dir = p.required("SHARDYARD_OUTPUT_DIR", str, lambda v: v != "", "a directory path")
         sync_interval = p.required("SHARDYARD_SYNC_INTERVAL", int, lambda v: v >= 1, "an integer >= 1")
-        max_steps = p.required("SHARDYARD_MAX_STEPS", int, lambda v: v >= 1, "an integer >= 1")
-        batch_size = p.required("SHARDYARD_BATCH_SIZE", int, lambda v: v >= 1, "an integer >= 1")
-        seq_len = p.required("SHARDYARD_SEQ_LEN", int, lambda v: v >= 1, "an integer >= 1")
-        lr = p.required("SHARDYARD_LR", float, lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
-        seed = p.required("SHARDYARD_SEED", int, lambda v: 0 <= v <= _MAX_SEED, f"an integer in 0..{_MAX_SEED}")
+        max_steps = p.required(TRAINING_ENV["max_steps"], int, lambda v: v >= 1, "an integer >= 1")
+        batch_size = p.required(TRAINING_ENV["batch_size"], int, lambda v: v >= 1, "an integer >= 1")
+        seq_len = p.required(TRAINING_ENV["seq_len"], int, lambda v: v >= 1, "an integer >= 1")
+        lr = p.required(TRAINING_ENV["lr"], float, lambda v: math.isfinite(v) and v > 0, "a finite float > 0")
+        seed = p.required(TRAINING_ENV["seed"], int, lambda v: 0 <= v <= _MAX_SEED, f"an integer in 0..{_MAX_SEED}")
         progress_fd = p.optional("SHARDYARD_PROGRESS_FD", int, lambda v: v >= 0, "a file descriptor >= 0")
         timeout = p.optional("SHARDYARD_DIST_TIMEOUT_S", float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
         resume_dir = p.optional(RESUME_DIR_ENV, str, lambda v: v != "", "a directory path")

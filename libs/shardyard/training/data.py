@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shardyard.errors import ShardyardError
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class DatasetError(ValueError):
+class DatasetError(ShardyardError, ValueError):
     """The dataset directory is missing, holds no text, or is too short for the requested windows."""
 
 

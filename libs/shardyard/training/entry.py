@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Final
 
+from shardyard.errors import ShardyardError
 from shardyard.training import exitcodes, store
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.lease import CHECK_EVERY_S, DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV, silence
@@ -75,7 +76,7 @@ _PR_SET_PDEATHSIG: Final = 1
 _SAY: Final = "shardyard entry"
 
 
-class UsageError(ValueError):
+class UsageError(ShardyardError, ValueError):
     """The supervisor's own arguments are wrong (the agent built them: an internal error)."""
 
 

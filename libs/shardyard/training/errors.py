@@ -2,12 +2,18 @@
 
 ::
 
-    Exception
+    ShardyardError (shardyard.errors)
     ├── UserError            bad config, model, dataset or resume checkpoint        -> USER_ERROR
     ├── DeviceError          the shard's GPU (LOCAL_RANK) is not there               -> GPU_FAULT
-    ├── CommError            torch.distributed init / collective / barrier failed   -> COMM_ERROR
-    │   └── SyncTimeoutError a parameter or gradient sync past its timeout          -> SYNC_TIMEOUT
+    └── CommError            torch.distributed init / collective / barrier failed   -> COMM_ERROR
+        └── SyncTimeoutError a parameter or gradient sync past its timeout          -> SYNC_TIMEOUT
+    Exception
     └── Terminated           SIGTERM from the agent (revoked, fenced, shut down)   -> 128 + SIGTERM
+
+The training runtime's other errors are ShardyardErrors too, and ValueErrors where they were: ``CheckpointError``
+(:mod:`~shardyard.training.model`), ``ConfigError`` (:mod:`~shardyard.training.config`, a
+:class:`shardyard.errors.ConfigError`), ``DatasetError`` (:mod:`~shardyard.training.data`), ``UsageError``
+(:mod:`~shardyard.training.entry`) and ``OrderError`` (:mod:`~shardyard.training.standby`).
 
 An out-of-memory error or a CUDA fault raised inside a collective becomes a :class:`CommError` raised from it;
 :func:`shardyard.training.exitcodes.fault_exit_code` still finds it in the chain and the shard exits OOM or
@@ -20,18 +26,19 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from shardyard.errors import ShardyardError
 from shardyard.training import exitcodes
 
 
-class UserError(Exception):
+class UserError(ShardyardError):
     """A problem with what the user supplied (config, checkpoint, dataset): exit USER_ERROR."""
 
 
-class DeviceError(Exception):
+class DeviceError(ShardyardError):
     """The GPU this shard was given is not visible to it: exit GPU_FAULT, so the node is left out of the retry."""
 
 
-class CommError(Exception):
+class CommError(ShardyardError):
     """A torch.distributed failure: exit COMM_ERROR."""
 
 

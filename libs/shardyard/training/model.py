@@ -39,6 +39,7 @@ from safetensors.numpy import save as safetensors_numpy_bytes
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
+from shardyard.errors import ShardyardError
 from shardyard.training.gpt2 import CONV1D_WEIGHTS, MODEL_TYPE, TinyGPT, TinyGPTConfig
 
 __all__ = [
@@ -86,7 +87,7 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
-class CheckpointError(Exception):
+class CheckpointError(ShardyardError):
     """A checkpoint directory is missing, incomplete, or holds no GPT-2 model this runner can load."""
 
 

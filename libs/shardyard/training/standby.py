@@ -25,13 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Final
 
+from shardyard.errors import ShardyardError
 from shardyard.training import exitcodes
 from shardyard.training.entry import PROGRESS_FD_ENV
 
 MODULE: Final = "shardyard.training.standby"
 
 
-class OrderError(ValueError):
+class OrderError(ShardyardError, ValueError):
     """The agent's order is not what this module reads."""
 
 

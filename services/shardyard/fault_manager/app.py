@@ -5,17 +5,13 @@ from typing import Self
 from faststream import FastStream
 from pydantic import Field, model_validator
 
-from shardyard.bus.admin import ensure_topics
-from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.fault_manager.book import FaultBook
 from shardyard.fault_manager.handlers import FaultHandlers
 from shardyard.fault_manager.recovery import RetryPolicy
 from shardyard.fault_manager.redundancy import RedundancyPolicy, RedundancyTracker
-from shardyard.service import Periodic, announce
+from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "fault-manager"
@@ -73,49 +69,32 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     """Every replica follows every fact; the consumer group on the shard-events topic (keyed by job) splits the jobs
     between the replicas, and a replica decides for the jobs of its partitions only. When one dies, the group gives
     its partitions to the others within one election's time."""
-    broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
-    bus = Bus(broker, service=SERVICE)
+    bus = replica_bus(SERVICE, settings)
     book = FaultBook(policy=settings.retry_policy(), owned=frozenset())  # until the group gives it partitions
     redundancy = RedundancyTracker(policy=settings.redundancy_policy())
     handlers = FaultHandlers(book, redundancy, bus, clock)
-    follower = Follower(
-        settings.bootstrap,
-        [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY],
-        handlers.on_followed,
-        name=f"{SERVICE}-{settings.instance}-follow",
-    )
+    follow = Follow([LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY], handlers.on_followed)
     # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
     # dead-letters it (the follower only skips it).
-    bus.subscribe_batch(
-        {SHARD_EVENTS: handlers.on_owned, FAILURES: handlers.on_owned},
-        group=GROUP,
-        listener=Ownership(
-            SHARD_EVENTS,
-            handlers.own,
-            lambda: book.owned,
-            who=f"fault manager {settings.instance} decides the jobs",
-            caught_up=follower.caught_up,
-        ),
-        group_options=settings.election_timings().group_options(),
+    split = Split(
+        SHARD_EVENTS,
+        GROUP,
+        handlers.own,
+        lambda: book.owned,
+        who=f"fault manager {settings.instance} decides the jobs",
+        routes={SHARD_EVENTS: handlers.on_owned, FAILURES: handlers.on_owned},
     )
-    ticker = Periodic("fault-decisions", settings.tick_interval_s, handlers.tick)
-    app = FastStream(broker)
 
-    @app.on_startup
-    async def rebuild() -> None:
-        await ensure_topics(settings.bootstrap)
-        await follower.start()
-        await follower.caught_up()
+    def live() -> None:
         handlers.live = True
 
-    @app.after_startup
-    async def ready() -> None:
-        ticker.start()  # its first tick decides what the log left undecided (for the jobs this replica owns)
-        await announce(bus, clock, instance=settings.instance)
-
-    @app.on_shutdown
-    async def stop() -> None:
-        await ticker.stop()
-        await follower.stop()
-
-    return app
+    return partitioned_app(
+        bus,
+        settings,
+        clock,
+        follow=follow,
+        split=split,
+        # Its first tick decides what the log left undecided (for the jobs this replica owns).
+        ticker=Periodic("fault-decisions", settings.tick_interval_s, handlers.tick),
+        on_caught_up=live,
+    )

@@ -103,52 +103,37 @@ def tune_collector() -> None:
     gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
+WATCHED = (
+    LIFECYCLE,
+    SHARD_EVENTS,
+    NODE_STATE,
+    FAILURES,
+    SERVICES,
+    ASSIGNMENTS,
+    HEARTBEATS,
+    REDUNDANCY,
+    ELASTICITY,
+    ALERTS,
+)
+"""The topics the view folds (the feed reads the dead letters too). Alerts are judged only once this replica's lag
+on every one of them is known."""
+
+
 def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
     view = ClusterView(telemetry=Telemetry(clock=clock))
     exported = MonitorMetrics(view)
     handlers = MonitorHandlers(view, exported.events, bus)
-    watched = (
-        LIFECYCLE,
-        SHARD_EVENTS,
-        NODE_STATE,
-        FAILURES,
-        SERVICES,
-        ASSIGNMENTS,
-        HEARTBEATS,
-        REDUNDANCY,
-        ELASTICITY,
-        ALERTS,
-    )
     # No consumer group: every monitor replica reads every topic (heartbeats from their end) and so rebuilds its view.
     feed = Feed(
         settings.bootstrap,
-        [*watched, DEADLETTER],
+        [*WATCHED, DEADLETTER],
         handlers.on_records,
         name=f"{SERVICE}-{settings.instance}",
         from_end=[HEARTBEATS],
     )
-    # Alerts: judged on this replica's view, published to the alerts topic, shown from it (see monitor/alerts.py).
-    book, catch_up, lag = AlertBook(settings.alert_policy()), CatchUp(started_at=clock.monotonic()), ConsumerLag()
-    lag.track(feed, group=None)
-    metrics.CONSUMER_LAG.track(feed, group=None)
-
-    async def measure_lag() -> None:
-        measured: dict[str, int] = {}
-        for (topic, _group), behind in (await lag.sample()).items():
-            measured[topic] = measured.get(topic, 0) + behind
-        view.consumer_lag = measured
-
-    async def judge_alerts() -> None:
-        every_topic = {topic.name for topic in watched} <= set(view.consumer_lag)
-        if catch_up.observe(view.consumer_lag if every_topic else None, clock.monotonic()):
-            await bus.publish_all(book.evaluate(view, clock.now()))
-
-    tasks = (
-        Periodic("consumer-lag", settings.lag_interval_s, measure_lag),
-        Periodic("alerts", settings.alert_interval_s, judge_alerts),
-    )
+    tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
     runner = web.AppRunner(build_http(view, exported), access_log=None)
     app = FastStream(broker)
 
@@ -174,3 +159,29 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
         await feed.stop()
 
     return app
+
+
+def _periodic_tasks(
+    settings: MonitorSettings, *, view: ClusterView, feed: Feed, bus: Bus, clock: Clock
+) -> tuple[Periodic, ...]:
+    """The replica's periodic work: its consumer lag, measured into the view, and the alerts, judged on this
+    replica's view once it has caught up, published to the alerts topic and shown from it (see monitor/alerts.py)."""
+    book, catch_up, lag = AlertBook(settings.alert_policy()), CatchUp(started_at=clock.monotonic()), ConsumerLag()
+    lag.track(feed, group=None)
+    metrics.CONSUMER_LAG.track(feed, group=None)
+
+    async def measure_lag() -> None:
+        measured: dict[str, int] = {}
+        for (topic, _group), behind in (await lag.sample()).items():
+            measured[topic] = measured.get(topic, 0) + behind
+        view.consumer_lag = measured
+
+    async def judge_alerts() -> None:
+        every_topic = {topic.name for topic in WATCHED} <= set(view.consumer_lag)
+        if catch_up.observe(view.consumer_lag if every_topic else None, clock.monotonic()):
+            await bus.publish_all(book.evaluate(view, clock.now()))
+
+    return (
+        Periodic("consumer-lag", settings.lag_interval_s, measure_lag),
+        Periodic("alerts", settings.alert_interval_s, judge_alerts),
+    )

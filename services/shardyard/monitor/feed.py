@@ -17,8 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
+from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
 
@@ -60,34 +61,13 @@ class Feed:
 
     async def start(self) -> None:
         """Assign every partition and position it; what is published once this returns will be read."""
-        consumer = AIOKafkaConsumer(
+        consumer, _ = await assigned_consumer(
+            self.bootstrap,
+            self.topics.values(),
             fetch_max_wait_ms=BACKGROUND_FETCH_MS,
-            bootstrap_servers=self.bootstrap,
             client_id=self.name,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            from_end=[topic for topic in self.topics.values() if topic.name in self.from_end],
         )
-        await consumer.start()
-        try:
-            await consumer.topics()  # loads metadata for every topic
-            partitions = [
-                TopicPartition(name, p)
-                for name in self.topics
-                for p in sorted(consumer.partitions_for_topic(name) or ())
-            ]
-            consumer.assign(partitions)
-            beginning = [tp for tp in partitions if tp.topic not in self.from_end]
-            end = [tp for tp in partitions if tp.topic in self.from_end]
-            if beginning:
-                await consumer.seek_to_beginning(*beginning)
-            if end:
-                await consumer.seek_to_end(*end)
-            for tp in end:
-                await consumer.position(tp)  # resolves the end now, not at the first fetch
-        except BaseException:
-            await consumer.stop()
-            raise
         self._consumer = consumer
         self._task = asyncio.create_task(self._run(), name=self.name)
 

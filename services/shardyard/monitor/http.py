@@ -48,33 +48,36 @@ def json_body(answer: Any) -> bytes:
     return to_json(answer, inf_nan_mode="null")
 
 
-def build_http(view: ClusterView, metrics: MonitorMetrics) -> web.Application:
-    files = dashboard_files()
-    rendered = Rendered()
+class StatusApi:
+    """The API's handlers over one view. Each reads the view when asked; the cluster-wide answers come through
+    ``Rendered``, so they are rendered once per revision however many ask."""
 
-    def answer(body: bytes, status: int = 200) -> web.Response:
-        return web.Response(body=body, status=status, content_type="application/json")
+    def __init__(self, view: ClusterView, metrics: MonitorMetrics) -> None:
+        self.view, self.metrics = view, metrics
+        self.files = dashboard_files()
+        self.rendered = Rendered()
 
-    def kept(name: str, render: Callable[[], Any]) -> Handler:
+    def kept(self, name: str, render: Callable[[], Any]) -> Handler:
         async def serve(_request: web.Request) -> web.Response:
-            return answer(rendered.get(name, view.revision, lambda: json_body(render())))
+            return _answer(self.rendered.get(name, self.view.revision, lambda: json_body(render())))
 
         return serve
 
-    async def job(request: web.Request) -> web.Response:
-        found = view.jobs.get(request.match_info["job_id"])
+    async def job(self, request: web.Request) -> web.Response:
+        found = self.view.jobs.get(request.match_info["job_id"])
         if found is None or found.state is None:
-            return answer(json_body({"error": "no such job"}), status=404)
-        return answer(json_body(found.detail()))
+            return _answer(json_body({"error": "no such job"}), status=404)
+        return _answer(json_body(found.detail()))
 
-    async def series(request: web.Request) -> web.Response:
-        found = view.jobs.get(request.match_info["job_id"])
+    async def series(self, request: web.Request) -> web.Response:
+        found = self.view.jobs.get(request.match_info["job_id"])
         if found is None or found.state is None:
-            return answer(json_body({"error": "no such job"}), status=404)
-        return answer(json_body(found.series_json()))
+            return _answer(json_body({"error": "no such job"}), status=404)
+        return _answer(json_body(found.series_json()))
 
-    async def services(_request: web.Request) -> web.Response:
-        return answer(
+    async def services(self, _request: web.Request) -> web.Response:
+        view = self.view
+        return _answer(
             json_body(
                 {
                     "services": [s.model_dump(mode="json") for s in view.services.values()],
@@ -84,36 +87,44 @@ def build_http(view: ClusterView, metrics: MonitorMetrics) -> web.Application:
             )
         )
 
-    async def nodes(_request: web.Request) -> web.Response:
-        return answer(rendered.get("nodes", view.nodes_revision, view.nodes_body))
+    async def nodes(self, _request: web.Request) -> web.Response:
+        return _answer(self.rendered.get("nodes", self.view.nodes_revision, self.view.nodes_body))
 
-    async def exposition(_request: web.Request) -> web.Response:
-        body = rendered.get("metrics", view.revision, metrics.exposition)
+    async def exposition(self, _request: web.Request) -> web.Response:
+        body = self.rendered.get("metrics", self.view.revision, self.metrics.exposition)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def health(_request: web.Request) -> web.Response:
-        return answer(b'{"ok":true}')
+    async def health(self, _request: web.Request) -> web.Response:
+        return _answer(b'{"ok":true}')
 
-    def static(name: str) -> Handler:
+    def static(self, name: str) -> Handler:
         async def serve(_request: web.Request) -> web.Response:
             # no-cache: the browser revalidates, so a restarted monitor's new page is picked up on reload.
             headers = {"Cache-Control": "no-cache"}
-            return web.Response(body=files[name], content_type=DASHBOARD_FILES[name], charset="utf-8", headers=headers)
+            body = self.files[name]
+            return web.Response(body=body, content_type=DASHBOARD_FILES[name], charset="utf-8", headers=headers)
 
         return serve
 
+
+def _answer(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def build_http(view: ClusterView, metrics: MonitorMetrics) -> web.Application:
+    api = StatusApi(view, metrics)
     app = web.Application()
-    app.router.add_get("/api/jobs", kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
-    app.router.add_get("/api/jobs/{job_id}", job)
-    app.router.add_get("/api/jobs/{job_id}/series", series)
-    app.router.add_get("/api/summary", kept("summary", view.summary_json))
-    app.router.add_get("/api/nodes", nodes)
+    app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
+    app.router.add_get("/api/jobs/{job_id}", api.job)
+    app.router.add_get("/api/jobs/{job_id}/series", api.series)
+    app.router.add_get("/api/summary", api.kept("summary", view.summary_json))
+    app.router.add_get("/api/nodes", api.nodes)
     # Alerts firing now and the newest transitions, as the alerts topic says (the same on every replica).
-    app.router.add_get("/api/alerts", kept("alerts", lambda: view.alerts.json()))
-    app.router.add_get("/api/services", services)
-    app.router.add_get("/metrics", exposition)
-    app.router.add_get("/healthz", health)
-    app.router.add_get("/", static("dashboard.html"))
+    app.router.add_get("/api/alerts", api.kept("alerts", lambda: view.alerts.json()))
+    app.router.add_get("/api/services", api.services)
+    app.router.add_get("/metrics", api.exposition)
+    app.router.add_get("/healthz", api.health)
+    app.router.add_get("/", api.static("dashboard.html"))
     for name in DASHBOARD_FILES:
-        app.router.add_get(f"/static/{name}", static(name))
+        app.router.add_get(f"/static/{name}", api.static(name))
     return app

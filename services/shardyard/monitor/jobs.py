@@ -2,10 +2,10 @@
 
 The transition table (``shardyard.lifecycle``) keeps a job where it is on a late or duplicated event; everything else
 a job shows (its pending reason, placements, timeline, progress series, the figures the alert rules read) is folded
-here. The cluster-wide picture that holds the jobs is ``monitor/views.py``.
+here; the progress series and sync pace it keeps are ``monitor/progress.py``. The cluster-wide picture that holds
+the jobs is ``monitor/views.py``.
 """
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,78 +33,15 @@ from shardyard.events import (
     ShardStarted,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.monitor.progress import SERIES_POINTS as SERIES_POINTS  # re-exported: its home was here
+from shardyard.monitor.progress import ProgressSeries, SeriesPoint, SyncPace
 
 MAX_TIMELINE = 500
 MAX_SERIES = 2000
-SERIES_POINTS = 512
-"""Points of a job's progress series: about a chart's width in pixels, small enough to poll every second."""
 ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})
 """Shard states whose last throughput no longer counts towards the gang's."""
 
-SeriesPoint = tuple[int, float, float, float]
-"""(step, seconds since the job's first step, rank 0's loss, samples/s of the whole gang)."""
 ShardFact = ShardStarted | ShardProgress | ShardCompleted | ShardFailed
-
-
-@dataclass
-class ProgressSeries:
-    """A job's loss and throughput over steps and time, for the dashboard's curves.
-
-    Bounded without losing the run's shape: when full, every other point goes and from then on only every
-    ``stride``-th report is kept, so a long run shows its whole curve at a coarser grain instead of stopping at its
-    first ``limit`` reports. The newest report is always shown, so the curve ends where the job is. A report whose
-    step goes back (a gang re-formed from an earlier checkpoint) drops the points past it: that work was lost.
-    """
-
-    limit: int = SERIES_POINTS
-    points: list[SeriesPoint] = field(default_factory=list)
-    latest: SeriesPoint | None = None
-    stride: int = 1
-    reports: int = 0
-
-    def add(self, point: SeriesPoint) -> None:
-        if self.latest is not None and point[0] < self.latest[0]:
-            self.points = [p for p in self.points if p[0] < point[0]]
-        self.latest = point
-        self.reports += 1
-        if (self.reports - 1) % self.stride:
-            return
-        self.points.append(point)
-        if len(self.points) >= self.limit:
-            self.points = self.points[::2]
-            self.stride *= 2
-
-    def columns(self) -> dict[str, Any]:
-        """Column arrays (``step``, ``t_s``, ``loss``, ``samples_per_s``): the shape a chart walks, and compact."""
-        points = list(self.points)
-        if self.latest is not None and (not points or points[-1] != self.latest):
-            points.append(self.latest)
-        step, t_s, loss, rate = (list(column) for column in zip(*points, strict=True)) if points else ([], [], [], [])
-        return {"stride": self.stride, "step": step, "t_s": t_s, "loss": _finite(loss), "samples_per_s": _finite(rate)}
-
-
-@dataclass
-class SyncPace:
-    """Steps between parameter syncs as rank 0's progress reports show them (the reports do not carry the interval).
-
-    Reports come at most every 0.5 s, so the step at which the sync count is seen to rise lags the sync by up to that
-    many steps; the gap between two such sightings is the interval give or take those steps. The first sighting of
-    an attempt only marks the start, since the report before it need not have been a sync."""
-
-    attempt: int = 0
-    syncs: int = 0
-    step: int = 0
-    at_sync: bool = False
-    steps_per_sync: float | None = None
-
-    def observe(self, attempt: int, step: int, syncs: int) -> None:
-        if attempt != self.attempt or syncs < self.syncs:
-            self.attempt, self.syncs, self.step, self.at_sync, self.steps_per_sync = attempt, syncs, step, False, None
-            return
-        if syncs > self.syncs:
-            if self.at_sync:
-                self.steps_per_sync = (step - self.step) / (syncs - self.syncs)
-            self.syncs, self.step, self.at_sync = syncs, step, True
 
 
 @dataclass
@@ -182,13 +119,10 @@ class JobView:
         return True
 
     def _moved(self, event: LifecycleFact) -> None:
+        """What a fact the table let through shows: one case per fact, the longer ones in methods of their own."""
         match event:
             case JobAccepted():
-                self.spec = public_spec(event.spec.model_dump(mode="json"))
-                self.submitted_at = event.spec.submitted_at
-                self.pending(None, "", node_counts={}, waiting_for=[])
-                self.errors = []
-                self.note(event.occurred_at, "accepted", f"priority {event.spec.priority}")
+                self._accepted(event)
             case JobRejected():
                 self.pending(event.reason, event.message, node_counts={}, waiting_for=[])
                 self.errors = [e.model_dump() for e in event.errors]
@@ -200,60 +134,82 @@ class JobView:
                 self.pending(None, "", node_counts={}, waiting_for=[])
                 self.note(event.occurred_at, "ready", "dependencies met; waiting for placement")
             case JobUnschedulable():
-                if self.reason != event.reason:
-                    self.reason_since = event.occurred_at
-                self.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
-                self.note(event.occurred_at, "unschedulable", event.message)
+                self._unschedulable(event)
             case JobScheduled():
                 self._scheduled(event)
             case JobRunning():
                 self.running_at = event.occurred_at
                 self.note(event.occurred_at, "running", "every shard started")
             case JobPreempting():
-                if self.preempting != (event.attempt, event.by_job):
-                    self.preempting = (event.attempt, event.by_job)
-                    self.note(
-                        event.occurred_at,
-                        "preempting",
-                        f"attempt {event.attempt} yields to {event.by_job}: "
-                        f"checkpoint and stop within {event.deadline_s:g}s",
-                    )
+                self._preempting(event)
             case JobPreempted():
-                self.preempting = None
-                self.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
-                kept = (
-                    f"checkpoint {event.checkpoint_dir} at step {event.checkpoint_step}"
-                    if event.checkpoint_dir
-                    else "no checkpoint: the next attempt starts over"
-                )
-                self.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
+                self._preempted(event)
             case JobRecovering():
-                self.recoveries += 1
-                self.preempting = None
-                excluded = f"; avoiding {', '.join(event.exclude_nodes)}" if event.exclude_nodes else ""
-                self.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
-                self.note(
-                    event.occurred_at,
-                    "recovering",
-                    f"attempt {event.attempt} failed ({event.cause}: {event.message}); retry {event.retries_used}, "
-                    f"{event.retries_left} left{excluded}",
-                )
+                self._recovering(event)
             case JobCancelRequested():
                 if self.state is not None and self.state not in TERMINAL:
                     self.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
+            case JobCancelled() | JobSucceeded() | JobFailed():
+                self._ended(event)
+
+    def _accepted(self, event: JobAccepted) -> None:
+        self.spec = public_spec(event.spec.model_dump(mode="json"))
+        self.submitted_at = event.spec.submitted_at
+        self.pending(None, "", node_counts={}, waiting_for=[])
+        self.errors = []
+        self.note(event.occurred_at, "accepted", f"priority {event.spec.priority}")
+
+    def _unschedulable(self, event: JobUnschedulable) -> None:
+        if self.reason != event.reason:
+            self.reason_since = event.occurred_at  # RESOURCE_SHORTAGE times the reason from its first giving, not each
+        self.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
+        self.note(event.occurred_at, "unschedulable", event.message)
+
+    def _preempting(self, event: JobPreempting) -> None:
+        if self.preempting == (event.attempt, event.by_job):
+            return  # redelivered: the preemption under way is noted once
+        self.preempting = (event.attempt, event.by_job)
+        self.note(
+            event.occurred_at,
+            "preempting",
+            f"attempt {event.attempt} yields to {event.by_job}: checkpoint and stop within {event.deadline_s:g}s",
+        )
+
+    def _preempted(self, event: JobPreempted) -> None:
+        self.preempting = None
+        self.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
+        kept = (
+            f"checkpoint {event.checkpoint_dir} at step {event.checkpoint_step}"
+            if event.checkpoint_dir
+            else "no checkpoint: the next attempt starts over"
+        )
+        self.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
+
+    def _recovering(self, event: JobRecovering) -> None:
+        self.recoveries += 1
+        self.preempting = None
+        excluded = f"; avoiding {', '.join(event.exclude_nodes)}" if event.exclude_nodes else ""
+        self.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
+        self.note(
+            event.occurred_at,
+            "recovering",
+            f"attempt {event.attempt} failed ({event.cause}: {event.message}); retry {event.retries_used}, "
+            f"{event.retries_left} left{excluded}",
+        )
+
+    def _ended(self, event: JobCancelled | JobSucceeded | JobFailed) -> None:
+        self.ended_at = event.occurred_at
+        match event:
             case JobCancelled():
                 self.pending("CANCELLED", event.message, node_counts={}, waiting_for=[])
-                self.ended_at = event.occurred_at
                 self.note(event.occurred_at, "cancelled", event.message)
             case JobSucceeded():
                 self.final_loss, self.checkpoint_dir = event.final_loss, event.checkpoint_dir
-                self.ended_at = event.occurred_at
                 self.note(
                     event.occurred_at, "succeeded", f"final loss {event.final_loss}; checkpoint {event.checkpoint_dir}"
                 )
             case JobFailed():
                 self.pending(event.cause, event.message, node_counts={}, waiting_for=[])
-                self.ended_at = event.occurred_at
                 self.note(event.occurred_at, "failed", f"{event.cause}: {event.message}")
 
     def _waiting(self, event: JobWaiting) -> None:
@@ -396,8 +352,3 @@ def public_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(entrypoint, dict) or not entrypoint.get("env"):
         return spec
     return {**spec, "entrypoint": {**entrypoint, "env": dict.fromkeys(entrypoint["env"], REDACTED)}}
-
-
-def _finite(values: list[float]) -> list[float | None]:
-    """A diverged run's NaN or inf as null: JSON has no such numbers, and one would break the whole response."""
-    return [v if math.isfinite(v) else None for v in values]

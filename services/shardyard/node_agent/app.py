@@ -29,9 +29,11 @@ from shardyard.node_agent.benchmark import (
     SubprocessBench,
     calibrate,
 )
-from shardyard.node_agent.book import AgentBook, RunnerOptions
+from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.environment import RunnerOptions
 from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
-from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
+from shardyard.node_agent.handlers import AgentHandlers
+from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.interfaces import advertised_interface
 from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
@@ -205,23 +207,8 @@ def topology(zone: str, rack: str) -> dict[str, str]:
     return {name: value for name, value in labels.items() if value}
 
 
-def build_app(
-    settings: AgentSettings,
-    *,
-    clock: Clock,
-    gpus: GpuProbe | None = None,
-    launcher: Launcher | None = None,
-    bench: GpuBench | None = None,
-    disk: PathProbe | None = None,
-) -> FastStream:
-    broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.node_id}")
-    bus = Bus(broker, service=SERVICE)
-    probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops))
-    measured = MeasuredTflops(probe)
-    bench = bench or SubprocessBench(
-        sys.executable, size=settings.tflops_size, dtype=settings.tflops_dtype, seconds=settings.tflops_seconds
-    )
-    identity = NodeIdentity(
+def _identity(settings: AgentSettings, probe: GpuProbe) -> NodeIdentity:
+    return NodeIdentity(
         node_id=settings.node_id,
         instance=settings.instance,
         address=settings.address,
@@ -250,39 +237,22 @@ def build_app(
         shard_users=_shard_users(settings),
         scratch_dir=(settings.scratch_dir or settings.log_dir / "scratch" / settings.node_id).resolve(),
     )
-    watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
-    handlers = AgentHandlers(
-        identity,
-        AgentBook(settings.node_id),
-        bus,
-        clock,
-        measured,
-        launcher or SubprocessLauncher(),
-        watch=watch,
-        disk=disk,
-        lease_s=settings.lease_s,
-    )
+
+
+def _subscribe(bus: Bus, settings: AgentSettings, handlers: AgentHandlers) -> None:
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
     group = f"shardyard-agent-{settings.node_id}"
     bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=group, fetch_max_wait_ms=JOB_PATH_FETCH_MS)
     # Lifecycle facts are read in full by every agent (no group): each watches the artifacts of every live job.
     bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
+
+
+def _periodic_work(app: FastStream, settings: AgentSettings, handlers: AgentHandlers, bus: Bus, clock: Clock) -> None:
+    """Heartbeats, artifact polls and the lease check, from the app's start to its shutdown."""
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
     poll = Periodic("artifact-poll", settings.artifact_poll_s, handlers.poll_artifacts)
     fence = Periodic("self-fence", CHECK_INTERVAL_S, handlers.check_lease)
-    app = FastStream(broker)
-
-    def restore(_topic: Topic, event: LifecycleFact) -> None:
-        watch.apply(event)  # no stat yet: the first heartbeat looks at every watched path
-
-    @app.on_startup
-    async def prepare() -> None:
-        await ensure_topics(settings.bootstrap)
-        _, figures = await asyncio.gather(
-            replay(settings.bootstrap, [LIFECYCLE], restore), calibrate(settings.measure_tflops, probe, bench)
-        )
-        measured.figures.update(figures)
 
     @app.after_startup
     async def ready() -> None:
@@ -299,4 +269,49 @@ def build_app(
         await beat.stop()
         await handlers.stop_all()
 
+
+def build_app(
+    settings: AgentSettings,
+    *,
+    clock: Clock,
+    gpus: GpuProbe | None = None,
+    launcher: Launcher | None = None,
+    bench: GpuBench | None = None,
+    disk: PathProbe | None = None,
+) -> FastStream:
+    broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.node_id}")
+    bus = Bus(broker, service=SERVICE)
+    probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops))
+    measured = MeasuredTflops(probe)
+    bench = bench or SubprocessBench(
+        sys.executable, size=settings.tflops_size, dtype=settings.tflops_dtype, seconds=settings.tflops_seconds
+    )
+    identity = _identity(settings, probe)
+    watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
+    handlers = AgentHandlers(
+        identity,
+        AgentBook(settings.node_id),
+        bus,
+        clock,
+        measured,
+        launcher or SubprocessLauncher(),
+        watch=watch,
+        disk=disk,
+        lease_s=settings.lease_s,
+    )
+    _subscribe(bus, settings, handlers)
+    app = FastStream(broker)
+
+    def restore(_topic: Topic, event: LifecycleFact) -> None:
+        watch.apply(event)  # no stat yet: the first heartbeat looks at every watched path
+
+    @app.on_startup
+    async def prepare() -> None:
+        await ensure_topics(settings.bootstrap)
+        _, figures = await asyncio.gather(
+            replay(settings.bootstrap, [LIFECYCLE], restore), calibrate(settings.measure_tflops, probe, bench)
+        )
+        measured.figures.update(figures)
+
+    _periodic_work(app, settings, handlers, bus, clock)
     return app

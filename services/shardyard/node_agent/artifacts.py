@@ -83,6 +83,10 @@ class ArtifactWatch:
             return self._track(event.job_id, frozenset({event.spec.model_path, event.spec.dataset_path}))
         return frozenset()
 
+    def ended(self, job_id: str) -> bool:
+        """Whether the job's lifecycle reached its end, as far as this watch heard."""
+        return self.states.get(job_id) in TERMINAL
+
     @property
     def watched(self) -> frozenset[str]:
         return frozenset(self.refs)

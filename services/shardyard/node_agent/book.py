@@ -1,61 +1,103 @@
-"""The agent's decisions, pure: which assignments to run, hold (spares) and stop, which shards a lost lease fences,
-the command and environment a shard gets (the built-in runner, or the job's own entrypoint under the supervisor of
-:mod:`shardyard.training.entry`), what its reports mean (checkpointed) and what its end means (completed, failed with
-a cause, or preempted with a checkpoint)."""
+"""The agent's record of its shard attempts, pure: which assignments to run, hold (spares) and stop, which shards a
+lost lease or a faulted GPU stops, what a shard's reports mean (progress, checkpointed) and what its end means
+(completed, failed with a cause, or preempted with a checkpoint).
 
+Each (job, shard, attempt) here is in one :class:`ShardAttempt` state, moved only along :data:`TRANSITIONS`, so a
+redelivered or late assignment, revocation or stop request cannot run an attempt twice or revive an ended one. Why a
+running shard is being stopped (the lease lost, a GPU faulted) is noted beside its state: either may meet any live
+state, and only changes how its end is reported."""
+
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
 
+from shardyard.errors import ShardyardError
 from shardyard.events import (
     Event,
     FailureCause,
     RunningShard,
     ShardAssignment,
     ShardCheckpointed,
-    ShardCompleted,
-    ShardFailed,
-    ShardPreempted,
+    ShardProgress,
     ShardRevocation,
+    ShardStarted,
     ShardStopRequest,
 )
-from shardyard.node_agent.mounts import resolve
-from shardyard.node_agent.redaction import redact, secrets_of
-from shardyard.training import entry, store
-from shardyard.training.config import (
-    CHECKPOINT_EVERY_ENV,
-    DEFAULT_CHECKPOINT_EVERY,
-    DEFAULT_SLOW_SYNC_FACTOR,
-    DEFAULT_SYNC_TIMEOUT_S,
-    PEER_STATE_DIR_ENV,
-    SLOW_SYNC_FACTOR_ENV,
-    SYNC_TIMEOUT_ENV,
+from shardyard.node_agent import reports
+from shardyard.node_agent.environment import RunnerOptions as RunnerOptions  # importable from here, as it was
+from shardyard.node_agent.environment import ShardPaths, shard_paths
+from shardyard.node_agent.reports import ShardKey
+
+log = logging.getLogger(__name__)
+
+
+class ShardAttempt(StrEnum):
+    SPARE = "SPARE"
+    """GPUs held in reserve for the gang: recorded, no process, not in heartbeats' ``running``."""
+    RUNNING = "RUNNING"
+    """Launched: its process is being started or runs."""
+    STOPPING = "STOPPING"
+    """Asked to checkpoint and stop (preemption); it runs until it does."""
+    REVOKED = "REVOKED"
+    """Being killed for the scheduler; its end is not reported (its job has moved on)."""
+    ENDED = "ENDED"
+    """Its process exited, or never started: ran once, never again."""
+    RELEASED = "RELEASED"
+    """A spare given back: it never ran and never will."""
+
+
+ENTRY: Final = frozenset({ShardAttempt.SPARE, ShardAttempt.RUNNING})
+"""The states a first assignment of an attempt puts it in."""
+
+LIVE: Final = frozenset({ShardAttempt.RUNNING, ShardAttempt.STOPPING, ShardAttempt.REVOKED})
+"""The states of a launched attempt until its end: the node's ``running`` shards."""
+
+TRANSITIONS: Final = MappingProxyType(
+    {
+        ShardAttempt.SPARE: frozenset(
+            {
+                ShardAttempt.RUNNING,  # promoted in place: its own assignment came again without ``spare``
+                ShardAttempt.RELEASED,  # revoked: nothing runs, nothing to stop
+            }
+        ),
+        ShardAttempt.RUNNING: frozenset(
+            {
+                ShardAttempt.STOPPING,  # a stop request: signalled once to checkpoint and stop
+                ShardAttempt.REVOKED,  # a revocation: terminated, its end goes unreported
+                ShardAttempt.ENDED,  # its process exited, or it could not be started: its end is reported
+            }
+        ),
+        ShardAttempt.STOPPING: frozenset(
+            {
+                ShardAttempt.REVOKED,  # revoked before it stopped (the preemption deadline passed)
+                ShardAttempt.ENDED,  # it stopped (preempted), or ended otherwise before it could: reported
+            }
+        ),
+        ShardAttempt.REVOKED: frozenset(
+            {
+                ShardAttempt.REVOKED,  # a redelivered revocation: terminated again (nothing happens to the dead)
+                ShardAttempt.ENDED,  # its process exited: nothing is reported
+            }
+        ),
+        ShardAttempt.ENDED: frozenset(),  # a redelivered assignment is a duplicate
+        ShardAttempt.RELEASED: frozenset(),  # a released spare's assignment again is a duplicate
+    }
 )
-from shardyard.training.exitcodes import ExitCause, classify_exit
-from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
-from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV, checkpoint_job_path
 
-ShardKey = tuple[str, int, int]
-"""(job id, shard index, attempt): a shard attempt runs at most once."""
 
-PROGRESS_FD_ENV = entry.PROGRESS_FD_ENV
-RUNNER_MODULE = "shardyard.training.shard"
-ENTRY_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-"""What an entrypoint's environment holds unless the job's ``env`` says otherwise (the built-in runner's threads;
-print() lines reach the shard log as they are written, not when a buffer fills)."""
+def can_move(current: ShardAttempt | None, target: ShardAttempt) -> bool:
+    """True when an attempt in ``current`` (None: not seen here yet) may move to ``target``."""
+    if current is None:
+        return target in ENTRY
+    return target in TRANSITIONS[current]
 
-_CAUSE = {
-    ExitCause.USER_ERROR: FailureCause.USER_ERROR,
-    ExitCause.COMM_ERROR: FailureCause.COMM_ERROR,
-    ExitCause.KILLED: FailureCause.KILLED,
-    ExitCause.PROCESS_EXIT: FailureCause.PROCESS_EXIT,
-    ExitCause.OOM: FailureCause.OOM,
-    ExitCause.GPU_FAULT: FailureCause.GPU_FAULT,
-    ExitCause.SYNC_TIMEOUT: FailureCause.SYNC_TIMEOUT,
-    ExitCause.FENCED: FailureCause.FENCED,
-}
+
+class NotRunning(ShardyardError, KeyError):
+    """An end reported for an attempt that is not running here: a bug in the agent, not an event to ignore."""
 
 
 class Verdict(StrEnum):
@@ -70,65 +112,14 @@ def key_of(event: ShardAssignment | ShardRevocation | ShardStopRequest) -> Shard
     return (event.job_id, event.shard_index, event.attempt)
 
 
-@dataclass(frozen=True)
-class ShardPaths:
-    model: Path
-    dataset: Path
-    output: Path
-    resume: Path | None = None
-    workdir: Path | None = None
-    """An entrypoint's ``working_dir`` on this node; None: the agent's working directory."""
-
-    def missing(self) -> list[str]:
-        inputs = [("model", self.model), ("dataset", self.dataset)]
-        if self.resume is not None:
-            inputs.append(("checkpoint", self.resume))
-        return [f"{name} {path}" for name, path in inputs if not path.is_dir()]
-
-
-@dataclass(frozen=True)
-class RunnerOptions:
-    """The node's settings for the runners it starts (``SHARDYARD_*`` variables of every shard)."""
-
-    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
-    sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
-    slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
-    peer_state_dir: str | None = None
-    """Where the node's shards keep their gang's state when they fail, one directory per job (None: they keep
-    none); see :mod:`shardyard.training.peer_state`."""
-    lease_file: str | None = None
-    """The file the agent touches on every heartbeat the bus acknowledged; shards fence themselves on its age."""
-    shard_lease_s: float = DEFAULT_SHARD_LEASE_S
-    socket_ifname: str | None = None
-    """The network interface of the node's advertised address: gloo and NCCL listen there, not on whichever
-    interface the host name leads to (None: their own choice). The agent's environment, or the job's, may name
-    another."""
-
-    def env(self) -> dict[str, str]:
-        lease = {LEASE_FILE_ENV: self.lease_file, LEASE_S_ENV: repr(self.shard_lease_s)} if self.lease_file else {}
-        return {
-            CHECKPOINT_EVERY_ENV: str(self.checkpoint_every),
-            SYNC_TIMEOUT_ENV: repr(self.sync_timeout_s),
-            SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
-            **lease,
-        }
-
-    def net_env(self) -> dict[str, str]:
-        if self.socket_ifname is None:
-            return {}
-        return {"GLOO_SOCKET_IFNAME": self.socket_ifname, "NCCL_SOCKET_IFNAME": f"={self.socket_ifname}"}
-
-
 @dataclass
 class AgentBook:
     node_id: str
     max_term: int = 0
-    seen: set[ShardKey] = field(default_factory=set)
-    running: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
-    spares: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
-    """GPUs held in reserve for a gang: recorded, no process, not running (not in heartbeats' ``running``)."""
-    revoked: set[ShardKey] = field(default_factory=set)
-    stopping: set[ShardKey] = field(default_factory=set)
+    states: dict[ShardKey, ShardAttempt] = field(default_factory=dict)
+    """Every attempt this node was assigned, in its state; ended ones stay, so redeliveries are refused."""
+    assignments: dict[ShardKey, ShardAssignment] = field(default_factory=dict)
+    """The assignment of each attempt that holds GPUs here: spares and live attempts."""
     fenced: dict[ShardKey, str] = field(default_factory=dict)
     """Shards stopped because the agent lost the bus (self-fencing), with the message their end is reported with."""
     gpu_faulted: dict[ShardKey, str] = field(default_factory=dict)
@@ -137,6 +128,51 @@ class AgentBook:
     """Cores each running shard uses (its last progress report's ``cpu_percent`` / 100)."""
     sync_intervals: dict[ShardKey, int] = field(default_factory=dict)
     """Each running shard's sync interval as its last progress report gave it."""
+
+    # -- the table ---------------------------------------------------------------------------------------------
+
+    def _move(self, key: ShardKey, target: ShardAttempt) -> bool:
+        """Move ``key`` to ``target`` when the table allows it; a refused move changes nothing and says False."""
+        current = self.states.get(key)
+        if not can_move(current, target):
+            log.debug("%s: no move from %s to %s", key, current, target)
+            return False
+        self.states[key] = target
+        return True
+
+    def _in(self, *states: ShardAttempt) -> dict[ShardKey, ShardAssignment]:
+        return {key: a for key, a in self.assignments.items() if self.states[key] in states}
+
+    @property
+    def running(self) -> dict[ShardKey, ShardAssignment]:
+        """Launched attempts until their end (being stopped or revoked included)."""
+        return self._in(*LIVE)
+
+    @property
+    def spares(self) -> dict[ShardKey, ShardAssignment]:
+        return self._in(ShardAttempt.SPARE)
+
+    @property
+    def revoked(self) -> frozenset[ShardKey]:
+        return frozenset(self._in(ShardAttempt.REVOKED))
+
+    @property
+    def stopping(self) -> frozenset[ShardKey]:
+        return frozenset(self._in(ShardAttempt.STOPPING))
+
+    def live(self, key: ShardKey) -> ShardAssignment | None:
+        """The assignment of a launched attempt that has not ended; None for any other."""
+        return self.assignments.get(key) if self.states.get(key) in LIVE else None
+
+    def running_of(self, job_id: str) -> int:
+        """How many shards of the job run here."""
+        return sum(1 for job, _, _ in self.running if job == job_id)
+
+    def holding(self) -> frozenset[str]:
+        """Jobs that hold a spare or run a shard here."""
+        return frozenset(job for job, _, _ in self.assignments)
+
+    # -- what the scheduler says -------------------------------------------------------------------------------
 
     def on_assignment(self, assignment: ShardAssignment) -> Verdict:
         """What to do with an assignment. A (job, shard, attempt) is launched at most once; a spare is only held.
@@ -147,31 +183,39 @@ class AgentBook:
             return Verdict.STALE_TERM
         self.max_term = assignment.term
         key = key_of(assignment)
-        promoted = key in self.spares and not assignment.spare
-        if key in self.seen and not promoted:
+        target = ShardAttempt.SPARE if assignment.spare else ShardAttempt.RUNNING
+        if not self._move(key, target):
             return Verdict.DUPLICATE
-        self.seen.add(key)
-        if assignment.spare:
-            self.spares[key] = assignment
-            return Verdict.HOLD_SPARE
-        self.spares.pop(key, None)
-        self.running[key] = assignment
-        return Verdict.LAUNCH
+        self.assignments[key] = assignment
+        return Verdict.HOLD_SPARE if target is ShardAttempt.SPARE else Verdict.LAUNCH
 
     def on_revocation(self, revocation: ShardRevocation) -> ShardKey | None:
         """The running shard to stop, if the revocation is for one of ours and not from an older term. A revoked
-        spare is just dropped (nothing runs)."""
+        spare is just released (nothing runs)."""
         key = key_of(revocation)
         if revocation.node_id != self.node_id or revocation.term < self.max_term:
             return None
-        if self.spares.pop(key, None) is not None or key not in self.running:
+        spare = self.states.get(key) is ShardAttempt.SPARE
+        if not self._move(key, ShardAttempt.RELEASED if spare else ShardAttempt.REVOKED):
             return None
-        self.revoked.add(key)
+        if spare:
+            del self.assignments[key]
+            return None
         return key
+
+    def on_stop_request(self, request: ShardStopRequest) -> ShardKey | None:
+        """The running shard to signal, if the request is for one of ours, not from an older term, and new (a
+        shard being stopped or revoked already is left alone)."""
+        key = key_of(request)
+        if request.node_id != self.node_id or request.term < self.max_term:
+            return None
+        return key if self._move(key, ShardAttempt.STOPPING) else None
+
+    # -- why shards are stopped --------------------------------------------------------------------------------
 
     def fence(self, message: str) -> list[ShardKey]:
         """The agent lost the bus: every running shard not fenced yet is to be stopped; its end will be reported
-        as REVOKED with ``message``. Spares run nothing and stay recorded."""
+        as FENCED with ``message``. Spares run nothing and stay recorded."""
         keys = [key for key in sorted(self.running) if key not in self.fenced]
         for key in keys:
             self.fenced[key] = message
@@ -181,30 +225,26 @@ class AgentBook:
         """GPUs that faulted (index -> fault): every started shard on one, not stopped for it yet, is to be stopped;
         its end will be reported as GPU_FAULT. A shard still being launched is left to the next call (heartbeat)."""
         keys = []
-        for key in sorted(self.running):
-            bad = [f"GPU {gpu}: {faults[gpu]}" for gpu in self.running[key].gpu_indices if gpu in faults]
+        for key, assignment in sorted(self.running.items()):
+            bad = [f"GPU {gpu}: {faults[gpu]}" for gpu in assignment.gpu_indices if gpu in faults]
             if bad and key in started and key not in self.gpu_faulted:
                 self.gpu_faulted[key] = "; ".join(bad)
                 keys.append(key)
         return keys
 
-    def checkpointed(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardCheckpointed | None:
-        """A running shard's ``checkpointed`` report as an event naming the checkpoint by its job path; None when the
-        report is malformed or the shard is not running."""
-        assignment = self.running.get(key)
-        step = report.get("step")
-        if assignment is None or not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            return None
-        job_id, shard_index, attempt = key
-        return ShardCheckpointed(
-            occurred_at=now,
-            job_id=job_id,
-            shard_index=shard_index,
-            attempt=attempt,
-            node_id=self.node_id,
-            step=step,
-            checkpoint_dir=checkpoint_job_path(assignment.workload.output_path),
-        )
+    # -- what a shard reports ----------------------------------------------------------------------------------
+
+    def started(self, key: ShardKey, pid: int, *, now: datetime) -> ShardStarted:
+        return reports.started(self.node_id, key, pid, now=now)
+
+    def progressed(self, key: ShardKey, report: Mapping[str, Any]) -> bool:
+        """Note a progress report's CPU use; True when it is the shard's first."""
+        first = key not in self.utilization
+        self.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
+        return first
+
+    def progress(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardProgress:
+        return reports.progress(self.node_id, key, report, now=now)
 
     def pace(self, key: ShardKey, report: Mapping[str, object]) -> tuple[int, int] | None:
         """(old, new) when a progress report gives a sync interval other than the shard's previous one."""
@@ -215,15 +255,13 @@ class AgentBook:
         self.sync_intervals[key] = interval
         return None if previous is None or previous == interval else (previous, interval)
 
-    def on_stop_request(self, request: ShardStopRequest) -> ShardKey | None:
-        """The running shard to signal, if the request is for one of ours, not from an older term, and new."""
-        key = key_of(request)
-        if request.node_id != self.node_id or request.term < self.max_term or key not in self.running:
-            return None
-        if key in self.revoked or key in self.stopping:
-            return None  # being stopped already: a redelivered request changes nothing
-        self.stopping.add(key)
-        return key
+    def checkpointed(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardCheckpointed | None:
+        """A running shard's ``checkpointed`` report as an event naming the checkpoint by its job path; None when the
+        report is malformed or the shard is not running."""
+        assignment = self.live(key)
+        return None if assignment is None else reports.checkpointed(self.node_id, key, assignment, report, now=now)
+
+    # -- what the heartbeat says -------------------------------------------------------------------------------
 
     def gpu_utilization(self) -> dict[int, float]:
         out: dict[int, float] = {}
@@ -239,16 +277,9 @@ class AgentBook:
         )
 
     def paths(self, assignment: ShardAssignment, mounts: Mapping[str, str]) -> ShardPaths:
-        workload = assignment.workload
-        return ShardPaths(
-            model=resolve(workload.model_path, mounts),
-            dataset=resolve(workload.dataset_path, mounts),
-            output=resolve(workload.output_path, mounts),
-            resume=None if workload.resume_from is None else resolve(workload.resume_from, mounts),
-            workdir=None
-            if workload.entrypoint is None or workload.entrypoint.working_dir is None
-            else resolve(workload.entrypoint.working_dir, mounts),
-        )
+        return shard_paths(assignment, mounts)
+
+    # -- the end -----------------------------------------------------------------------------------------------
 
     def finished(
         self,
@@ -264,153 +295,25 @@ class AgentBook:
 
         ``final`` is the shard's last report: ``finished`` (after a normal end) or ``preempted`` (after a stop).
         """
-        assignment = self.running.pop(key)
+        revoked = self.states.get(key) is ShardAttempt.REVOKED
+        if not self._move(key, ShardAttempt.ENDED):
+            raise NotRunning(key)
+        assignment = self.assignments.pop(key)
         self.utilization.pop(key, None)
         self.sync_intervals.pop(key, None)
-        self.stopping.discard(key)
         fenced = self.fenced.pop(key, None)
         gpu_fault = self.gpu_faulted.pop(key, None)
-        if key in self.revoked:
-            self.revoked.discard(key)
+        if revoked:
             return None
-        job_id, shard_index, attempt = key
-        entrypoint = assignment.workload.entrypoint
-        message = message if entrypoint is None else redact(message, secrets_of(entrypoint.env))
-        info = final or {}
-        if cause is None and returncode is not None:
-            exit_cause = classify_exit(returncode)
-            if fenced is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
-                cause, message = FailureCause.FENCED, fenced  # whatever it died of, we stopped it
-            if gpu_fault is not None and exit_cause not in (ExitCause.OK, ExitCause.PREEMPTED):
-                cause, message = FailureCause.GPU_FAULT, gpu_fault  # the hardware's fault, whoever stopped it
-            if exit_cause is ExitCause.OK:
-                loss = info.get("final_loss")
-                steps = info.get("steps")
-                return ShardCompleted(
-                    occurred_at=now,
-                    job_id=job_id,
-                    shard_index=shard_index,
-                    attempt=attempt,
-                    node_id=self.node_id,
-                    final_loss=float(loss) if isinstance(loss, int | float) else None,
-                    steps=int(steps) if isinstance(steps, int) else None,
-                    checkpoint_dir=assignment.workload.output_path,
-                )
-            if exit_cause is ExitCause.PREEMPTED:
-                # The runner exits PREEMPTED only once rank 0's checkpoint is complete, report or not.
-                step = info.get("step") if info.get("kind") == "preempted" else None
-                return ShardPreempted(
-                    occurred_at=now,
-                    job_id=job_id,
-                    shard_index=shard_index,
-                    attempt=attempt,
-                    node_id=self.node_id,
-                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                    checkpoint_dir=checkpoint_job_path(assignment.workload.output_path),
-                )
-            cause = cause or _CAUSE[exit_cause]
-        return ShardFailed(
-            occurred_at=now,
-            job_id=job_id,
-            shard_index=shard_index,
-            attempt=attempt,
-            node_id=self.node_id,
-            cause=cause or FailureCause.PROCESS_EXIT,
-            exit_code=returncode,
+        return reports.ended(
+            self.node_id,
+            key,
+            assignment,
+            returncode,
+            now=now,
+            final=final or {},
             message=message,
+            cause=cause,
+            fenced=fenced,
+            gpu_fault=gpu_fault,
         )
-
-
-def shard_argv(assignment: ShardAssignment, paths: ShardPaths, *, python: str) -> tuple[str, ...]:
-    """What a shard runs: the built-in runner, or the job's own command (verbatim, no shell) under the supervisor."""
-    entrypoint = assignment.workload.entrypoint
-    if entrypoint is None:
-        return (python, "-m", RUNNER_MODULE)
-    cwd = () if paths.workdir is None else ("--cwd", str(paths.workdir))
-    return (python, "-m", entry.MODULE, *cwd, "--", *entrypoint.command)
-
-
-def shard_env(
-    assignment: ShardAssignment,
-    paths: ShardPaths,
-    *,
-    base_env: Mapping[str, str],
-    options: RunnerOptions = RunnerOptions(),
-    local_world_size: int = 1,
-    home: Path | None = None,
-) -> dict[str, str]:
-    """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
-
-    Every GPU of the node stays visible and LOCAL_RANK is the shard's GPU index, so a script that does
-    ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` (as torchrun scripts do) lands on its assigned GPU.
-
-    An entrypoint's environment is the interface gloo and NCCL listen on (``options.net_env()``), the agent's,
-    ``home`` as HOME and TMPDIR (a shard under a user of its own cannot write the agent's), then
-    :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the runtime's variables, which nothing overrides: these,
-    ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU count, so that LOCAL_RANK < LOCAL_WORLD_SIZE),
-    ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``) and, for a gang, the hosted store's (:func:`hosted_store`).
-    """
-    workload = assignment.workload
-    local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
-    base = {**options.net_env(), **base_env, **private_home(home)}
-    if workload.entrypoint is None:
-        first: dict[str, str] = {**base, "OMP_NUM_THREADS": "1"}
-        last: dict[str, str] = {}
-    else:
-        first = {**base, **ENTRY_DEFAULTS, **workload.entrypoint.env}
-        last = {
-            "LOCAL_WORLD_SIZE": str(max(local_world_size, local_rank + 1)),
-            entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
-            **hosted_store(assignment),
-        }
-    return (
-        {
-            **first,
-            "RANK": str(assignment.shard_index),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(assignment.world_size),
-            "MASTER_ADDR": assignment.master_addr,
-            "MASTER_PORT": str(assignment.master_port),
-            "SHARDYARD_JOB_ID": assignment.job_id,
-            "SHARDYARD_ATTEMPT": str(assignment.attempt),
-            "SHARDYARD_MODEL_DIR": str(paths.model),
-            "SHARDYARD_DATASET_DIR": str(paths.dataset),
-            "SHARDYARD_OUTPUT_DIR": str(paths.output),
-            entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
-            "SHARDYARD_MAX_STEPS": str(workload.max_steps),
-            "SHARDYARD_BATCH_SIZE": str(workload.batch_size),
-            "SHARDYARD_SEQ_LEN": str(workload.seq_len),
-            "SHARDYARD_LR": repr(workload.lr),
-            "SHARDYARD_SEED": str(workload.seed),
-            **options.env(),
-            **last,
-        }
-        | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
-        | peer_state_env(assignment, options)
-    )
-
-
-def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
-    """A gang of a job's own script rendezvous at a store the runtime hosts on MASTER_ADDR (rank 0's supervisor:
-    :mod:`shardyard.training.store`), every rank a client of it, as under torchrun; a script's own store would
-    listen on every interface. A single shard has no gang: its script is left to itself."""
-    if assignment.world_size < 2:
-        return {}
-    return {store.AGENT_STORE_ENV: "True", store.RESTART_COUNT_ENV: str(max(0, assignment.attempt - 1))}
-
-
-def private_home(home: Path | None) -> dict[str, str]:
-    """HOME and TMPDIR of a shard that has a private directory of its own (None: the agent's stay)."""
-    return {} if home is None else {"HOME": str(home), "TMPDIR": str(home)}
-
-
-def peer_state_dir(options: RunnerOptions, job_id: str) -> Path | None:
-    """The directory where the built-in runner's shards of ``job_id`` keep their gang's state on this node."""
-    return None if options.peer_state_dir is None else Path(options.peer_state_dir) / job_id
-
-
-def peer_state_env(assignment: ShardAssignment, options: RunnerOptions) -> dict[str, str]:
-    where = peer_state_dir(options, assignment.job_id)
-    if where is None or assignment.workload.entrypoint is not None:  # a job's own script keeps its own state
-        return {}
-    return {PEER_STATE_DIR_ENV: str(where)}

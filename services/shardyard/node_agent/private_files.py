@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from shardyard.events import ShardAssignment
-from shardyard.node_agent.book import RunnerOptions, ShardPaths, peer_state_dir
+from shardyard.node_agent.environment import RunnerOptions, ShardPaths, peer_state_dir
 from shardyard.node_agent.shard_users import ShardUser, ShardUsers
 
 PRIVATE_DIR: Final = 0o700

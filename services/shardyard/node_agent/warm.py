@@ -7,6 +7,8 @@ the node holds for the job; when a shard of the job ended here with a failure it
 whole gang, survivors included, re-forms warm after a member's loss). It lives while the job holds a spare or runs
 a shard here, else ``ttl_s`` from its start; the job's end ends it at once. The node keeps at most ``limit`` (its GPU
 count: never more warm processes than shards it could run).
+
+:class:`StandbyPolicy` says when a job is worth one more; :class:`WarmBook` keeps the standbys and gives them out.
 """
 
 from collections import Counter
@@ -14,7 +16,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
-from shardyard.events import FailureCause
+from shardyard.events import Event, FailureCause, ShardAssignment, ShardFailed
+from shardyard.node_agent.book import ShardKey
 
 Mode = Literal["none", "spares", "gang"]
 """``none``: every shard starts cold. ``spares``: a standby per spare held and after a recoverable failure. ``gang``:
@@ -64,6 +67,16 @@ class WarmBook(Generic[S]):
         """The job's standbys, idle or being started."""
         return sum(1 for w in self.idle if w.job_id == job_id) + self.starting[job_id]
 
+    def reserve(self, job_id: str) -> None:
+        """A standby of the job is being started: it takes its room now."""
+        self.starting[job_id] += 1
+
+    def unreserve(self, job_id: str) -> None:
+        """The standby being started is up (and added) or failed to start."""
+        self.starting[job_id] -= 1
+        if not self.starting[job_id]:
+            del self.starting[job_id]
+
     def add(self, job_id: str, standby: S, *, now: float) -> None:
         self.idle.append(Warm(job_id, standby, now))
 
@@ -104,3 +117,57 @@ class WarmBook(Generic[S]):
         gone = [w.standby for w in self.idle]
         self.idle = []
         return gone
+
+
+def _runner(assignment: ShardAssignment) -> bool:
+    """A standby is the built-in runner, warmed up: a job's own entrypoint cannot use one."""
+    return assignment.workload.entrypoint is None
+
+
+@dataclass
+class StandbyPolicy:
+    """When a job is worth one more standby here. The caller says what it has (``have``: the job's standbys, idle
+    or starting) and what runs here; time comes in."""
+
+    mode: Mode = "gang"
+    gang_after_s: float = DEFAULT_GANG_AFTER_S
+    due: dict[ShardKey, float] = field(default_factory=dict)
+    """``gang`` mode: training shards without their standby yet -> when it is due (monotonic seconds)."""
+    members: dict[str, int] = field(default_factory=dict)
+    """Job -> the most shards of it that ran here at once (as many standbys are worth keeping after a failure)."""
+
+    def for_spare(self, assignment: ShardAssignment) -> bool:
+        """A spare is held here: its promotion would start a shard."""
+        return self.mode != "none" and _runner(assignment)
+
+    def launched(self, job_id: str, *, here: int) -> None:
+        """A shard of the job started; ``here`` of its shards run here now."""
+        self.members[job_id] = max(self.members.get(job_id, 0), here)
+
+    def trained(
+        self, key: ShardKey, assignment: ShardAssignment | None, *, first: bool, now: float, here: int, have: int
+    ) -> bool:
+        """A progress report of a running shard (``first``: its first). ``gang`` mode: a shard of a multi-shard job
+        that trained ``gang_after_s`` is worth one, once, while its job has fewer than the ``here`` shards it runs."""
+        if self.mode != "gang" or assignment is None or not _runner(assignment) or assignment.world_size < 2:
+            return False
+        if first:
+            self.due[key] = now + self.gang_after_s
+        due = self.due.get(key)
+        if due is None or now < due:
+            return False
+        del self.due[key]
+        return have < here
+
+    def ended(self, key: ShardKey, assignment: ShardAssignment | None, event: Event | None, *, have: int) -> bool:
+        """A shard ended, reported with ``event``. A failure its gang recovers from (:data:`WARM_AFTER`) re-forms the
+        gang, most likely with as many members here again: worth one while the job has fewer than that."""
+        self.due.pop(key, None)
+        if self.mode == "none" or assignment is None or not _runner(assignment):
+            return False
+        if not (isinstance(event, ShardFailed) and event.cause in WARM_AFTER):
+            return False
+        return have < self.members.get(key[0], 1)
+
+    def job_ended(self, job_id: str) -> None:
+        self.members.pop(job_id, None)

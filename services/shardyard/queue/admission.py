@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from shardyard.events import FieldError, JobSpec, JobSubmission, RejectReason
 from shardyard.events.job import Entrypoint
-from shardyard.events.submission import JOB_ID_PATTERN, SubmittedEntrypoint
+from shardyard.events.submission import JOB_ID_PATTERN, GpuRequirement, SubmittedEntrypoint
 from shardyard.gpus import canonical_model
 
 MAX_SUBMISSION_BYTES: Final = 256 * 1024
@@ -238,7 +238,29 @@ def admit(
 def _admit(
     raw: bytes, *, catalogue: Mapping[str, float], submitted_at: datetime, fallback_id: str, policy: Policy
 ) -> Admitted | Refused:
-    over = over_limits(raw, policy.limits)
+    document = _document(raw, fallback_id, policy.limits)
+    if isinstance(document, Refused):
+        return document
+    job_id = _job_id_of(document, fallback_id)
+    try:
+        submission = JobSubmission.model_validate(document)
+    except ValidationError as exc:
+        return _invalid(job_id, exc)
+    refused = _against_policy(job_id, submission, policy)
+    if refused is not None:
+        return refused
+    gpu = submission.resource_requirements.gpu
+    model = canonical_model(gpu.model) if gpu.model else None
+    min_tflops = _min_tflops(job_id, gpu, model, catalogue)
+    if isinstance(min_tflops, Refused):
+        return min_tflops
+    return Admitted(_spec(submission, model=model, min_tflops=min_tflops, submitted_at=submitted_at))
+
+
+def _document(raw: bytes, fallback_id: str, limits: Limits) -> dict[str, Any] | Refused:
+    """The submission as a JSON object, bounded before it is parsed; refused under ``fallback_id``, since bytes that
+    are not such an object name no job."""
+    over = over_limits(raw, limits)
     if over is not None:
         return Refused(fallback_id, *over)
     try:
@@ -249,39 +271,43 @@ def _admit(
         return Refused(
             fallback_id, RejectReason.NOT_AN_OBJECT, f"a submission is a JSON object, got {type(document).__name__}"
         )
-    job_id = _job_id_of(document, fallback_id)
-    try:
-        submission = JobSubmission.model_validate(document)
-    except ValidationError as exc:
-        errors = _field_errors(exc)
-        first = exc.errors(include_url=False)[0]
-        reason = _reason_of(first["type"])
-        if first["type"] == "value_error" and "shard_count" in first["msg"]:
-            reason = RejectReason.SHARD_COUNT_MISMATCH
-        summary = "; ".join(f"{e.field}: {e.problem.split(': ', 1)[-1]}" for e in errors[:5])
-        return Refused(job_id, reason, f"invalid submission: {summary}", errors)
-    refused = _against_policy(job_id, submission, policy)
-    if refused is not None:
-        return refused
+    return document
 
-    gpu = submission.resource_requirements.gpu
-    model = canonical_model(gpu.model) if gpu.model else None
+
+def _invalid(job_id: str, exc: ValidationError) -> Refused:
+    """A schema failure: every field error listed, the reason the first one's (a shard count other than the GPU
+    count named as such)."""
+    errors = _field_errors(exc)
+    first = exc.errors(include_url=False)[0]
+    reason = _reason_of(first["type"])
+    if first["type"] == "value_error" and "shard_count" in first["msg"]:
+        reason = RejectReason.SHARD_COUNT_MISMATCH
+    summary = "; ".join(f"{e.field}: {e.problem.split(': ', 1)[-1]}" for e in errors[:5])
+    return Refused(job_id, reason, f"invalid submission: {summary}", errors)
+
+
+def _min_tflops(job_id: str, gpu: GpuRequirement, model: str | None, catalogue: Mapping[str, float]) -> float | Refused:
+    """The TFLOPS a GPU must have for the job: as asked, else the named model's from the catalogue, else none (0).
+    A model the catalogue does not know is refused: without its figure no GPU could be judged against it."""
     if gpu.min_flops is not None:
-        min_tflops = gpu.min_flops
-    elif model is None:
-        min_tflops = 0.0
-    elif model in catalogue:
-        min_tflops = catalogue[model]
-    else:
-        known = ", ".join(sorted(catalogue))
-        return Refused(
-            job_id,
-            RejectReason.UNKNOWN_GPU_MODEL,
-            f"GPU model {gpu.model!r} is not in the catalogue ({known}); name a known model or give min_flops",
-            (FieldError(field="resource_requirements.gpu.model", problem="unknown GPU model", input=gpu.model),),
-        )
-    training = submission.training
-    spec = JobSpec(
+        return gpu.min_flops
+    if model is None:
+        return 0.0
+    if model in catalogue:
+        return catalogue[model]
+    known = ", ".join(sorted(catalogue))
+    return Refused(
+        job_id,
+        RejectReason.UNKNOWN_GPU_MODEL,
+        f"GPU model {gpu.model!r} is not in the catalogue ({known}); name a known model or give min_flops",
+        (FieldError(field="resource_requirements.gpu.model", problem="unknown GPU model", input=gpu.model),),
+    )
+
+
+def _spec(submission: JobSubmission, *, model: str | None, min_tflops: float, submitted_at: datetime) -> JobSpec:
+    """The accepted job: the submission's fields under the spec's names, with its defaults filled in."""
+    gpu = submission.resource_requirements.gpu
+    return JobSpec(
         job_id=submission.task_id,
         task_type=submission.task_type,
         priority=submission.priority,
@@ -294,11 +320,7 @@ def _admit(
         dataset_path=submission.dependencies.dataset,
         shard_count=submission.shard_count or gpu.count,
         sync_interval=submission.sync_interval,
-        max_steps=training.max_steps,
-        batch_size=training.batch_size,
-        seq_len=training.seq_len,
-        lr=training.lr,
-        seed=training.seed,
+        **submission.training.model_dump(),
         submitted_at=submitted_at,
         depends_on=tuple(dict.fromkeys(submission.depends_on)),  # order kept, repeats dropped
         on_dependency_failure=submission.on_dependency_failure,
@@ -307,7 +329,6 @@ def _admit(
         preemptible=submission.preemptible,
         entrypoint=_entrypoint(submission.entrypoint),
     )
-    return Admitted(spec)
 
 
 def _against_policy(job_id: str, submission: JobSubmission, policy: Policy) -> Refused | None:

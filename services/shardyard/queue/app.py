@@ -3,17 +3,14 @@
 from faststream import FastStream
 from pydantic import Field
 
-from shardyard.bus.admin import ensure_topics
-from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
-from shardyard.bus.ownership import Ownership
+from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
 from shardyard.queue.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
-from shardyard.service import announce
+from shardyard.service import Follow, Split, partitioned_app, replica_bus
 from shardyard.settings import GpuFigures, ReplicatedSettings
 
 SERVICE = "queue"
@@ -41,42 +38,17 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     """Every replica follows the lifecycle topic (the whole job table); the consumer group on the submissions topic
     (keyed by job) splits the jobs between the replicas, and a replica admits and settles the jobs of its partitions
     only. When one dies, the group gives its partitions to the others within one election's time."""
-    broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
-    bus = Bus(broker, service=SERVICE)
+    bus = replica_bus(SERVICE, settings)
     # No partitions until the group gives it some.
     book = QueueBook(catalogue_with(settings.gpu_tflops), owned=frozenset(), policy=settings.policy())
     handlers = QueueHandlers(book, bus, clock)
-    follower = Follower(
-        settings.bootstrap, [LIFECYCLE], handlers.on_followed, name=f"{SERVICE}-{settings.instance}-follow"
-    )
-    bus.subscribe_batch(
-        {},
+    split = Split(
+        SUBMISSIONS,
+        GROUP,
+        handlers.own,
+        lambda: book.owned,
+        who=f"queue {settings.instance} decides the jobs",
         raw_routes={SUBMISSIONS: handlers.on_submissions},
-        group=GROUP,
-        listener=Ownership(
-            SUBMISSIONS,
-            handlers.own,
-            lambda: book.owned,
-            who=f"queue {settings.instance} decides the jobs",
-            caught_up=follower.caught_up,
-        ),
-        group_options=settings.election_timings().group_options(),
         fetch_max_wait_ms=JOB_PATH_FETCH_MS,
     )
-    app = FastStream(broker)
-
-    @app.on_startup
-    async def rebuild() -> None:
-        await ensure_topics(settings.bootstrap)
-        await follower.start()
-        await follower.caught_up()
-
-    @app.after_startup
-    async def ready() -> None:
-        await announce(bus, clock, instance=settings.instance)
-
-    @app.on_shutdown
-    async def stop() -> None:
-        await follower.stop()
-
-    return app
+    return partitioned_app(bus, settings, clock, follow=Follow([LIFECYCLE], handlers.on_followed), split=split)

@@ -3,17 +3,13 @@
 from faststream import FastStream
 from pydantic import Field
 
-from shardyard.bus.admin import ensure_topics
-from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.ownership import Ownership
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.handlers import PoolHandlers
 from shardyard.resource_pool.ledger import Ledger
 from shardyard.resource_pool.telemetry import Tolerance
-from shardyard.service import Periodic, announce
+from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "resource-pool"
@@ -47,8 +43,7 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     """Every replica follows the ledger and the node states; the consumer group on the heartbeats topic splits the
     nodes between the replicas, and a replica judges and publishes the nodes of its partitions only. When one dies,
     the group gives its partitions to the others within its session timeout."""
-    broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
-    bus = Bus(broker, service=SERVICE)
+    bus = replica_bus(SERVICE, settings)
     book = PoolBook(
         suspect_after_s=settings.suspect_after_s,
         lost_after_s=settings.lost_after_s,
@@ -60,40 +55,30 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         ledger=Ledger(start_deadline_s=settings.start_deadline_s, grace_s=settings.reservation_grace_s),
     )
     handlers = PoolHandlers(book, bus, clock)
-    follower = Follower(
-        settings.bootstrap,
-        [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE],
-        handlers.on_followed,
-        name=f"{SERVICE}-{settings.instance}-follow",
-        after_batch=handlers.flush,
+    follow = Follow(
+        [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE], handlers.on_followed, after_batch=handlers.flush
     )
-    timings = settings.election_timings()  # a dead replica's nodes are judged again within one election's time
-    bus.subscribe_batch(
-        {HEARTBEATS: handlers.on_heartbeats},
-        group=GROUP,
-        listener=Ownership(
-            HEARTBEATS, handlers.own, lambda: book.owned, who=f"resource pool {settings.instance} judges the nodes"
-        ),
-        group_options=timings.group_options(),
+    # A dead replica's nodes are judged again within one election's time. Partitions given are judged at once: the
+    # follower is not waited on.
+    split = Split(
+        HEARTBEATS,
+        GROUP,
+        handlers.own,
+        lambda: book.owned,
+        who=f"resource pool {settings.instance} judges the nodes",
+        routes={HEARTBEATS: handlers.on_heartbeats},
+        after_catching_up=False,
     )
-    ticker = Periodic("liveness", settings.tick_interval_s, handlers.tick)
-    app = FastStream(broker)
 
-    @app.on_startup
-    async def rebuild() -> None:
-        await ensure_topics(settings.bootstrap)
-        await follower.start()
-        await follower.caught_up()  # the whole pool as the log has it, before any heartbeat is judged
+    def live() -> None:
         handlers.live = True
 
-    @app.after_startup
-    async def ready() -> None:
-        ticker.start()
-        await announce(bus, clock, instance=settings.instance)
-
-    @app.on_shutdown
-    async def stop() -> None:
-        await ticker.stop()
-        await follower.stop()
-
-    return app
+    return partitioned_app(
+        bus,
+        settings,
+        clock,
+        follow=follow,
+        split=split,
+        ticker=Periodic("liveness", settings.tick_interval_s, handlers.tick),
+        on_caught_up=live,  # the whole pool as the log has it, before any heartbeat is judged
+    )

@@ -20,12 +20,16 @@ had not read yet; the rule gives the same outcome either way (whichever of two p
 
 Attempt numbers: a new placement takes a number above every attempt of the job seen placed, stale ones included, so
 a leader never places an attempt again once it has read that attempt placed (by anyone, under any term).
+
+``Fence`` keeps what the rule reads, as the book takes placements in: each job's newest placement, the highest attempt
+seen placed, and the stale placements the leader has yet to revoke.
 """
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from shardyard.events import JobScheduled, ShardRevocation
+from shardyard.events import JobScheduled, RevocationReason, ShardRevocation
 
 
 class Verdict(StrEnum):
@@ -50,6 +54,50 @@ def judge(event: JobScheduled, newest: tuple[int, int] | None, current: JobSched
     return Verdict.ENDED
 
 
+@dataclass
+class Fence:
+    """The placements read so far, job by job, in log order: what the rule judges the next one by."""
+
+    placed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Job -> (term, attempt) of its newest placement."""
+    numbered: dict[str, int] = field(default_factory=dict)
+    """Job -> the highest attempt seen placed, stale placements included: its next placement takes a higher one."""
+    stale: list[JobScheduled] = field(default_factory=list)
+    """Fenced or superseded placements whose shards the leader has yet to revoke."""
+
+    def take(self, event: JobScheduled, current: JobScheduled | None, *, ended: bool) -> bool:
+        """Judge placement ``event``; ``current`` is the job's placement in force (None: none), ``ended`` whether the
+        job ended (its placements are then only numbered). True when ``event`` becomes the job's placement in force:
+        ``current`` is then superseded, and kept to revoke."""
+        job_id = event.job_id
+        self.numbered[job_id] = max(self.numbered.get(job_id, 0), event.attempt)
+        if ended:
+            return False
+        verdict = judge(event, self.placed.get(job_id), current)
+        if verdict is Verdict.STALE:
+            self.stale.append(event)
+            return False
+        if verdict is not Verdict.NEW:
+            return False  # the echo of our own placement, or that attempt already ended (the job was requeued)
+        if current is not None:
+            self.stale.append(current)  # superseded by a newer leader's placement of the job
+        self.placed[job_id] = (event.term, event.attempt)
+        return True
+
+    def attempt(self, job_id: str) -> int:
+        """The attempt of the job's newest placement (in force, or ended); 0 before any."""
+        return self.placed.get(job_id, (0, 0))[1]
+
+    def next_attempt(self, job_id: str) -> int:
+        """The attempt the job's next placement takes: never one seen placed, under any term."""
+        return self.numbered.get(job_id, 0) + 1
+
+    def take_stale(self) -> list[JobScheduled]:
+        """The stale placements to revoke, handed over once."""
+        stale, self.stale = self.stale, []
+        return stale
+
+
 def stale_revocations(
     stale: JobScheduled, current: JobScheduled | None, *, term: int, now: datetime
 ) -> list[ShardRevocation]:
@@ -59,7 +107,7 @@ def stale_revocations(
     keep: set[tuple[str, int]] = set()
     if current is not None and current.attempt == stale.attempt:
         keep = {(p.node_id, p.shard_index) for p in current.placements}
-    reason = f"placement of attempt {stale.attempt} under term {stale.term} is fenced: term {term} leads"
+    message = f"placement of attempt {stale.attempt} under term {stale.term} is fenced: term {term} leads"
     return [
         ShardRevocation(
             occurred_at=now,
@@ -68,7 +116,8 @@ def stale_revocations(
             node_id=shard.node_id,
             attempt=stale.attempt,
             term=term,
-            reason=reason,
+            reason=RevocationReason.STALE_PLACEMENT,
+            message=message,
         )
         for shard in stale.placements
         if (shard.node_id, shard.shard_index) not in keep

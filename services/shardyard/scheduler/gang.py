@@ -1,17 +1,25 @@
-"""Gangs (placed jobs) as the scheduler book tracks them, and the revocation of one of their shards. Pure; the
-snapshot a cycle decides on is built from them by ``shardyard.placement.snapshot``."""
+"""Gangs (placed jobs) as the scheduler book tracks them, each taking in the facts of its own attempt, and the
+revocation of their shards. Pure; the snapshot a cycle decides on is built from them by
+``shardyard.placement.snapshot``."""
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shardyard.events import (
+    JobPreempting,
     JobScheduled,
     JobSpec,
+    RevocationReason,
     ShardCompleted,
+    ShardFailed,
     ShardPlacement,
     ShardPreempted,
     ShardRevocation,
+    ShardStarted,
 )
+
+GangFact = JobPreempting | ShardStarted | ShardFailed | ShardCompleted | ShardPreempted
+"""The facts of a gang's attempt that its record keeps."""
 
 
 @dataclass
@@ -30,8 +38,25 @@ class Gang:
     """Training shards its node's state left out of its running shards, since the first check that found so (see
     ``orphans``); the leader's own bookkeeping, not a fact of the log."""
 
+    def record(self, fact: GangFact) -> None:
+        """Take in a fact of this gang's attempt."""
+        match fact:
+            case JobPreempting():
+                self.preempted_by = fact.by_job
+                self.preempt_deadline = fact.occurred_at + timedelta(seconds=fact.deadline_s)
+            case ShardStarted() if fact.shard_index not in self.failed:  # after its start deadline: too late
+                self.started.add(fact.shard_index)
+            case ShardFailed():
+                self.failed.add(fact.shard_index)
+            case ShardCompleted():
+                self.completed[fact.shard_index] = fact
+            case ShardPreempted():
+                self.preempted[fact.shard_index] = fact
 
-def revocation(gang: Gang, shard: ShardPlacement, *, term: int, now: datetime, reason: str) -> ShardRevocation:
+
+def revocation(
+    gang: Gang, shard: ShardPlacement, reason: RevocationReason, message: str, *, term: int, now: datetime
+) -> ShardRevocation:
     """Stop one shard of ``gang``'s attempt (its agent stops it; the pool frees its GPUs)."""
     return ShardRevocation(
         occurred_at=now,
@@ -41,4 +66,17 @@ def revocation(gang: Gang, shard: ShardPlacement, *, term: int, now: datetime, r
         attempt=gang.scheduled.attempt,
         term=term,
         reason=reason,
+        message=message,
     )
+
+
+def revoke_unfinished(
+    gang: Gang, reason: RevocationReason, message: str, *, term: int, now: datetime
+) -> list[ShardRevocation]:
+    """Stop every shard of ``gang``'s attempt, spares included, that has not ended on its own: a completed shard,
+    or one stopped on a preemption request, holds nothing. A failed one is revoked too: its agent may not know."""
+    return [
+        revocation(gang, shard, reason, message, term=term, now=now)
+        for shard in gang.scheduled.placements
+        if shard.shard_index not in gang.completed and shard.shard_index not in gang.preempted
+    ]

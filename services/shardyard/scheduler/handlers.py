@@ -97,7 +97,7 @@ class SchedulerHandlers:
             self.request_cycle()
             return
         self.book.apply(event)
-        if isinstance(event, JobReady | JobPreempted) or (isinstance(event, JobScheduled) and self.book.stale):
+        if isinstance(event, JobReady | JobPreempted) or (isinstance(event, JobScheduled) and self.book.fence.stale):
             self.request_cycle()
 
     async def on_redundancy(self, event: RedundancyChanged) -> None:

@@ -18,10 +18,11 @@ request), shards of a gang being preempted (the preemption has a deadline of its
 not ALIVE (node loss decides those).
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from shardyard.events import Event, FailureCause, NodeState, NodeStatus, ShardPlacement
+from shardyard.events import Event, FailureCause, NodeState, NodeStatus, RevocationReason, ShardPlacement
 from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.start_deadline import revoked_failure
 
@@ -73,4 +74,36 @@ def orphan_failure(gang: Gang, shard: ShardPlacement, *, term: int, grace_s: flo
         f"node {shard.node_id} has not reported the shard running for {missing_s:.0f}s (grace {grace_s:g}s), "
         f"past its start deadline (attempt {gang.scheduled.attempt}): revoked, its GPUs freed"
     )
-    return revoked_failure(gang, shard, FailureCause.ORPHANED, message, term=term, now=now, what="orphaned")
+    return revoked_failure(
+        gang, shard, FailureCause.ORPHANED, message, term=term, now=now, revoked=RevocationReason.ORPHANED
+    )
+
+
+@dataclass
+class OrphanCheck:
+    """The leader's look for orphans, at most every ``every_s``: a check reads every placed shard, and cycles come
+    per batch of facts."""
+
+    every_s: float = 1.0
+    checked_at: datetime | None = None
+
+    def run(
+        self,
+        gangs: Iterable[Gang],
+        nodes: Mapping[str, NodeState],
+        running: Mapping[str, frozenset[ShardKey]],
+        now: datetime,
+        *,
+        deadline_s: float,
+        grace_s: float,
+        term: int,
+    ) -> list[Event]:
+        """Revoke every orphaned shard of ``gangs`` and report it failed; nothing when the last check is too recent."""
+        if self.checked_at is not None and (now - self.checked_at).total_seconds() < self.every_s:
+            return []
+        self.checked_at = now
+        out: list[Event] = []
+        for gang in gangs:
+            for shard in orphaned(gang, nodes, running, now, deadline_s=deadline_s, grace_s=grace_s):
+                out.extend(orphan_failure(gang, shard, term=term, grace_s=grace_s, now=now))
+        return out

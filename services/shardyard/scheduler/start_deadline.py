@@ -12,10 +12,18 @@ completed, failed or stopped on request, and every shard of a gang being preempt
 of its own).
 """
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Final
 
-from shardyard.events import Event, FailureCause, ShardFailed, ShardPlacement
+from shardyard.events import Event, FailureCause, RevocationReason, ShardFailed, ShardPlacement
 from shardyard.scheduler.gang import Gang, revocation
+
+REVOKED_AS: Final[Mapping[RevocationReason, str]] = MappingProxyType(
+    {RevocationReason.START_TIMEOUT: "start deadline", RevocationReason.ORPHANED: "orphaned"}
+)
+"""How the revocation's message names what the scheduler reports on an agent's behalf."""
 
 
 def overdue(gang: Gang, now: datetime, deadline_s: float) -> list[ShardPlacement]:
@@ -33,16 +41,34 @@ def start_timeout(gang: Gang, shard: ShardPlacement, *, term: int, deadline_s: f
     """Revoke an overdue shard and report it failed ``START_TIMEOUT``."""
     attempt = gang.scheduled.attempt
     message = f"not reported started within {deadline_s:g}s of its assignment (attempt {attempt}): revoked"
-    return revoked_failure(gang, shard, FailureCause.START_TIMEOUT, message, term=term, now=now, what="start deadline")
+    return revoked_failure(
+        gang, shard, FailureCause.START_TIMEOUT, message, term=term, now=now, revoked=RevocationReason.START_TIMEOUT
+    )
+
+
+def timed_out(gangs: Iterable[Gang], *, deadline_s: float, term: int, now: datetime) -> list[Event]:
+    """Revoke every overdue shard of ``gangs`` and report it failed ``START_TIMEOUT``."""
+    out: list[Event] = []
+    for gang in gangs:
+        for shard in overdue(gang, now, deadline_s):
+            out.extend(start_timeout(gang, shard, term=term, deadline_s=deadline_s, now=now))
+    return out
 
 
 def revoked_failure(
-    gang: Gang, shard: ShardPlacement, cause: FailureCause, message: str, *, term: int, now: datetime, what: str
+    gang: Gang,
+    shard: ShardPlacement,
+    cause: FailureCause,
+    message: str,
+    *,
+    term: int,
+    now: datetime,
+    revoked: RevocationReason,
 ) -> list[Event]:
     """Revoke one shard (its agent stops it should it run after all; the pool frees its GPUs) and report it failed
     with ``cause`` on its agent's behalf, so the fault manager recovers the gang by the usual rules."""
     return [
-        revocation(gang, shard, term=term, now=now, reason=f"{what}: {message}"),
+        revocation(gang, shard, revoked, f"{REVOKED_AS[revoked]}: {message}", term=term, now=now),
         ShardFailed(
             occurred_at=now,
             job_id=gang.spec.job_id,

@@ -43,7 +43,7 @@ async def test_bad_paths_are_errors_and_the_other_artifacts_are_still_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agent = agent_on_the_real_disk(tmp_path)
-    caplog.set_level(logging.WARNING, logger="shardyard.node_agent.handlers")
+    caplog.set_level(logging.WARNING, logger="shardyard.node_agent.artifact_poller")
 
     await agent.handlers.on_lifecycle(accepted("good"))
     for index, bad in enumerate((LONG, NUL, ESCAPE, UNMOUNTED, DENIED)):

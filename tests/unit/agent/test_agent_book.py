@@ -6,6 +6,7 @@ import pytest
 
 from shardyard.events import (
     FailureCause,
+    RevocationReason,
     RunningShard,
     ShardAssignment,
     ShardCompleted,
@@ -13,8 +14,10 @@ from shardyard.events import (
     ShardPreempted,
     ShardRevocation,
     ShardStopRequest,
+    StopReason,
 )
-from shardyard.node_agent.book import AgentBook, RunnerOptions, ShardPaths, Verdict, key_of, shard_env
+from shardyard.node_agent.book import AgentBook, Verdict, key_of
+from shardyard.node_agent.environment import RunnerOptions, ShardPaths, shard_env
 from tests.unit.builders import assignment, at, workload
 
 
@@ -26,7 +29,7 @@ def revocation(shard_index: int = 0, **overrides: object) -> ShardRevocation:
         "node_id": "node-a",
         "attempt": 1,
         "term": 1,
-        "reason": "job failed",
+        "reason": RevocationReason.JOB_FAILED,
     }
     return ShardRevocation(**{**fields, **overrides})  # type: ignore[arg-type]
 
@@ -39,7 +42,7 @@ def stop_request(shard_index: int = 0, **overrides: object) -> ShardStopRequest:
         "node_id": "node-a",
         "attempt": 1,
         "term": 1,
-        "reason": "preempted by job-2",
+        "reason": StopReason.PREEMPTED,
     }
     return ShardStopRequest(**{**fields, **overrides})
 

@@ -5,7 +5,6 @@ spares start nothing, checkpoint reports become events."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,14 @@ from shardyard.events import (
     ShardStarted,
 )
 from shardyard.node_agent.book import AgentBook
-from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
+from shardyard.node_agent.handlers import AgentHandlers
+from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
+from tests.support import wait
+from tests.support.clock import FakeClock
 from tests.unit.agent.test_agent_handlers import FakeDisk, FakeLauncher, FakeProcess
 from tests.unit.builders import T0, assignment, workload
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def now(self) -> datetime:
-        return T0 + timedelta(seconds=self.t)
-
-    def monotonic(self) -> float:
-        return self.t
 
 
 class Bus:
@@ -61,7 +52,7 @@ class Agent:
         for name in ("models/gpt2", "datasets/wikitext"):
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.bus = Bus()
-        self.clock = ManualClock()
+        self.clock = FakeClock(T0)
         self.launcher = launcher or FakeLauncher()
         identity = NodeIdentity(
             node_id="node-a",
@@ -88,11 +79,7 @@ class Agent:
         )
 
     async def until(self, condition: Any, timeout_s: float = 5.0) -> Any:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not (result := condition()):
-            assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-            await asyncio.sleep(0.01)
-        return result
+        return await wait.eventually(condition, "the agent's condition", timeout_s, every_s=0.01)
 
 
 async def test_a_lost_bus_fences_the_shards_and_their_end_goes_out_once_it_is_back(tmp_path: Path) -> None:
@@ -102,11 +89,11 @@ async def test_a_lost_bus_fences_the_shards_and_their_end_goes_out_once_it_is_ba
     await agent.handlers.heartbeat()  # t=0: the lease runs from here
     agent.bus.state = "down"
 
-    agent.clock.t = 3.0
+    agent.clock.move_to(3.0)
     await agent.handlers.heartbeat()  # fails: no renewal
     await agent.handlers.check_lease()
     assert not process.exit.done()
-    agent.clock.t = 6.5
+    agent.clock.move_to(6.5)
     await agent.handlers.check_lease()
 
     assert process.exit.done() and process.exit.result() == -15  # SIGTERM (SIGKILL follows after the grace)
@@ -114,7 +101,7 @@ async def test_a_lost_bus_fences_the_shards_and_their_end_goes_out_once_it_is_ba
     assert agent.bus.of(ShardFailed) == [] and len(agent.handlers.outbox.pending) == 1
 
     agent.bus.state = "up"
-    agent.clock.t = 9.0
+    agent.clock.move_to(9.0)
     await agent.handlers.heartbeat()
 
     (failed,) = agent.bus.of(ShardFailed)
@@ -132,12 +119,12 @@ async def test_a_hung_publish_times_out_and_does_not_renew_the_lease(tmp_path: P
     await agent.handlers.on_assignment(assignment(world_size=1))
     (process,) = agent.launcher.processes
     agent.bus.state = "hung"
-    agent.clock.t = 0.1
+    agent.clock.move_to(0.1)
 
     await asyncio.wait_for(agent.handlers.heartbeat(), timeout=5.0)  # the publish gives up after the lease
 
     assert agent.handlers.bus_ok_at == 0.0
-    agent.clock.t = 0.25
+    agent.clock.move_to(0.25)
     await agent.handlers.check_lease()
     assert process.exit.done()
 
@@ -146,7 +133,7 @@ async def test_heartbeats_renew_the_lease(tmp_path: Path) -> None:
     agent = Agent(tmp_path)
     await agent.handlers.on_assignment(assignment(world_size=1))
     for t in range(1, 20):
-        agent.clock.t = float(t)
+        agent.clock.move_to(float(t))
         await agent.handlers.heartbeat()
         await agent.handlers.check_lease()
 
@@ -202,7 +189,7 @@ async def test_a_shard_fenced_while_it_was_being_started_is_stopped_at_once(tmp_
     agent = Agent(tmp_path, launcher=launcher)
     starting = asyncio.create_task(agent.handlers.on_assignment(assignment(world_size=1)))
     await asyncio.sleep(0)
-    agent.clock.t = 7.0
+    agent.clock.move_to(7.0)
     await agent.handlers.check_lease()
 
     launcher.gate.set()

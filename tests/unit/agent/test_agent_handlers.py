@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from shardyard.events import (
     JobAccepted,
     JobSucceeded,
     NodeLease,
+    RevocationReason,
     ShardAssignment,
     ShardCompleted,
     ShardFailed,
@@ -26,11 +25,14 @@ from shardyard.events import (
     ShardRevocation,
     ShardStarted,
     ShardStopRequest,
+    StopReason,
 )
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.artifacts import ArtifactWatch
-from shardyard.node_agent.book import AgentBook, RunnerOptions
-from shardyard.node_agent.handlers import AgentHandlers, NodeIdentity
+from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.environment import RunnerOptions
+from shardyard.node_agent.handlers import AgentHandlers
+from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
 from shardyard.node_agent.load import LoadSource
@@ -39,6 +41,8 @@ from shardyard.node_agent.warm import Mode
 from shardyard.training import exitcodes, standby
 from shardyard.training.config import PEER_STATE_DIR_ENV
 from shardyard.training.preemption import STOP_SIGNAL
+from tests.support import wait
+from tests.support.clock import FakeClock
 from tests.unit.builders import T0, assignment, job_spec, workload
 
 MODEL = "/data/models/gpt2"
@@ -54,17 +58,6 @@ class Recorder:
 
     def of(self, kind: type) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
-
-
-class FixedClock:
-    def __init__(self) -> None:
-        self.mono = 0.0
-
-    def now(self) -> datetime:
-        return T0
-
-    def monotonic(self) -> float:
-        return self.mono
 
 
 class FakeDisk:
@@ -186,7 +179,7 @@ class Agent:
             shard_users=shard_users or ShardUsers(),
             scratch_dir=tmp_path / "scratch",
         )
-        self.clock = FixedClock()
+        self.clock = FakeClock(T0)
         self.handlers = AgentHandlers(
             identity,
             AgentBook("node-a"),
@@ -214,11 +207,7 @@ class Agent:
         return self.bus.of(Heartbeat)
 
     async def until(self, condition: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not (result := condition()):
-            assert time.monotonic() < deadline, "condition not met in time"
-            await asyncio.sleep(0.01)
-        return result
+        return await wait.eventually(condition, "the agent's condition", timeout_s, every_s=0.01)
 
 
 def accepted(job_id: str = "job-1", model: str = MODEL, dataset: str = DATA) -> JobAccepted:
@@ -322,7 +311,7 @@ async def test_a_stop_request_signals_the_shard_and_its_preemption_is_reported(t
     await agent.handlers.on_assignment(shard)
     (process,) = agent.launcher.processes
     request = ShardStopRequest(
-        occurred_at=T0, job_id="job-1", shard_index=0, node_id="node-a", attempt=1, term=1, reason="job-2"
+        occurred_at=T0, job_id="job-1", shard_index=0, node_id="node-a", attempt=1, term=1, reason=StopReason.PREEMPTED
     )
 
     await agent.handlers.on_assignment(request)
@@ -456,7 +445,13 @@ async def test_standbys_end_with_their_job_or_their_time_and_are_never_more_than
 
     await agent.handlers.on_assignment(
         ShardRevocation(
-            occurred_at=T0, job_id="job-2", shard_index=1, node_id="node-a", attempt=1, term=1, reason="released"
+            occurred_at=T0,
+            job_id="job-2",
+            shard_index=1,
+            node_id="node-a",
+            attempt=1,
+            term=1,
+            reason=RevocationReason.JOB_SUCCEEDED,
         )
     )
     await agent.handlers.heartbeat()

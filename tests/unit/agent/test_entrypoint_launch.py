@@ -9,7 +9,8 @@ import pytest
 
 from shardyard.events import ShardAssignment, ShardCompleted, ShardStarted
 from shardyard.events.job import Entrypoint
-from shardyard.node_agent.book import AgentBook, RunnerOptions, ShardPaths, shard_argv, shard_env
+from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.environment import RunnerOptions, ShardPaths, shard_argv, shard_env
 from shardyard.training.preemption import RESUME_DIR_ENV
 from tests.unit.agent.test_agent_handlers import Agent
 from tests.unit.builders import assignment, workload

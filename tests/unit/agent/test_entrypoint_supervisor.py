@@ -19,6 +19,7 @@ from shardyard.training.entry import Invocation, UsageError, exit_status, parse_
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.lease import LEASE_FILE_ENV, LEASE_S_ENV, renew
 from shardyard.training.preemption import STOP_SIGNAL
+from tests.support import wait
 
 PY = sys.executable
 
@@ -79,10 +80,7 @@ def gone(pid: int) -> bool:
 
 
 def eventually(condition: Callable[[], object], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    wait.until(condition, "the supervisor's condition", timeout_s, every_s=0.02)
 
 
 class Supervised:

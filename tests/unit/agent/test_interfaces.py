@@ -5,7 +5,7 @@ from ipaddress import IPv4Interface
 
 import pytest
 
-from shardyard.node_agent.book import RunnerOptions
+from shardyard.node_agent.environment import RunnerOptions
 from shardyard.node_agent.interfaces import interface_of
 
 HOST = {

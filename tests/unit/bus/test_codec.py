@@ -52,6 +52,7 @@ from shardyard.events import (
     ReclaimCandidate,
     RedundancyChanged,
     RejectReason,
+    RevocationReason,
     RunningShard,
     ServiceReady,
     ShardCause,
@@ -59,6 +60,7 @@ from shardyard.events import (
     ShardPreempted,
     ShardRevocation,
     ShardStopRequest,
+    StopReason,
     lease_of,
 )
 from tests.unit.builders import (
@@ -130,7 +132,13 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (assignment("job-7", node_id="node-b"), ASSIGNMENTS, "node-b"),
     (
         ShardRevocation(
-            occurred_at=at(1), job_id="job-7", shard_index=0, node_id="node-b", attempt=1, term=1, reason="r"
+            occurred_at=at(1),
+            job_id="job-7",
+            shard_index=0,
+            node_id="node-b",
+            attempt=1,
+            term=1,
+            reason=RevocationReason.CANCELLED,
         ),
         ASSIGNMENTS,
         "node-b",
@@ -167,7 +175,13 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (lease_of(heartbeat("node-b")), HEARTBEATS, "node-b"),
     (
         ShardStopRequest(
-            occurred_at=at(1), job_id="job-7", shard_index=0, node_id="node-b", attempt=1, term=1, reason="r"
+            occurred_at=at(1),
+            job_id="job-7",
+            shard_index=0,
+            node_id="node-b",
+            attempt=1,
+            term=1,
+            reason=StopReason.PREEMPTED,
         ),
         ASSIGNMENTS,
         "node-b",

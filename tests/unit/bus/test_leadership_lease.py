@@ -4,7 +4,6 @@ partition but lost its leadership without a rebalance (a claim it could not writ
 again under a new term instead of leaving the service without a leader."""
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from aiokafka.errors import KafkaTimeoutError
 
 from shardyard.bus.leadership import PARTITION, ElectionTimings, Leadership
 from shardyard.clock import SystemClock
+from tests.support import wait
 
 TIMINGS = ElectionTimings(
     session_timeout_ms=600,
@@ -104,10 +104,7 @@ def polling(leadership: Leadership) -> Iterator[None]:
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+    await wait.eventually(condition, what, DEADLINE_S, every_s=0.01)
 
 
 async def test_a_renewal_that_came_back_after_its_lease_ran_out_ends_the_leadership() -> None:

@@ -18,6 +18,7 @@ from shardyard.cli.children import PORT_RETRIES, Child, Children, Ports, alive, 
 from shardyard.cli.cluster import ClusterInfo, _record
 from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.errors import BrokerStartError, ClusterError
+from tests.support import wait
 
 SERVE = (
     "import socket, sys, time\n"
@@ -102,10 +103,12 @@ def test_a_child_that_dies_at_start_up_fails_the_wait_at_once_naming_it(children
 def test_a_killed_child_is_dead_though_not_reaped(children: Children) -> None:
     child = children.start("victim", script("import time; time.sleep(60)"), ("metrics",))
     os.kill(child.process.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while Path(f"/proc/{child.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-        assert time.monotonic() < deadline, "the child did not become a zombie"
-        time.sleep(0.01)
+    wait.until(
+        lambda: Path(f"/proc/{child.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+        "the child to become a zombie",
+        5.0,
+        every_s=0.01,
+    )
 
     os.kill(child.process.pid, 0)  # a zombie answers as if it lived: what `up` used to ask
     assert not alive(child.process.pid)

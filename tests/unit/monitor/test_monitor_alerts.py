@@ -4,7 +4,6 @@ publishes each transition once and converges with other replicas through the vie
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 import pytest
 from prometheus_client import generate_latest
@@ -31,6 +30,7 @@ from shardyard.monitor.metrics import make_registry
 from shardyard.monitor.rules import AlertPolicy
 from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
+from tests.support.clock import FakeClock
 from tests.unit.builders import GIB, at, failed, heartbeat, job_spec, node_state, progress, scheduled
 
 POLICY = AlertPolicy(instance="m1")
@@ -38,21 +38,8 @@ QUIET = AlertPolicy(instance="m1", heartbeat_lag_s=3600)
 """For tests of the book on one rule: a node's silence raises no HEARTBEAT_LAG beside it."""
 
 
-@dataclass
-class FixedClock:
-    """The view's arrival clock: heartbeats arrive when they were sent, unless a test says otherwise."""
-
-    at: datetime = field(default_factory=at)
-
-    def now(self) -> datetime:
-        return self.at
-
-    def monotonic(self) -> float:
-        return 0.0
-
-
 def view_of(*facts: object) -> ClusterView:
-    view = ClusterView(telemetry=Telemetry(clock=FixedClock()))
+    view = ClusterView(telemetry=Telemetry(clock=FakeClock(at())))
     for fact in facts:
         view.apply(fact)
     return view
@@ -247,7 +234,7 @@ def test_lost_is_critical() -> None:
 
 
 def test_slow_heartbeat_transit_counts_as_lag() -> None:
-    view = ClusterView(telemetry=Telemetry(clock=FixedClock(at(3))))
+    view = ClusterView(telemetry=Telemetry(clock=FakeClock(at(3))))
     view.apply(heartbeat(occurred_at=at(0)))  # arrives 3 s after it was sent
 
     assert transitions(judge(AlertBook(POLICY), view, 0.5)) == [(FIRE, AlertRule.HEARTBEAT_LAG, "node-a")]

@@ -3,8 +3,6 @@ GPUs, per-shard training and AllReduce figures, heartbeat lag, node RTTs, shard 
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +28,7 @@ from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
 from shardyard.placement.snapshot import build_snapshot
 from shardyard.topology import estimated_rtt_ms
+from tests.support.clock import FakeClock
 from tests.unit.builders import GIB, at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
 
 
@@ -127,17 +126,6 @@ def test_counters_start_at_zero() -> None:
 
 
 # --- figures S7 asks for --------------------------------------------------------------------------------------------
-class FixedClock:
-    def __init__(self, now: datetime) -> None:
-        self._now = now
-
-    def now(self) -> datetime:
-        return self._now
-
-    def monotonic(self) -> float:
-        return 0.0
-
-
 def value(text: str, name: str, **labels: str) -> float | None:
     """The sample ``name{labels}`` of a scrape (the only one when ``labels`` is empty), or None."""
     for family in text_string_to_metric_families(text):
@@ -217,7 +205,7 @@ def test_allreduce_counters_sum_every_sync_across_attempts_so_the_transfer_rate_
 
 
 def test_heartbeat_lag_is_arrival_minus_occurred_at_for_nodes_not_lost() -> None:
-    view = ClusterView(telemetry=Telemetry(clock=FixedClock(at(10.25))))
+    view = ClusterView(telemetry=Telemetry(clock=FakeClock(at(10.25))))
     for event in [
         heartbeat("n1", occurred_at=at(10)),
         heartbeat("n2", occurred_at=at(4)),
@@ -299,7 +287,7 @@ def test_a_job_that_ends_while_recovering_records_no_recovery() -> None:
 def busy_view() -> ClusterView:
     """A view with every family in use: jobs queued and running, GPUs of several kinds, heartbeats, alerts' figures,
     and label values that need escaping."""
-    view = ClusterView(telemetry=Telemetry(clock=FixedClock(at(10.25))))
+    view = ClusterView(telemetry=Telemetry(clock=FakeClock(at(10.25))))
     hot = GpuStatus(index=3, model="H100", tflops=60.0, memory_bytes=80 * GIB, temperature_c=91.5, healthy=False)
     events: list[object] = [
         *running("a", 5),

@@ -16,6 +16,7 @@ from shardyard.events import (
     NodeLost,
     NodeState,
     NodeStatus,
+    RevocationReason,
     ShardPreempted,
     ShardRevocation,
 )
@@ -138,7 +139,13 @@ def test_assignment_reserves_gpus() -> None:
         pytest.param(failed(shard_index=0), (1,), id="shard-failed"),
         pytest.param(
             ShardRevocation(
-                occurred_at=at(2), job_id="job-1", shard_index=0, node_id="node-a", attempt=1, term=1, reason="r"
+                occurred_at=at(2),
+                job_id="job-1",
+                shard_index=0,
+                node_id="node-a",
+                attempt=1,
+                term=1,
+                reason=RevocationReason.JOB_FAILED,
             ),
             (1,),
             id="revocation",

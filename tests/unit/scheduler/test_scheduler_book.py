@@ -198,7 +198,7 @@ def test_revocations_list_the_unfinished_shards_of_a_failed_gang() -> None:
     assert isinstance(revocation, ShardRevocation)
     assert (revocation.job_id, revocation.shard_index, revocation.attempt, revocation.term) == ("job-1", 1, 1, 3)
     assert revocation.node_id == scheduled.placements[1].node_id
-    assert "KILLED" in revocation.reason
+    assert "KILLED" in revocation.message
 
 
 def test_failed_job_frees_its_gpus_and_is_not_rescheduled() -> None:

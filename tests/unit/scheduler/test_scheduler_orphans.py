@@ -88,7 +88,7 @@ def test_a_shard_no_node_reports_running_is_orphaned_past_the_grace(after_s: flo
     events = book.cycle(at(DUE + after_s))
 
     assert orphans(events) == [(shard, node_of(scheduled, shard)) for shard in expected]
-    assert all(r.term == 3 and "orphaned" in r.reason for r in of(events, ShardRevocation))
+    assert all(r.term == 3 and "orphaned" in r.message for r in of(events, ShardRevocation))
     assert all("grace 30s" in f.message for f in of(events, ShardFailed))
 
 

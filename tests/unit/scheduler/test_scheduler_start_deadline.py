@@ -102,7 +102,7 @@ def test_an_overdue_shard_is_revoked_and_failed_start_timeout_under_the_leaders_
     assert isinstance(revocation, ShardRevocation) and isinstance(failure, ShardFailed)
     assert (revocation.job_id, revocation.shard_index, revocation.node_id) == ("job-1", 1, node)
     assert (revocation.attempt, revocation.term) == (1, 3)
-    assert "start deadline" in revocation.reason
+    assert "start deadline" in revocation.message
     assert (failure.job_id, failure.shard_index, failure.node_id, failure.attempt) == ("job-1", 1, node, 1)
     assert (failure.cause, failure.exit_code, failure.occurred_at) == (FailureCause.START_TIMEOUT, None, at(DUE + 5))
     assert "60s" in failure.message
@@ -171,7 +171,7 @@ def test_a_gang_being_cancelled_is_revoked_for_the_cancel_not_failed() -> None:
 
     assert of(events, ShardFailed) == []
     assert len(of(events, JobCancelled)) == 1
-    assert all("cancelled" in r.reason for r in of(events, ShardRevocation))
+    assert all("cancelled" in r.message for r in of(events, ShardRevocation))
 
 
 def test_the_recovered_gang_leaves_the_node_and_gets_a_deadline_of_its_own() -> None:

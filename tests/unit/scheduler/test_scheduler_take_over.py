@@ -5,7 +5,6 @@ still elected rebuilds its book and leads again, instead of holding the leadersh
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 
 import pytest
 from aiokafka.errors import KafkaTimeoutError
@@ -13,6 +12,7 @@ from aiokafka.errors import KafkaTimeoutError
 from shardyard.events import Event, JobReady, JobScheduled
 from shardyard.scheduler import app
 from shardyard.scheduler.app import SchedulerReplica, SchedulerSettings
+from tests.support.clock import FakeClock
 from tests.unit.builders import at, gpus, job_spec, node_state
 
 TERM = 5
@@ -67,7 +67,7 @@ def replica(follower: FakeFollower, monkeypatch: pytest.MonkeyPatch) -> tuple[Sc
     monkeypatch.setattr(app, "TAKE_OVER_RETRY_S", (0.01, 0.02))
     bus = RecordingBus()
     settings = SchedulerSettings(instance="r0", cycle_interval_s=60)
-    new = SchedulerReplica(settings, bus, clock=FixedClock())  # type: ignore[arg-type]
+    new = SchedulerReplica(settings, bus, clock=FakeClock(at(10)))  # type: ignore[arg-type]
     new.leadership = FakeLeadership()  # type: ignore[assignment]
     new.follower = follower  # type: ignore[assignment]
     monkeypatch.setattr(new, "_follower", lambda: follower)
@@ -81,14 +81,6 @@ def replica(follower: FakeFollower, monkeypatch: pytest.MonkeyPatch) -> tuple[Sc
     follower.replay = replay
     replay()
     return new, bus
-
-
-class FixedClock:
-    def now(self) -> datetime:
-        return at(10)
-
-    def monotonic(self) -> float:
-        return 0.0
 
 
 async def test_a_take_over_that_failed_is_tried_again_while_elected(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,10 +6,8 @@ The metrics live on prometheus-client's default registry for the life of the pro
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime
 
 import pytest
 from aiokafka import TopicPartition
@@ -27,6 +25,8 @@ from shardyard.events import Event, JobPreempting, JobReady, JobScheduled, JobUn
 from shardyard.metrics import ConsumerLag, handling, observe_cycle, serve_metrics
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.handlers import SchedulerHandlers
+from tests.support import wait
+from tests.support.clock import FakeClock
 from tests.unit.builders import at, gpus, job_spec, node_state, progress
 
 DEADLINE_S = 5.0
@@ -34,14 +34,6 @@ DEADLINE_S = 5.0
 
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-async def eventually(condition: Callable[[], bool], *, within_s: float = DEADLINE_S) -> None:
-    """Wait until ``condition`` holds, failing after ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 # --- consumer lag ---------------------------------------------------------------------------------------------------
@@ -142,9 +134,9 @@ async def test_sampling_starts_once_enabled_reports_the_latest_sample_and_surviv
     lag.ensure_sampling()
     lag.ensure_sampling()  # one task per loop
     try:
-        await eventually(lambda: lag_of(lag) == {("a", "g"): 8.0})
+        await wait.eventually(lambda: lag_of(lag) == {("a", "g"): 8.0}, "lag 8", DEADLINE_S, every_s=0.01)
         consumer.positions[A0] = 10
-        await eventually(lambda: lag_of(lag) == {("a", "g"): 0.0})
+        await wait.eventually(lambda: lag_of(lag) == {("a", "g"): 0.0}, "lag 0", DEADLINE_S, every_s=0.01)
     finally:
         await lag.stop()
 
@@ -213,20 +205,6 @@ def test_a_cycle_is_timed_and_its_decisions_counted_by_kind() -> None:
     assert sample("shardyard_placement_cycle_seconds_count") == cycles + 1
 
 
-class SteppingClock:
-    """Each ``monotonic()`` read is 0.25 s after the previous one."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def now(self) -> datetime:
-        return at(1)
-
-    def monotonic(self) -> float:
-        self.reads += 1
-        return self.reads * 0.25
-
-
 class RecordingBus:
     def __init__(self) -> None:
         self.published: list[Event] = []
@@ -252,7 +230,7 @@ async def test_the_leaders_cycle_records_its_latency_and_placements() -> None:
     book.apply(JobReady(occurred_at=at(0), job_id="job-m", spec=job_spec(job_id="job-m")))
     bus = RecordingBus()
     confirm: Callable[[int], Awaitable[bool]] = _confirmed
-    handlers = SchedulerHandlers(book, bus, SteppingClock(), confirm=confirm)  # type: ignore[arg-type]
+    handlers = SchedulerHandlers(book, bus, FakeClock(at(1), step_s=0.25), confirm=confirm)  # type: ignore[arg-type]
     handlers.leading = True
     placed, total = decisions("place"), sample("shardyard_placement_cycle_seconds_sum")
 

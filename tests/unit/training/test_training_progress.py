@@ -11,14 +11,7 @@ from typing import Any
 import pytest
 
 from shardyard.training.progress import ProgressReporter
-
-
-class FakeClock:
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
@@ -46,19 +39,19 @@ def _step(reporter: ProgressReporter, step: int, loss: float, force: bool = Fals
 
 def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
     r, w = pipe
-    wall, cpu = FakeClock(100.0), FakeClock(10.0)
+    wall, cpu = FakeClock(mono=100.0), FakeClock(mono=10.0)
     reporter = ProgressReporter(w, min_interval_s=0.5, clock=wall, cpu_clock=cpu)
     reporter.started(world_size=2, rank=1)
 
-    wall.now, cpu.now = 101.0, 10.5
+    wall.mono, cpu.mono = 101.0, 10.5
     assert _step(reporter, 1, 5.0)  # first progress line is always written
-    wall.now = 101.2
+    wall.mono = 101.2
     assert not _step(reporter, 2, 4.0)  # within 0.5 s: suppressed
-    wall.now = 101.4
+    wall.mono = 101.4
     assert not _step(reporter, 3, 3.0)
-    wall.now, cpu.now = 101.5, 10.75
+    wall.mono, cpu.mono = 101.5, 10.75
     assert _step(reporter, 4, 2.0)  # 0.5 s after the previous line
-    wall.now = 101.6
+    wall.mono = 101.6
     assert _step(reporter, 10, 1.0, force=True)  # a sync step forces a line
     reporter.finished(final_loss=1.0, steps=10, checkpoint_dir="/out/ckpt")
     reporter.close()
@@ -91,7 +84,7 @@ def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
 
 def test_non_finite_loss_is_reported_as_null(pipe: tuple[int, int]) -> None:
     r, w = pipe
-    reporter = ProgressReporter(w, clock=FakeClock())
+    reporter = ProgressReporter(w, clock=FakeClock(mono=100.0))
     _step(reporter, 1, math.nan)
     reporter.finished(final_loss=math.inf, steps=1, checkpoint_dir=None)
     reporter.close()
@@ -111,7 +104,7 @@ def test_without_fd_nothing_is_written() -> None:
 def test_a_closed_reader_disables_reporting(pipe: tuple[int, int], capsys: pytest.CaptureFixture[str]) -> None:
     r, w = pipe
     os.close(r)
-    reporter = ProgressReporter(w, clock=FakeClock())
+    reporter = ProgressReporter(w, clock=FakeClock(mono=100.0))
     reporter.started(world_size=1, rank=0)  # EPIPE: switched off, no exception
     assert not reporter.enabled
     assert "reporting disabled" in capsys.readouterr().err
@@ -129,7 +122,7 @@ def test_preempted_line(pipe: tuple[int, int]) -> None:
 
 def test_pace_fields_and_checkpointed_line(pipe: tuple[int, int]) -> None:
     r, w = pipe
-    reporter = ProgressReporter(w, clock=FakeClock())
+    reporter = ProgressReporter(w, clock=FakeClock(mono=100.0))
     reporter.progress(
         step=40, loss=2.0, samples=320, allreduce_ms=80.0, allreduce_bytes=1024, syncs=4, sync_interval=20, slow_syncs=2
     )

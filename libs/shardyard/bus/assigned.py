@@ -1,0 +1,62 @@
+"""A consumer without a group, assigned every partition of its topics: how a replica reads a topic whole.
+
+No group means no rebalances and nothing committed: reading never moves anyone's offsets, and every reader sees every
+partition. Followers (:mod:`shardyard.bus.follow`), replays (:mod:`shardyard.bus.replay`) and the monitor's feed
+read this way; each decides what it does with the records.
+"""
+
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from shardyard.bus.topics import Topic
+
+
+async def assigned_consumer(
+    bootstrap: str,
+    topics: Iterable[Topic],
+    *,
+    fetch_max_wait_ms: int,
+    client_id: str | None = None,
+    from_end: Iterable[Topic] = (),
+) -> tuple[AIOKafkaConsumer, list[TopicPartition]]:
+    """A started consumer without a group, assigned every partition of ``topics`` and positioned at their beginning
+    (the partitions of ``from_end`` at their end), with those partitions. If positioning fails it is stopped."""
+    named = {"client_id": client_id} if client_id is not None else {}
+    consumer = AIOKafkaConsumer(
+        fetch_max_wait_ms=fetch_max_wait_ms,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **named,
+    )
+    await consumer.start()
+    try:
+        partitions = await assign_every_partition(consumer, topics, from_end=from_end)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer, partitions
+
+
+async def assign_every_partition(
+    consumer: AIOKafkaConsumer, topics: Iterable[Topic], *, from_end: Iterable[Topic] = ()
+) -> list[TopicPartition]:
+    """Assign ``consumer`` every partition of ``topics`` (in topic order, then partition order) and position each at
+    its beginning, or at its end for the topics of ``from_end``; return the partitions. Ends are resolved now, not at
+    the first fetch: what is published once this returns will be read."""
+    names = list(dict.fromkeys(topic.name for topic in topics))
+    ends = {topic.name for topic in from_end}
+    await consumer.topics()  # loads metadata for every topic
+    partitions = [TopicPartition(name, p) for name in names for p in sorted(consumer.partitions_for_topic(name) or ())]
+    consumer.assign(partitions)
+    beginning = [tp for tp in partitions if tp.topic not in ends]
+    end = [tp for tp in partitions if tp.topic in ends]
+    if beginning:
+        await consumer.seek_to_beginning(*beginning)
+    if end:
+        await consumer.seek_to_end(*end)
+    for tp in end:
+        await consumer.position(tp)
+    return partitions

@@ -1,0 +1,184 @@
+"""What a shard runs on this node and the environment it gets: the built-in runner, or the job's own entrypoint under
+the supervisor of :mod:`shardyard.training.entry`, with torchrun's variables and the runner's ``SHARDYARD_*`` inputs.
+Where its inputs are on this disk comes from the node's mounts. Pure, but for :meth:`ShardPaths.missing`, which looks
+at the disk."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardyard.events import ShardAssignment
+from shardyard.node_agent.mounts import resolve
+from shardyard.training import entry, store
+from shardyard.training.config import (
+    CHECKPOINT_EVERY_ENV,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_SLOW_SYNC_FACTOR,
+    DEFAULT_SYNC_TIMEOUT_S,
+    PEER_STATE_DIR_ENV,
+    SLOW_SYNC_FACTOR_ENV,
+    SYNC_TIMEOUT_ENV,
+    training_env,
+)
+from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
+from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV
+
+PROGRESS_FD_ENV = entry.PROGRESS_FD_ENV
+RUNNER_MODULE = "shardyard.training.shard"
+ENTRY_DEFAULTS = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""What an entrypoint's environment holds unless the job's ``env`` says otherwise (the built-in runner's threads;
+print() lines reach the shard log as they are written, not when a buffer fills)."""
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    model: Path
+    dataset: Path
+    output: Path
+    resume: Path | None = None
+    workdir: Path | None = None
+    """An entrypoint's ``working_dir`` on this node; None: the agent's working directory."""
+
+    def missing(self) -> list[str]:
+        inputs = [("model", self.model), ("dataset", self.dataset)]
+        if self.resume is not None:
+            inputs.append(("checkpoint", self.resume))
+        return [f"{name} {path}" for name, path in inputs if not path.is_dir()]
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """The node's settings for the runners it starts (``SHARDYARD_*`` variables of every shard)."""
+
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
+    slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+    peer_state_dir: str | None = None
+    """Where the node's shards keep their gang's state when they fail, one directory per job (None: they keep
+    none); see :mod:`shardyard.training.peer_state`."""
+    lease_file: str | None = None
+    """The file the agent touches on every heartbeat the bus acknowledged; shards fence themselves on its age."""
+    shard_lease_s: float = DEFAULT_SHARD_LEASE_S
+    socket_ifname: str | None = None
+    """The network interface of the node's advertised address: gloo and NCCL listen there, not on whichever
+    interface the host name leads to (None: their own choice). The agent's environment, or the job's, may name
+    another."""
+
+    def env(self) -> dict[str, str]:
+        lease = {LEASE_FILE_ENV: self.lease_file, LEASE_S_ENV: repr(self.shard_lease_s)} if self.lease_file else {}
+        return {
+            CHECKPOINT_EVERY_ENV: str(self.checkpoint_every),
+            SYNC_TIMEOUT_ENV: repr(self.sync_timeout_s),
+            SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
+            **lease,
+        }
+
+    def net_env(self) -> dict[str, str]:
+        if self.socket_ifname is None:
+            return {}
+        return {"GLOO_SOCKET_IFNAME": self.socket_ifname, "NCCL_SOCKET_IFNAME": f"={self.socket_ifname}"}
+
+
+def shard_paths(assignment: ShardAssignment, mounts: Mapping[str, str]) -> ShardPaths:
+    """The job paths of the assignment on this node's disk, through its mounts."""
+    workload = assignment.workload
+    return ShardPaths(
+        model=resolve(workload.model_path, mounts),
+        dataset=resolve(workload.dataset_path, mounts),
+        output=resolve(workload.output_path, mounts),
+        resume=None if workload.resume_from is None else resolve(workload.resume_from, mounts),
+        workdir=None
+        if workload.entrypoint is None or workload.entrypoint.working_dir is None
+        else resolve(workload.entrypoint.working_dir, mounts),
+    )
+
+
+def shard_argv(assignment: ShardAssignment, paths: ShardPaths, *, python: str) -> tuple[str, ...]:
+    """What a shard runs: the built-in runner, or the job's own command (verbatim, no shell) under the supervisor."""
+    entrypoint = assignment.workload.entrypoint
+    if entrypoint is None:
+        return (python, "-m", RUNNER_MODULE)
+    cwd = () if paths.workdir is None else ("--cwd", str(paths.workdir))
+    return (python, "-m", entry.MODULE, *cwd, "--", *entrypoint.command)
+
+
+def shard_env(
+    assignment: ShardAssignment,
+    paths: ShardPaths,
+    *,
+    base_env: Mapping[str, str],
+    options: RunnerOptions = RunnerOptions(),
+    local_world_size: int = 1,
+    home: Path | None = None,
+) -> dict[str, str]:
+    """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
+
+    Every GPU of the node stays visible and LOCAL_RANK is the shard's GPU index, so a script that does
+    ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` (as torchrun scripts do) lands on its assigned GPU.
+
+    An entrypoint's environment is the interface gloo and NCCL listen on (``options.net_env()``), the agent's,
+    ``home`` as HOME and TMPDIR (a shard under a user of its own cannot write the agent's), then
+    :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the runtime's variables, which nothing overrides: these,
+    ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU count, so that LOCAL_RANK < LOCAL_WORLD_SIZE),
+    ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``) and, for a gang, the hosted store's (:func:`hosted_store`).
+    """
+    workload = assignment.workload
+    local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
+    base = {**options.net_env(), **base_env, **private_home(home)}
+    if workload.entrypoint is None:
+        first: dict[str, str] = {**base, "OMP_NUM_THREADS": "1"}
+        last: dict[str, str] = {}
+    else:
+        first = {**base, **ENTRY_DEFAULTS, **workload.entrypoint.env}
+        last = {
+            "LOCAL_WORLD_SIZE": str(max(local_world_size, local_rank + 1)),
+            entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
+            **hosted_store(assignment),
+        }
+    return (
+        {
+            **first,
+            "RANK": str(assignment.shard_index),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(assignment.world_size),
+            "MASTER_ADDR": assignment.master_addr,
+            "MASTER_PORT": str(assignment.master_port),
+            "SHARDYARD_JOB_ID": assignment.job_id,
+            "SHARDYARD_ATTEMPT": str(assignment.attempt),
+            "SHARDYARD_MODEL_DIR": str(paths.model),
+            "SHARDYARD_DATASET_DIR": str(paths.dataset),
+            "SHARDYARD_OUTPUT_DIR": str(paths.output),
+            entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
+            **training_env(workload.training),
+            **options.env(),
+            **last,
+        }
+        | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
+        | peer_state_env(assignment, options)
+    )
+
+
+def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
+    """A gang of a job's own script rendezvous at a store the runtime hosts on MASTER_ADDR (rank 0's supervisor:
+    :mod:`shardyard.training.store`), every rank a client of it, as under torchrun; a script's own store would
+    listen on every interface. A single shard has no gang: its script is left to itself."""
+    if assignment.world_size < 2:
+        return {}
+    return {store.AGENT_STORE_ENV: "True", store.RESTART_COUNT_ENV: str(max(0, assignment.attempt - 1))}
+
+
+def private_home(home: Path | None) -> dict[str, str]:
+    """HOME and TMPDIR of a shard that has a private directory of its own (None: the agent's stay)."""
+    return {} if home is None else {"HOME": str(home), "TMPDIR": str(home)}
+
+
+def peer_state_dir(options: RunnerOptions, job_id: str) -> Path | None:
+    """The directory where the built-in runner's shards of ``job_id`` keep their gang's state on this node."""
+    return None if options.peer_state_dir is None else Path(options.peer_state_dir) / job_id
+
+
+def peer_state_env(assignment: ShardAssignment, options: RunnerOptions) -> dict[str, str]:
+    where = peer_state_dir(options, assignment.job_id)
+    if where is None or assignment.workload.entrypoint is not None:  # a job's own script keeps its own state
+        return {}
+    return {PEER_STATE_DIR_ENV: str(where)}

@@ -1,0 +1,37 @@
+"""Where ``shardyard up`` puts its agents' rendezvous ports: 29500 by default, moved by
+``SHARDYARD_RENDEZVOUS_PORT_BASE`` for clusters side by side on one host; a value that cannot be one is refused."""
+
+from pathlib import Path
+
+import pytest
+
+from shardyard.cli.cluster import RENDEZVOUS_BASE, ClusterInfo, _agent_argv, rendezvous_base
+from shardyard.errors import ClusterError
+
+
+@pytest.mark.parametrize(
+    ("env", "base"),
+    [
+        ({}, RENDEZVOUS_BASE),
+        ({"SHARDYARD_RENDEZVOUS_PORT_BASE": ""}, RENDEZVOUS_BASE),
+        ({"SHARDYARD_RENDEZVOUS_PORT_BASE": "20000"}, 20000),
+        ({"SHARDYARD_RENDEZVOUS_PORT_BASE": " 31000 "}, 31000),
+    ],
+)
+def test_the_base_comes_from_the_environment(env: dict[str, str], base: int) -> None:
+    assert rendezvous_base(env) == base
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "29500x", "65000", "1e4"])
+def test_a_base_that_cannot_be_one_is_refused(value: str) -> None:
+    with pytest.raises(ClusterError, match="SHARDYARD_RENDEZVOUS_PORT_BASE"):
+        rendezvous_base({"SHARDYARD_RENDEZVOUS_PORT_BASE": value})
+
+
+def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
+    info = ClusterInfo(
+        run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", embedded_broker=True, started_at=0
+    )
+    argv = _agent_argv(2, "A100:1", info, Path("/r/logs"), port_base=20000)({"metrics": 9100})
+    at = argv.index("--rendezvous-port-base")
+    assert argv[at + 1 : at + 4] == ["20100", "--rendezvous-port-count", "50"]

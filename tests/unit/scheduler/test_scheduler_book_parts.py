@@ -1,0 +1,166 @@
+"""The parts of the scheduler book that own state: the fence's record of placements, the cancel requests kept for
+later, the reasons shown for pending jobs, the orphan check's pace and a gang's record of its attempt."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from shardyard.events import (
+    FailureCause,
+    JobCancelRequested,
+    JobPreempting,
+    JobUnschedulable,
+    PendingReason,
+    RunningShard,
+    ShardFailed,
+)
+from shardyard.placement.model import PendingJob, Unschedulable
+from shardyard.scheduler.cancellation import CancelRequests
+from shardyard.scheduler.fencing import Fence
+from shardyard.scheduler.gang import Gang
+from shardyard.scheduler.orphans import OrphanCheck, running_keys
+from shardyard.scheduler.reasons import PendingReasons
+from tests.unit.builders import at, completed, failed, job_spec, node_state, scheduled, started
+
+# --- the fence's record --------------------------------------------------------------------------------------------
+
+
+def test_the_fence_takes_a_new_placement_and_numbers_the_next_attempt_above_every_one_seen() -> None:
+    fence = Fence()
+    first = scheduled(term=7, attempt=1)
+
+    assert (fence.attempt("job-1"), fence.next_attempt("job-1")) == (0, 1)
+    assert fence.take(first, None, ended=False)
+    assert not fence.take(first, first, ended=False)  # its echo
+    assert not fence.take(scheduled(term=5, attempt=4), first, ended=False)  # a deposed leader's, numbered higher
+
+    assert fence.placed == {"job-1": (7, 1)}
+    assert (fence.attempt("job-1"), fence.next_attempt("job-1")) == (1, 5)
+    assert [(s.term, s.attempt) for s in fence.take_stale()] == [(5, 4)]
+    assert fence.take_stale() == []
+
+
+def test_a_newer_leaders_placement_supersedes_the_one_in_force_which_is_kept_to_revoke() -> None:
+    fence = Fence()
+    mine = scheduled(term=5, attempt=2)
+    fence.take(mine, None, ended=False)
+
+    assert fence.take(scheduled(term=7, attempt=1), mine, ended=False)
+    assert fence.placed == {"job-1": (7, 1)}
+    assert fence.stale == [mine]
+    assert fence.next_attempt("job-1") == 3
+
+
+def test_a_placement_of_an_ended_job_is_only_numbered() -> None:
+    fence = Fence()
+
+    assert not fence.take(scheduled(term=7, attempt=2), None, ended=True)
+    assert (fence.placed, fence.stale, fence.next_attempt("job-1")) == ({}, [], 3)
+
+
+# --- cancel requests -----------------------------------------------------------------------------------------------
+
+
+def request(job_id: str, by: str = "cli") -> JobCancelRequested:
+    return JobCancelRequested(occurred_at=at(1), job_id=job_id, requested_by=by)
+
+
+def test_cancel_requests_are_due_once_their_job_is_held_until_it_ends() -> None:
+    cancels = CancelRequests()
+    cancels.note(request("a", "alice"))
+    cancels.note(request("b", "bob"))
+
+    assert cancels.due(["c"], at(5)) == []  # not held here yet
+    due = cancels.due(["c", "b", "a"], at(5))
+    assert [(r.job_id, r.requested_by, r.occurred_at) for r in due] == [("b", "bob", at(5)), ("a", "alice", at(5))]
+
+    cancels.forget("b")
+    assert [r.job_id for r in cancels.due(["a", "b"], at(6))] == ["a"]
+
+
+# --- reasons shown for pending jobs --------------------------------------------------------------------------------
+
+
+def verdict(reason: PendingReason = PendingReason.NO_FIT, message: str = "0/3") -> Unschedulable:
+    return Unschedulable("job-1", reason, message, {"NO_FIT": 3})
+
+
+def test_a_pending_reason_is_shown_when_it_changes_and_again_once_forgotten() -> None:
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+
+    (shown,) = reasons.unschedulable(verdict(), job, at(1))
+    again = reasons.unschedulable(verdict(), job, at(2))
+    changed = reasons.unschedulable(verdict(PendingReason.INSUFFICIENT_GPUS, "1/3"), job, at(3))
+    reasons.forget("job-1")
+    after_placed = reasons.unschedulable(verdict(PendingReason.INSUFFICIENT_GPUS, "1/3"), job, at(4))
+
+    assert isinstance(shown, JobUnschedulable)
+    assert (shown.reason, shown.message, dict(shown.node_counts)) == (PendingReason.NO_FIT, "0/3", {"NO_FIT": 3})
+    assert again == []
+    assert [e.reason for e in changed if isinstance(e, JobUnschedulable)] == [PendingReason.INSUFFICIENT_GPUS]
+    assert len(after_placed) == 1
+
+
+def test_the_blocked_verdicts_are_the_last_cycles_only() -> None:
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+    reasons.unschedulable(verdict(), job, at(1))
+    reasons.unschedulable(verdict(), job, at(2))  # shown already: still blocked this cycle
+
+    assert reasons.blocked == [(job.spec, PendingReason.NO_FIT, at(0))] * 2
+    reasons.new_cycle()
+    assert reasons.blocked == []
+
+
+# --- the orphan check's pace ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("second_after_s", "checked_again"),
+    [pytest.param(0.5, False, id="within-its-pace"), pytest.param(1.0, True, id="at-its-pace")],
+)
+def test_the_orphan_check_looks_at_most_once_a_pace(second_after_s: float, checked_again: bool) -> None:
+    check = OrphanCheck(every_s=1.0)
+    gang = Gang(job_spec(), scheduled())  # two training shards on node-a, which reports none running
+    node = node_state("node-a")
+    nodes, running = {"node-a": node}, {"node-a": running_keys(node)}
+
+    def run(when: float) -> list[object]:
+        return list(check.run([gang], nodes, running, at(when), deadline_s=0, grace_s=0, term=3))
+
+    assert run(10) == []  # the first look starts the grace
+    assert (len(run(10 + second_after_s)) > 0) is checked_again
+
+
+def test_a_shard_listed_running_again_is_not_an_orphan() -> None:
+    check = OrphanCheck(every_s=0)
+    gang = Gang(job_spec(), scheduled())
+    silent = node_state("node-a")
+    listed = node_state("node-a", running=(RunningShard(job_id="job-1", shard_index=0, attempt=1, pid=1),))
+
+    for when, state in ((10, silent), (20, listed)):
+        found = check.run(
+            [gang], {"node-a": state}, {"node-a": running_keys(state)}, at(when), deadline_s=0, grace_s=5, term=3
+        )
+
+    failures = [e for e in found if isinstance(e, ShardFailed)]
+    assert [(f.shard_index, f.cause) for f in failures] == [(1, FailureCause.ORPHANED)]
+
+
+# --- a gang's record of its attempt --------------------------------------------------------------------------------
+
+
+def test_a_gang_records_the_facts_of_its_attempt() -> None:
+    gang = Gang(job_spec(), scheduled())
+
+    gang.record(started(shard_index=0))
+    gang.record(failed(shard_index=1))
+    gang.record(started(shard_index=1))  # after its failure (its start deadline): too late
+    gang.record(completed(shard_index=0))
+    gang.record(JobPreempting(occurred_at=at(3), job_id="job-1", attempt=1, by_job="vip", deadline_s=30))
+
+    assert (gang.started, gang.failed, set(gang.completed)) == ({0}, {1}, {0})
+    assert (gang.preempted_by, gang.preempt_deadline) == ("vip", at(3) + timedelta(seconds=30))
