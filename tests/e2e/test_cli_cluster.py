@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with local_cluster(tmp_path_factory.mktemp("cluster")) as run_dir:
+    with local_cluster(tmp_path_factory.mktemp("cluster"), replicas=1) as run_dir:
         yield run_dir
 
 

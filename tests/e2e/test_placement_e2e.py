@@ -19,6 +19,7 @@ import pytest
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import EXAMPLE, cli
 from tests.support import wait
+from tests.support.cluster import ONE_REPLICA
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -61,7 +62,9 @@ def first_at(job: dict[str, Any], event: str) -> float:
 def a100_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("a100s")
     create_demo_artifacts(run_dir / "data")
-    started = cli("up", "--node", "A100:1", "--node", "A100:1", "--node", "V100:2", run_dir=run_dir, timeout=180)
+    started = cli(
+        "up", *ONE_REPLICA, "--node", "A100:1", "--node", "A100:1", "--node", "V100:2", run_dir=run_dir, timeout=180
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         yield run_dir
@@ -73,7 +76,7 @@ def a100_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def v100_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("v100s")
     create_demo_artifacts(run_dir / "data")
-    started = cli("up", "--node", "V100:1", "--node", "V100:1", run_dir=run_dir, timeout=180)
+    started = cli("up", *ONE_REPLICA, "--node", "V100:1", "--node", "V100:1", run_dir=run_dir, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         yield run_dir
@@ -108,7 +111,7 @@ def test_a_job_waits_for_its_dataset_and_starts_within_2s_of_it_appearing(a100_c
 def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpoint(a100_cluster: Path) -> None:
     # Long enough to be running when the vip comes (it is preempted within seconds), short enough not to
     # dominate the suite's time.
-    long = document("low-prio", priority=1, sync_interval=20, training={"max_steps": 1200, "batch_size": 4})
+    long = document("low-prio", priority=1, sync_interval=20, training={"max_steps": 600, "batch_size": 4})
     submit(a100_cluster, long)
     until(a100_cluster, "low-prio", lambda j: j["state"] == "RUNNING" and (j.get("step") or 0) >= 40, 120)
 
@@ -124,7 +127,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     assert first_at(low, "preempted") < first_at(vip, "scheduled")
     resumed = [e for e in low["timeline"] if e["event"] == "scheduled" and "resum" in e.get("detail", "")]
     assert resumed, f"the second placement does not say it resumes: {low['timeline']}"
-    assert low["step"] == 1200
+    assert low["step"] == 600
 
 
 def test_with_only_v100s_an_a100_job_waits_unless_it_opted_into_degraded_placement(v100_cluster: Path) -> None:

@@ -18,6 +18,7 @@ from shardyard.cli.cluster import ClusterInfo
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
 from tests.e2e.test_placement_e2e import document, submit, until
+from tests.support.cluster import ONE_REPLICA
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -34,7 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     settings = {"SHARDYARD_SLOW_SYNC_FACTOR": "1000000", "SHARDYARD_CHECKPOINT_EVERY": "0"}
     os.environ.update(settings)
     try:
-        started = cli("up", *nodes, run_dir=run_dir, timeout=180)
+        started = cli("up", *ONE_REPLICA, *nodes, run_dir=run_dir, timeout=180)
     finally:
         for name in settings:
             del os.environ[name]

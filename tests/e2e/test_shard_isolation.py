@@ -21,7 +21,7 @@ import pytest
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, DEFAULT_UID_COUNT
 from tests.e2e.test_placement_e2e import submit, until
-from tests.support.cluster import ROOT, cli, searchable_namespace, wait_for
+from tests.support.cluster import ONE_REPLICA, ROOT, cli, searchable_namespace, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -116,7 +116,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if prefix is None:
         pytest.skip("other users cannot run this Python, and no private mount namespace can be made to let them")
     env = {name: value for name, value in os.environ.items() if name != "SHARDYARD_SHARD_USER"}  # the default: job
-    started = cli("up", run_dir=run_dir, timeout=180, env={**env, "PYTHONUNBUFFERED": "1"}, prefix=prefix)
+    started = cli("up", *ONE_REPLICA, run_dir=run_dir, timeout=180, env={**env, "PYTHONUNBUFFERED": "1"}, prefix=prefix)
     assert started.returncode == 0, started.stdout + started.stderr
     assert "shards run as root" not in started.stdout, started.stdout
     try:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.e2e.test_cli_cluster import cli
 from tests.e2e.test_placement_e2e import submit, until
+from tests.support.cluster import ONE_REPLICA
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -49,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for artifact in ("models/gpt2_pretrained", "datasets/wikitext"):  # the example's dependencies: any directories
         (run_dir / "data" / artifact).mkdir(parents=True)
     (run_dir / "data" / "code").symlink_to(ROOT, target_is_directory=True)
-    started = cli("up", run_dir=run_dir, timeout=180)
+    started = cli("up", *ONE_REPLICA, run_dir=run_dir, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         submit(run_dir, entry_job("ddp-plain", "examples/ddp_train.py", model="A100", sync_interval=50))

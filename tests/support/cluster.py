@@ -23,6 +23,9 @@ from tests.support import wait
 ROOT = Path(__file__).parents[2]
 EXAMPLE = json.loads((ROOT / "examples" / "fine_tune_gpt2.json").read_text())
 """The S15 example job, as a person submits it."""
+ONE_REPLICA = ("--replicas", "1")
+"""For a cluster whose test is not about failover: one process per service starts sooner and leaves the CPU to the
+training (failover has its own tests: tests/integration, tests/chaos)."""
 T = TypeVar("T")
 
 
@@ -161,13 +164,19 @@ def job(task_id: str, *, sync_interval: int = 10, **training: int) -> bytes:
 
 @contextmanager
 def local_cluster(
-    run_dir: Path, nodes: Sequence[str] = (), *, env: dict[str, str] | None = None, timeout: float = 180
+    run_dir: Path,
+    nodes: Sequence[str] = (),
+    *,
+    replicas: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
 ) -> Iterator[Path]:
-    """``shardyard up`` (with ``--node`` per entry of ``nodes``; none: the defaults) on the demo's checkpoint and
-    dataset, then ``shardyard down``."""
+    """``shardyard up`` (with ``--node`` per entry of ``nodes``; none: the defaults; ``replicas`` processes per
+    service, none: the default two) on the demo's checkpoint and dataset, then ``shardyard down``."""
     create_demo_artifacts(run_dir / "data")
     node_args = [arg for gpus in nodes for arg in ("--node", gpus)]
-    started = cli("up", *node_args, run_dir=run_dir, env=env, timeout=timeout)
+    replica_args = ["--replicas", str(replicas)] if replicas is not None else []
+    started = cli("up", *node_args, *replica_args, run_dir=run_dir, env=env, timeout=timeout)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         yield run_dir

@@ -25,7 +25,7 @@ SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "monitor")
 REPLICAS = 2
 """Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
 by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
-serve the status API."""
+serve the status API. ``up --replicas 1`` gives up that failover for a lighter cluster."""
 ELECTED = ("scheduler",)
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 CLUSTER_FILE = "cluster.json"
@@ -173,6 +173,7 @@ def up(
     run_dir: Path,
     *,
     nodes: Sequence[str] = DEFAULT_NODES,
+    replicas: int = REPLICAS,
     data_root: Path,
     bootstrap: str | None = None,
     timeout_s: float = 90.0,
@@ -207,7 +208,7 @@ def up(
             say(f"embedded broker on {broker.bootstrap}")
         info.save()
         asyncio.run(ensure_topics(info.bootstrap))
-        children = _start_processes(info, logs, nodes=nodes, say=say, pick_port=pick_port)
+        children = _start_processes(info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port)
         wait_ready(
             children,
             ready=lambda: _ready(info, expected_nodes=len(nodes)),
@@ -232,7 +233,13 @@ def _refuse_a_running_cluster(run_dir: Path) -> None:
 
 
 def _start_processes(
-    info: ClusterInfo, logs: Path, *, nodes: Sequence[str], say: Callable[[str], None], pick_port: PortPicker
+    info: ClusterInfo,
+    logs: Path,
+    *,
+    nodes: Sequence[str],
+    replicas: int,
+    say: Callable[[str], None],
+    pick_port: PortPicker,
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
@@ -240,7 +247,7 @@ def _start_processes(
     children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
     for service in SERVICES:
         roles = ("http", "metrics") if service == "monitor" else ("metrics",)
-        for replica in range(REPLICAS):
+        for replica in range(replicas):
             name = f"{service}-{replica}"
             children.start(name, _service_argv(service, name), roles)
     shard_user = shard_user_fallback(env, say)

@@ -34,6 +34,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster.up(
         run_dir,
         nodes=args.node or cluster.DEFAULT_NODES,
+        replicas=args.replicas,
         data_root=Path(args.data_root) if args.data_root else run_dir / "data",
         bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
     )
@@ -252,10 +253,22 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _replicas(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 8:
+        raise argparse.ArgumentTypeError(f"a number of processes per service, 1 to 8: {value!r}")
+    return int(value)
+
+
 def _cluster_commands(sub: Commands) -> None:
     up = sub.add_parser("up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)")
     up.add_argument("--node", action="append", help="a node's simulated GPUs, e.g. A100:2 (repeat per node)")
     up.add_argument("--data-root", help="local folder the agents mount at /data (default RUN_DIR/data)")
+    up.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=cluster.REPLICAS,
+        help=f"processes per service (default {cluster.REPLICAS}; 1: no failover, a lighter cluster)",
+    )
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
