@@ -92,7 +92,7 @@ def torchrun_run(data: Path, out: Path, args: argparse.Namespace) -> dict[str, A
         "SHARDYARD_SEQ_LEN": str(work["seq_len"]),
         "SHARDYARD_LR": repr(work["lr"]),
         "SHARDYARD_SEED": str(work["seed"]),
-        # What an agent with default settings gives its shards (node_agent.book.RunnerOptions).
+        # What an agent with default settings gives its shards (node_agent.environment.RunnerOptions).
         CHECKPOINT_EVERY_ENV: str(DEFAULT_CHECKPOINT_EVERY),
         SYNC_TIMEOUT_ENV: repr(DEFAULT_SYNC_TIMEOUT_S),
         SLOW_SYNC_FACTOR_ENV: repr(DEFAULT_SLOW_SYNC_FACTOR),

@@ -28,7 +28,6 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.node_agent import reports
-from shardyard.node_agent.environment import RunnerOptions as RunnerOptions  # importable from here, as it was
 from shardyard.node_agent.environment import ShardPaths, shard_paths
 from shardyard.node_agent.reports import ShardKey
 
@@ -240,7 +239,7 @@ class AgentBook:
     def progressed(self, key: ShardKey, report: Mapping[str, Any]) -> bool:
         """Note a progress report's CPU use; True when it is the shard's first."""
         first = key not in self.utilization
-        self.utilization[key] = float(report.get("cpu_percent", 0.0)) / 100.0
+        self.utilization[key] = reports.number(report, "cpu_percent") / 100.0
         return first
 
     def progress(self, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardProgress:

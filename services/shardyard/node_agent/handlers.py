@@ -154,7 +154,7 @@ class AgentHandlers:
             return
         self.supervisor.add(key, process)
         self.standbys.launched(assignment.job_id, here=self.supervisor.here(assignment.job_id))
-        if key in self.book.fenced:  # fenced while it was being started
+        if key in self.book.fenced or key in self.book.revoked:  # fenced or revoked while it was being started
             self.supervisor.stop(key)
         await self.outbox.deliver(self.book.started(key, process.pid, now=self.clock.now()))
         self.supervisor.watch(key, process, spec.log_path)  # after the start: its reports and end come later

@@ -3,8 +3,8 @@
 gloo picks its interface from the host name (whatever address it resolves to) unless ``GLOO_SOCKET_IFNAME`` names
 one, and NCCL from its own ranking unless ``NCCL_SOCKET_IFNAME`` does; neither takes an address. The agent finds the
 interface the advertised address belongs to (or, failing an exact match, the one whose subnet holds it: 127.0.0.2 is
-on ``lo``) and gives its shards those variables (:attr:`.book.RunnerOptions.socket_ifname`). IPv4 only; an address
-no interface holds leaves the libraries their own choice.
+on ``lo``) and gives its shards those variables (:attr:`.environment.RunnerOptions.socket_ifname`). IPv4 only;
+an address no interface holds leaves the libraries their own choice.
 
 :func:`interface_of` is pure; :func:`local_interfaces` asks the kernel (Linux ``SIOCGIFADDR``/``SIOCGIFNETMASK``).
 """

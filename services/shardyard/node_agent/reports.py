@@ -35,7 +35,8 @@ _CAUSE = {
 }
 
 
-def _number(report: Mapping[str, object], name: str) -> float:
+def number(report: Mapping[str, object], name: str) -> float:
+    """A numeric field of a shard's report; 0 when it is missing or not a number (a report is the shard's word)."""
     value = report.get(name, 0)
     return float(value) if isinstance(value, int | float) else 0.0
 
@@ -61,13 +62,13 @@ def progress(node_id: str, key: ShardKey, report: Mapping[str, object], *, now: 
         shard_index=shard_index,
         attempt=attempt,
         node_id=node_id,
-        step=int(_number(report, "step")),
-        loss=_number(report, "loss"),
-        samples_per_s=_number(report, "samples_per_s"),
-        allreduce_ms=_number(report, "allreduce_ms"),
-        allreduce_bytes=int(_number(report, "allreduce_bytes")),
-        syncs=int(_number(report, "syncs")),
-        cpu_percent=_number(report, "cpu_percent"),
+        step=int(number(report, "step")),
+        loss=number(report, "loss"),
+        samples_per_s=number(report, "samples_per_s"),
+        allreduce_ms=number(report, "allreduce_ms"),
+        allreduce_bytes=int(number(report, "allreduce_bytes")),
+        syncs=int(number(report, "syncs")),
+        cpu_percent=number(report, "cpu_percent"),
     )
 
 

@@ -559,3 +559,59 @@ async def test_the_kept_state_goes_with_its_job_and_entrypoints_get_none(tmp_pat
     command = workload(entrypoint=Entrypoint(command=["python", "train.py"]))
     await agent.handlers.on_assignment(assignment(job_id="job-3", workload=command))
     assert PEER_STATE_DIR_ENV not in agent.launcher.specs[0].env  # a job's own script keeps its own state
+
+
+class SlowLauncher(FakeLauncher):
+    """A launcher whose process starts only when the test says so (a cold start takes seconds: Python, torch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def launch(self, spec: LaunchSpec, *, progress_env: str) -> FakeProcess:
+        await self.go.wait()
+        return await super().launch(spec, progress_env=progress_env)
+
+
+async def test_a_shard_revoked_while_its_process_starts_is_terminated_once_it_has_one(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, standbys="none")
+    agent.inputs()
+    launcher = SlowLauncher()
+    agent.handlers.supervisor.launcher = launcher
+    starting = asyncio.create_task(agent.handlers.on_assignment(assignment(world_size=1)))
+    await asyncio.sleep(0)  # the launch is under way
+
+    await agent.handlers.on_assignment(
+        ShardRevocation(
+            occurred_at=T0,
+            job_id="job-1",
+            shard_index=0,
+            node_id="node-a",
+            attempt=1,
+            term=1,
+            reason=RevocationReason.RECOVERING,
+        )
+    )
+    launcher.go.set()
+    await asyncio.wait_for(starting, timeout=5)
+
+    (process,) = launcher.processes
+    assert process.exit.done() and process.exit.result() == -15  # terminated, not left to train
+    await agent.until(lambda: not agent.handlers.tasks)
+    assert not agent.bus.of(ShardCompleted) and not agent.bus.of(ShardFailed)  # a revoked shard's end is not reported
+
+
+async def test_a_report_whose_cpu_figure_is_no_number_counts_as_zero_and_the_watch_goes_on(
+    tmp_path: Path,
+) -> None:
+    agent = Agent(tmp_path, standbys="none")
+    agent.inputs()
+    await agent.handlers.on_assignment(assignment(world_size=1))
+    (process,) = agent.launcher.processes
+    process.report(kind="progress", step=10, loss=2.0, cpu_percent="lots")
+    process.report(kind="finished", final_loss=1.5, steps=10, checkpoint_dir="/out")
+    process.end(exitcodes.OK)
+
+    (completed,) = await agent.until(lambda: agent.bus.of(ShardCompleted))
+    assert completed.job_id == "job-1"
+    assert agent.bus.of(ShardProgress)[-1].cpu_percent == 0.0

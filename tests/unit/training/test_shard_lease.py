@@ -5,7 +5,7 @@ import threading
 import time
 from pathlib import Path
 
-from shardyard.node_agent.book import RunnerOptions
+from shardyard.node_agent.environment import RunnerOptions
 from shardyard.training import exitcodes
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.lease import LEASE_FILE_ENV, LEASE_S_ENV, renew, silence, start_watchdog

@@ -1,11 +1,13 @@
-"""Where ``shardyard up`` puts its agents' rendezvous ports: 29500 by default, moved by
-``SHARDYARD_RENDEZVOUS_PORT_BASE`` for clusters side by side on one host; a value that cannot be one is refused."""
+"""``shardyard up``'s options: where it puts its agents' rendezvous ports (29500 by default, moved by
+``SHARDYARD_RENDEZVOUS_PORT_BASE`` for clusters side by side on one host) and how many processes of each service it
+starts (``--replicas``); a value that cannot be one is refused."""
 
 from pathlib import Path
 
 import pytest
 
 from shardyard.cli.cluster import RENDEZVOUS_BASE, ClusterInfo, _agent_argv, rendezvous_base
+from shardyard.cli.main import parser
 from shardyard.errors import ClusterError
 
 
@@ -35,3 +37,15 @@ def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
     argv = _agent_argv(2, "A100:1", info, Path("/r/logs"), port_base=20000)({"metrics": 9100})
     at = argv.index("--rendezvous-port-base")
     assert argv[at + 1 : at + 4] == ["20100", "--rendezvous-port-count", "50"]
+
+
+def test_up_starts_two_processes_per_service_unless_told() -> None:
+    assert parser().parse_args(["up"]).replicas == 2
+    assert parser().parse_args(["up", "--replicas", "1"]).replicas == 1
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two", "-1"])
+def test_a_replica_count_that_cannot_be_one_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["up", "--replicas", value])
+    assert "processes per service, 1 to 8" in capsys.readouterr().err
