@@ -75,7 +75,10 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
         return None
     chosen = choose_by_latency(keys, members, job.k, rtt) if topology else choose_in_order(members, job.k)
     coordinator = coordinator_of(chosen, rtt)
-    if coordinator is None:  # none of the chosen members has a free port, though one passed over has
+    if coordinator is None:  # none of the chosen has a free port: the best-ranked member with one joins the gang
+        chosen = choose_in_order(with_a_port_first(members), job.k)
+        coordinator = coordinator_of(chosen, rtt)
+    if coordinator is None:
         return None
     placements: list[ShardPlacement] = []
     degraded = False
@@ -116,8 +119,9 @@ def gather(index: ClusterIndex, job: Candidate, topology: bool) -> tuple[list[Ra
     total = 0
     boundary: RankKey | None = None
     extra = 0
+    coordinates = False  # whether a member so far has a free rendezvous port: the gang needs one to meet
     for key, slot, capacity in walk(index, job):
-        if total >= k:
+        if total >= k and coordinates:
             if not topology or key != boundary or extra >= index.policy.latency_window:
                 break
             extra += 1
@@ -126,9 +130,16 @@ def gather(index: ClusterIndex, job: Candidate, topology: bool) -> tuple[list[Ra
             boundary = key
         keys.append(key)
         members.append((slot, capacity))
-        if len(members) == 1 and capacity >= k:
+        coordinates = coordinates or bool(slot.ports)
+        if len(members) == 1 and capacity >= k and coordinates:
             break  # the best-ranked node takes the whole gang: no mutual latency to weigh
     return keys, members
+
+
+def with_a_port_first(members: list[tuple[Slot, int]]) -> list[tuple[Slot, int]]:
+    """``members`` in rank order, but the best-ranked one with a free rendezvous port first."""
+    first = next((i for i, (slot, _capacity) in enumerate(members) if slot.ports), None)
+    return members if first is None else [members[first], *members[:first], *members[first + 1 :]]
 
 
 def choose_by_latency(

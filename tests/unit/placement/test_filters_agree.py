@@ -144,12 +144,7 @@ def test_a_node_explain_counts_under_a_filter_is_one_placement_never_walks(case:
         *PARAMS,
         pytest.param(
             Case((node("a1", cpu_load=0.0, rendezvous_ports=()), node("a2")), {}),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="placement takes its best-ranked members (a1 holds the gang alone) without asking whether one "
-                "can coordinate; explain sees a2's port among the passing nodes",
-            ),
-            id="best-ranked-member-without-a-port",
+            id="best-ranked-member-without-a-port",  # a1 holds the gang alone but cannot host its rendezvous
         ),
     ],
 )
@@ -193,3 +188,14 @@ def test_every_filter_has_a_case() -> None:
     met |= {case.gang for case in CASES.values() if case.gang}
 
     assert met == set(filters.BY_NAME)
+
+
+@pytest.mark.parametrize("topology", [False, True])
+def test_a_gang_whose_best_node_cannot_host_its_rendezvous_meets_on_one_that_can(topology: bool) -> None:
+    index, job = candidate_on(Case((node("a1", cpu_load=0.0, rendezvous_ports=()), node("a2")), {}))
+
+    placed = place_gang(index, job, {}, topology=topology)
+
+    assert placed is not None
+    assert placed.coordinator_node == "a2"
+    assert len([p for p in placed.placements if not p.spare]) == job.k
