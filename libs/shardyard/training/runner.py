@@ -138,6 +138,18 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
 
 
 def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, watch_lease: bool = True) -> int:
+    """Run one shard and return its exit code; in a shard's own process (``env`` None) it never returns: every end,
+    a finished run's included, is :func:`_exit_now`. A process group torn down at the interpreter's exit can abort
+    the process there, after the run succeeded ("terminate called without an active exception", seen with gloo on a
+    rank of a re-formed gang), and a finished shard would then die by SIGABRT, a KILLED shard to its agent."""
+    del watch_lease  # the lease watchdog starts once, whoever asks first (``shardyard.training.shard`` does)
+    code = _run(env, stop)
+    if env is not None:
+        return code
+    _exit_now(code)
+
+
+def _run(env: Mapping[str, str] | None, stop: StopFlag | None) -> int:
     stop = StopFlag.install() if stop is None else stop  # first: a stop request must never kill the shard
     term = TermFlag.install() if env is None else None
     try:
@@ -157,31 +169,19 @@ def main(env: Mapping[str, str] | None = None, stop: StopFlag | None = None, *, 
             outcome = train(cfg, reporter, stop, term)
     except UserError as exc:
         print(f"{where}: user error: {exc}", file=sys.stderr)
-        return _failed(exitcodes.USER_ERROR, reporter, in_process=env is not None)
+        return exitcodes.USER_ERROR
     except Terminated as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         reporter.close()
         _exit_now(TERMINATED_EXIT)
     except Exception as exc:
-        return _failed(_failure(where, exc), reporter, in_process=env is not None)
+        return _failure(where, exc)
     finally:
         reporter.close()
     if outcome.preempted:
         print(f"{where}: preempted at step {outcome.steps}", file=sys.stderr)
         return exitcodes.PREEMPTED
     return exitcodes.OK
-
-
-def _failed(code: int, reporter: ProgressReporter, *, in_process: bool) -> int:
-    """A failed run's exit: at once (:func:`_exit_now`) in a shard's own process. A process group left behind by a
-    failed collective is torn down at the interpreter's exit, and gloo's can abort the process there ("terminate
-    called without an active exception", seen after a peer's death): the shard would then die by SIGABRT, a KILLED
-    shard to its agent instead of the COMM_ERROR it printed, and a KILLED shard is a culprit that a recovery plan
-    does not wait on. Run in-process (tests), the code is returned."""
-    if in_process:
-        return code
-    reporter.close()
-    _exit_now(code)
 
 
 def _exit_now(code: int) -> NoReturn:
