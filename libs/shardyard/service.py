@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,11 @@ from shardyard.metrics import serve_metrics
 from shardyard.settings import ReplicatedSettings, S, load_settings
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping service may take to let go of the bus once its own shutdown hooks have run (its work is
+stopped: an agent's shards, a replica's tickers). Committing offsets, leaving groups and flushing the producer take
+well under a second with a broker; without one, aiokafka waits on it for ever, and a service told to stop must stop."""
 
 
 def configure_logging(level: str) -> None:
@@ -96,8 +102,28 @@ def run_main(
     except ShardyardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    bound_shutdown(app, SHUTDOWN_GRACE_S)
     asyncio.run(app.run())
     return 0
+
+
+def bound_shutdown(app: FastStream, grace_s: float, *, give_up: Callable[[float], object] | None = None) -> None:
+    """Once ``app``'s shutdown hooks have run (this one is registered after them), its brokers get ``grace_s`` to
+    close; past that the process ends (:func:`exit_unclean`, or ``give_up``) rather than wait on an unreachable
+    broker. Consumers that did not commit are read again from their last commit: every handler is idempotent."""
+
+    @app.on_shutdown
+    async def arm() -> None:
+        timer = threading.Timer(grace_s, give_up or exit_unclean, args=(grace_s,))
+        timer.daemon = True  # a clean exit before it fires does not wait for it
+        timer.start()
+
+
+def exit_unclean(grace_s: float) -> None:
+    log.error("the bus was not let go of %.0f s after the service stopped (is the broker reachable?); exiting", grace_s)
+    tracing.flush()
+    logging.shutdown()
+    os._exit(0)
 
 
 @dataclass(frozen=True)

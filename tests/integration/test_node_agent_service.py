@@ -40,6 +40,7 @@ from shardyard.events import (
     StopReason,
     Workload,
 )
+from shardyard.service import SHUTDOWN_GRACE_S
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
@@ -124,6 +125,7 @@ async def test_agent_runs_refuses_and_revokes(bootstrap: str, tmp_path: Path, lo
         f"/data={data}",
         "--log-dir",
         str(tmp_path / "shards"),
+        *("--status-refresh-s", "1"),  # every beat a full heartbeat: what this test reads (not leases)
     ]
     with service("shardyard.node_agent", args, bootstrap=bootstrap, log_dir=log_dir):
         async with Watcher(bootstrap, [HEARTBEATS, SHARD_EVENTS, SERVICES]) as watch, Producer(bootstrap) as send:
@@ -215,6 +217,7 @@ async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
     args = [
         *("--node-id", node, "--gpus", "A100:1", "--mounts", f"/data={data}", "--log-dir", str(tmp_path / "shards")),
         *("--shared-mounts", "/data/shared", "--cpu-cores", "8", "--zone", "z1", "--rack", "r7"),
+        *("--status-refresh-s", "1"),  # every beat a full heartbeat: what this test reads (not leases)
     ]
     model, shared_model, late = "/data/models/gpt2_pretrained", "/data/shared/models/m", "/data/datasets/late"
 
@@ -361,12 +364,20 @@ async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, l
             assert failed.message.startswith("self-fenced: bus unreachable for")
 
             dead = await _start_long_shard(broker.bootstrap, "agent-dead-bus", node)
-            broker.stop()
+            os.kill(broker.pid, signal.SIGKILL)
             dead_s = await _shard_gone(dead.pid, within_s=bound_s)
             assert agent.poll() is None  # the agent itself lives on, waiting for the bus
+
+            # Told to stop now, it stops, though the broker it would say goodbye to is gone.
+            t0 = time.monotonic()
+            agent.send_signal(signal.SIGTERM)
+            rc = agent.wait(SHUTDOWN_GRACE_S + 10)
+            stop_s = time.monotonic() - t0
+            assert rc == 0
             print(
                 f"\nshard gone {hung_s:.2f} s after the broker hung, {dead_s:.2f} s after it died"
-                f" (lease {lease_s:.0f} s); reported when it was back: {failed.message}"
+                f" (lease {lease_s:.0f} s); reported when it was back: {failed.message}; the agent stopped"
+                f" {stop_s:.1f} s after SIGTERM without a broker"
             )
     finally:
         if broker.pid is not None:
