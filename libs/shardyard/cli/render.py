@@ -83,6 +83,8 @@ def job_detail(job: dict[str, Any]) -> str:
         lines.append(f"  reason: {job.get('reason') or '-'}: {job.get('message') or ''}")
     if job.get("node_counts"):
         lines.append(f"    {excluded_nodes(job['node_counts'])}")
+    if job.get("estimated_start"):
+        lines.append(f"    estimated start: {job['estimated_start']} (from the reservation it holds)")
     if job.get("waiting_for"):
         lines.append(f"    waiting for: {', '.join(job['waiting_for'])}")
     for error in job.get("errors") or []:

@@ -111,6 +111,7 @@ class JobSpec(Model):
     max_wait_s: float = 0.0
     preemptible: bool = True
     entrypoint: Entrypoint | None = Field(default=None, description="the user's own command; None: built-in runner")
+    expected_duration_s: float | None = Field(default=None, description="declared run time (s); None: estimated")
 
     @property
     def training(self) -> TrainingParams:
@@ -240,6 +241,9 @@ class JobUnschedulable(Event):
     reason: PendingReason
     message: str
     node_counts: dict[str, int] = Field(default_factory=dict, description="nodes excluded, by filter")
+    estimated_start: AwareDatetime | None = Field(
+        default=None, description="when it is expected to start, from the reservation it holds; None: not known"
+    )
 
 
 class JobWaiting(Event):

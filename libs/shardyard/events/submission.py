@@ -149,6 +149,13 @@ class JobSubmission(_UserModel):
         default="fail", description="when a parent fails: fail this job too, or hold it (WAITING) with the reason"
     )
     placement: PlacementOptions | None = Field(default=None, description="degraded placement, off unless given")
+    expected_duration_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=365 * 86_400,
+        description="how long the job is expected to run, in seconds: it may then backfill onto GPUs reserved for "
+        "a later start, and its own start estimate is firmer; default: estimated from similar jobs that ended",
+    )
     preemptible: bool = Field(default=True, description="a higher-priority job may checkpoint and requeue this one")
     entrypoint: SubmittedEntrypoint | None = Field(
         default=None, description="run this command once per shard (torchrun environment), not the built-in runner"

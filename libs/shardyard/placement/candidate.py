@@ -1,6 +1,7 @@
 """A pending job as one placement decision sees it: what its filters read (``filters``), the groups it may use, and
-its queue order (priority with aging). Pure."""
+its queue order (priority, then least attained service or aging) and whom it may preempt. Pure."""
 
+import bisect
 from datetime import datetime
 
 from shardyard.events import PendingReason
@@ -10,6 +11,7 @@ from shardyard.placement.index import ClusterIndex, norm_path
 from shardyard.placement.model import (
     PendingJob,
     Policy,
+    RunningJob,
 )
 
 RESERVABLE = frozenset(
@@ -27,6 +29,52 @@ RESERVABLE = frozenset(
 def effective_priority(job: PendingJob, policy: Policy, now: datetime) -> float:
     waited_min = max(0.0, (now - job.ready_at).total_seconds()) / 60.0
     return job.spec.priority + policy.aging_per_minute * waited_min
+
+
+def las_queue(attained_gpu_s: float, policy: Policy) -> int:
+    """The LAS queue of a job that has run ``attained_gpu_s`` GPU-seconds: 0 below the first threshold."""
+    return bisect.bisect_right(policy.las_thresholds_gpu_s, attained_gpu_s)
+
+
+def pending_queue(job: PendingJob, policy: Policy, now: datetime) -> int:
+    """A pending job's LAS queue, back to 0 once it has waited ``starve_factor`` times as long as it ran
+    (Tiresias's starvation guard: a long job preempted by a stream of short ones still gets its turn)."""
+    queue = las_queue(job.attained_gpu_s, policy)
+    if queue == 0:
+        return 0
+    ran_s = job.attained_gpu_s / max(1, job.spec.gpu_count)
+    waited_s = (now - job.ready_at).total_seconds()
+    return 0 if waited_s >= policy.starve_factor * ran_s else queue
+
+
+def running_queue(gang: RunningJob, policy: Policy, now: datetime) -> int:
+    """A running gang's LAS queue now: its earlier attempts plus this one's run time, on all its GPUs."""
+    gpus = sum(len(gpus) for _node, gpus in gang.shards)
+    ran_s = max(0.0, (now - gang.started_at).total_seconds())
+    return las_queue(gang.attained_gpu_s + gpus * ran_s, policy)
+
+
+QueueKey = tuple[float, int, datetime, str]
+
+
+def queue_key(job: PendingJob, policy: Policy, now: datetime) -> QueueKey:
+    """Where ``job`` stands in the queue (smallest first), by ``policy.order``: priority, then LAS queue (``las``)
+    or priority with aging (``aging``), then the longest ready, then the job id."""
+    if policy.order == "aging":
+        return -effective_priority(job, policy, now), 0, job.ready_at, job.spec.job_id
+    return -float(job.spec.priority), pending_queue(job, policy, now), job.ready_at, job.spec.job_id
+
+
+def outranks(job: PendingJob, gang: RunningJob, policy: Policy, now: datetime) -> bool:
+    """Whether ``job`` may preempt ``gang``: a higher priority; or, under ``las``, the same priority from an earlier
+    LAS queue, once the gang has run ``min_runtime_s`` in its attempt."""
+    if gang.priority < job.spec.priority:
+        return True
+    if policy.order != "las" or gang.priority != job.spec.priority:
+        return False
+    if (now - gang.started_at).total_seconds() < policy.min_runtime_s:
+        return False
+    return running_queue(gang, policy, now) > pending_queue(job, policy, now)
 
 
 def degraded_allowed(job: PendingJob, now: datetime) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shardyard.events import PendingReason
-from shardyard.placement.candidate import Candidate
+from shardyard.placement.candidate import Candidate, outranks, running_queue
 from shardyard.placement.filters import (
     BY_NAME,
     CAPACITY,
@@ -155,14 +155,15 @@ def _reason(counted: Tally, k: int) -> PendingReason:
 
 
 def choose_victims(
-    index: ClusterIndex, job: Candidate, running: Sequence[RunningJob], passing: int
+    index: ClusterIndex, job: Candidate, running: Sequence[RunningJob], passing: int, now: datetime
 ) -> list[RunningJob]:
-    """The fewest lower-priority preemptible gangs (lowest priority, most recently started first) whose GPUs make
-    room for ``job``; empty when even all of them would not."""
-    spec = job.spec
+    """The fewest preemptible gangs ``job`` outranks (``candidate.outranks``: a lower priority, or under LAS a later
+    queue) whose GPUs make room for it: lowest priority, then most service attained, then most recently started
+    first; empty when even all of them would not."""
+    policy = index.policy
     victims = sorted(
-        (r for r in running if r.preemptible and r.priority < spec.priority and r.preempted_by is None),
-        key=lambda r: (r.priority, -r.started_at.timestamp(), r.job_id),
+        (r for r in running if r.preemptible and r.preempted_by is None and outranks(job.pending, r, policy, now)),
+        key=lambda r: (r.priority, -running_queue(r, policy, now), -r.started_at.timestamp(), r.job_id),
     )
     freed: dict[str, list[float]] = {}  # node -> [gpus, memory, cpu]
     chosen: list[RunningJob] = []
@@ -206,8 +207,9 @@ def _potential(view: NodeView, job: Candidate) -> int:
     return shards(view.gpu_total, memory, cpu, job)
 
 
-def reserve_for(index: ClusterIndex, job: Candidate) -> None:
-    """Hold the nodes ``job`` is closest to fitting on (most free GPUs first) until their GPUs could host it."""
+def reserve_for(index: ClusterIndex, job: Candidate) -> list[Slot]:
+    """Hold the nodes ``job`` is closest to fitting on (most free GPUs first) until their GPUs could host it; the
+    nodes held (none when even all of them could not host it)."""
     potential = 0
     order = sorted(
         (-len(slot.free), step, slot.order, slot)
@@ -226,7 +228,8 @@ def reserve_for(index: ClusterIndex, job: Candidate) -> None:
         if potential >= job.k:
             for held in plan:
                 index.reserve(held, job.spec.job_id)
-            return
+            return plan
+    return []
 
 
 def hold_for(index: ClusterIndex, victims: Sequence[RunningJob], job_id: str) -> None:

@@ -2,14 +2,17 @@
 
 One cycle, in phases:
 1. **index** the frozen snapshot (nodes grouped by GPU model and TFLOPS, bucketed by load step and free GPUs);
-2. **order** the pending jobs by effective priority (priority + aging), then by how long they have been ready;
+2. **order** the pending jobs (``Policy.order``): by priority, then least attained service (``las``, the default)
+   or aging (``aging``), then by how long they have been ready;
 3. **place** each job whole or not at all: filter (alive, not draining, GPU model and TFLOPS — or the job's degraded
    floor once its ``max_wait_s`` has passed — load, free GPUs, memory, CPU, artifacts), rank (best match, least
    load, artifact locality, fragmentation, mutual latency), and make the member with the lowest mean RTT to the
    others the coordinator;
-4. a job that does not fit **preempts** lower-priority preemptible gangs when that would make room, else it
-   **reserves** the nodes it will need (lower jobs backfill only elsewhere) and is reported **unschedulable** with
-   a typed reason and per-filter node counts.
+4. a job that does not fit **preempts** preemptible gangs it outranks (lower priority; under LAS also a later
+   queue, past a minimum run time) when that would make room, else it **reserves** the nodes it will need, from
+   the time their gangs are expected to end, and is reported **unschedulable** with a typed reason, per-filter
+   node counts and that time. Later jobs backfill elsewhere, or onto the reserved nodes when they are expected to
+   end before the reservation starts (EASY backfill on expected durations).
 
 A job whose data breaks a phase (ordering or deciding raises on it) is decided :class:`Invalid` and left out; the
 cycle goes on with the others: one bad job never stops placement.
@@ -19,18 +22,19 @@ No I/O, no clock: ``now`` comes in.
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shardyard.events import PendingReason
-from shardyard.placement.candidate import RESERVABLE, Candidate, effective_priority
+from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue_key
 from shardyard.placement.contention import choose_victims, explain, hold_for, preempting_verdict, reserve_for
 from shardyard.placement.gang_placement import place_gang
-from shardyard.placement.index import ClusterIndex
+from shardyard.placement.index import ClusterIndex, Slot
 from shardyard.placement.model import (
     Decision,
     Invalid,
     NodeView,
     PendingJob,
+    Place,
     Policy,
     Preempt,
     RunningJob,
@@ -61,22 +65,28 @@ class PlacementCycle:
             self.index = ClusterIndex(snapshot.nodes, self.policy)
             self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
         self.waiting_on: dict[str, list[RunningJob]] = {}
+        self.gangs_on: dict[str, list[RunningJob]] = {}
+        """Node id -> the gangs holding GPUs there (when a reservation there can start)."""
         for gang in snapshot.running:
             if gang.preempted_by is not None:
                 self.waiting_on.setdefault(gang.preempted_by, []).append(gang)
+            for node_id, _gpus in gang.shards:
+                self.gangs_on.setdefault(node_id, []).append(gang)
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
         self.reservations = self.policy.reservations
+        self.held: list[tuple[datetime, list[Slot]]] = []
+        """The reservations of this cycle with a known start: (start, the nodes held)."""
 
     def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
         """Queue order: effective priority (priority + aging), then the longest ready, then the job id."""
         return sorted(pending, key=self._rank)
 
-    def _rank(self, job: PendingJob) -> tuple[float, datetime, str]:
-        return -effective_priority(job, self.policy, self.now), job.ready_at, job.spec.job_id
+    def _rank(self, job: PendingJob) -> QueueKey:
+        return queue_key(job, self.policy, self.now)
 
     def queue(self, pending: Sequence[PendingJob]) -> tuple[list[PendingJob], list[Invalid]]:
         """The jobs in queue order (``order``), and those whose data cannot even be ranked."""
-        ranked: list[tuple[tuple[float, datetime, str], PendingJob]] = []
+        ranked: list[tuple[QueueKey, PendingJob]] = []
         invalid: list[Invalid] = []
         for job in pending:
             try:
@@ -104,8 +114,11 @@ class PlacementCycle:
         shape = job.shape()
         known = self.unplaceable.get(shape)
         if known is not None:
-            return [replace(known, job_id=job.spec.job_id)]
+            backfilled = self.backfill(job)
+            return [backfilled] if backfilled is not None else [replace(known, job_id=job.spec.job_id)]
         placed = place_gang(index, job, self.rtt, self.topology) if job.eligible else None
+        if placed is None:
+            placed = self.backfill(job)
         if placed is not None:
             return [placed]
         verdict, passing = explain(index, job, self.now)
@@ -114,7 +127,7 @@ class PlacementCycle:
             hold_for(index, victims, job.spec.job_id)
             return [preempting_verdict(verdict, victims)]
         if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
-            chosen = choose_victims(index, job, self.running, passing)
+            chosen = choose_victims(index, job, self.running, passing, self.now)
             if chosen:
                 hold_for(index, chosen, job.spec.job_id)
                 return [
@@ -122,10 +135,49 @@ class PlacementCycle:
                     preempting_verdict(verdict, chosen),
                 ]
         self.unplaceable[shape] = verdict
-        if self.reservations > 0 and verdict.reason in RESERVABLE:
+        waited_s = (self.now - job.pending.ready_at).total_seconds()
+        if self.reservations > 0 and verdict.reason in RESERVABLE and waited_s >= policy.reserve_after_s:
             self.reservations -= 1
-            reserve_for(index, job)
+            held = reserve_for(index, job)
+            start = self.start_of(held)
+            if start is not None:
+                self.held.append((start, held))
+                return [replace(verdict, estimated_start=start)]
         return [verdict]
+
+    def start_of(self, held: Sequence[Slot]) -> datetime | None:
+        """When a reservation of ``held`` can start: once the last gang on those nodes is expected to have ended
+        (a gang past its expected end may end any moment: now). None when nothing is held, or a gang there has no
+        expected end."""
+        if not held:
+            return None
+        start = self.now
+        for slot in held:
+            for gang in self.gangs_on.get(slot.node_id, ()):
+                if gang.expected_end is None:
+                    return None
+                start = max(start, gang.expected_end)
+        return start
+
+    def backfill(self, job: Candidate) -> Place | None:
+        """Time-aware backfill: place ``job`` on the nodes of the reservations that start after it is expected to
+        end (``Policy.backfill``), then hold them again for their jobs. None when it has no expected run time,
+        no reservation starts late enough, or it does not fit even so."""
+        expected = job.pending.expected_run_s
+        if not (self.policy.backfill and self.held and expected is not None and job.eligible):
+            return None
+        ends = self.now + timedelta(seconds=expected)
+        lent = [(slot, slot.reserved_for) for start, held in self.held if ends <= start for slot in held]
+        if not lent:
+            return None
+        for slot, _holder in lent:
+            self.index.unreserve(slot)
+        try:
+            return place_gang(self.index, job, self.rtt, self.topology)
+        finally:
+            for slot, holder in lent:
+                if holder is not None:
+                    self.index.reserve(slot, holder)
 
 
 def schedule(

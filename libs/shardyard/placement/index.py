@@ -121,13 +121,14 @@ class Bucket:
         """The nodes in the bucket, in (load, node id) order."""
         indexed, arrivals = self.indexed, self.arrivals
         i, end = self.start, len(indexed)
-        while i < end and indexed[i].bucket is not self:
+        # A slot that left and came back (a reservation given back for backfill) is among the arrivals: not here.
+        while i < end and (indexed[i].bucket is not self or indexed[i].arrived):
             i += 1
         self.start = i
         j, arrived = 0, len(arrivals)
         while i < end:
             slot = indexed[i]
-            if slot.bucket is not self:
+            if slot.bucket is not self or slot.arrived:
                 i += 1
             elif j < arrived and arrivals[j].order < slot.order:
                 yield arrivals[j]
@@ -316,6 +317,16 @@ class ClusterIndex:
         self._uncache(slot)
         slot.reserved_for = job_id
         self._hold(slot, RESERVED)  # the one state filter it now fails: it passed the others to be in a bucket
+
+    def unreserve(self, slot: Slot) -> None:
+        """Give a reserved ``slot`` back to the walk: a job expected to end before the reservation starts may
+        backfill onto it (``reserve`` holds it again afterwards)."""
+        if slot.reserved_for is None:
+            return
+        self._release(slot)
+        slot.reserved_for = None
+        self._refile(slot)
+        self._cache(slot, arriving=True)
 
     def usable(self, slot: Slot) -> bool:
         return slot.bucket is not None

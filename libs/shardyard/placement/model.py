@@ -4,6 +4,7 @@ decisions as data (place, preempt, unschedulable-with-reason). No I/O, no clock.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
 
@@ -21,10 +22,28 @@ class Policy:
     """A pending job's effective priority grows by this much per minute waited, so nothing starves."""
     reservations: int = 1
     """How many blocked jobs, in queue order, hold a reservation that lower jobs may not backfill into."""
+    reserve_after_s: float = 0.0
+    """A blocked job holds a reservation only once it has been ready this long (Slurm's ``bf_min_age_reserve``):
+    nodes are not held idle for a job that preemption or the next ending gang will let in soon anyway."""
     preemption: bool = True
     """Checkpoint and requeue lower-priority preemptible jobs when a higher-priority one cannot otherwise fit."""
     latency_window: int = 8
     """Equally ranked nodes examined beyond those a gang needs, to pick the ones with the lowest mutual RTT."""
+    order: Literal["las", "aging"] = "las"
+    """Queue order of the pending jobs (``candidate.queue_key``). ``las``: priority, then least attained service
+    (GPU-seconds run so far, in the discrete queues of ``las_thresholds_gpu_s``: Tiresias's 2D-LAS, no durations
+    needed), then the longest ready; a job that waited ``starve_factor`` times its own run time is back in the
+    first queue. ``aging``: priority plus ``aging_per_minute`` per minute waited, then the longest ready."""
+    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
+    """GPU-seconds of service that move a job to the next LAS queue: 1 GPU-hour, then 10."""
+    starve_factor: float = 2.0
+    """``las``: a job in a later queue that has waited this many times as long as it ran is back in the first."""
+    min_runtime_s: float = 600.0
+    """``las``: a gang runs this long in an attempt before a job of its priority from an earlier queue may preempt
+    it; preemption for a higher priority does not wait (this bounds the churn LAS causes, not priority)."""
+    backfill: bool = True
+    """Time-aware backfill: a job expected to end before a reservation starts (``PendingJob.expected_run_s``, the
+    reserved nodes' gangs' ``RunningJob.expected_end``) may use the reserved nodes meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,11 @@ class RunningJob:
     cpu_per_shard: float = 0.0
     preempted_by: str | None = None
     """Set while the gang is checkpointing to make room for that job."""
+    attained_gpu_s: float = 0.0
+    """GPU-seconds the job ran in its earlier attempts (this one's run time adds to it)."""
+    expected_end: datetime | None = None
+    """When the gang is expected to end (declared or estimated duration); None: unknown. A gang past it may end
+    any moment: a reservation counts it as ending now, so nothing backfills onto its nodes."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +116,11 @@ class PendingJob:
     """A recovering job waits out its retry backoff until then."""
     spares: int = 0
     """Warm spares wanted with the gang; placed when capacity allows, never a reason to wait."""
+    attained_gpu_s: float = 0.0
+    """GPU-seconds the job ran in earlier attempts (its LAS queue)."""
+    expected_run_s: float | None = None
+    """How long the job is expected to run once started (what is left of its declared or estimated duration);
+    None: unknown. Only a job with an expectation backfills onto reserved nodes."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +146,8 @@ class Unschedulable:
     reason: PendingReason
     message: str
     node_counts: dict[str, int] = field(default_factory=dict)
+    estimated_start: datetime | None = None
+    """For a job holding a reservation: when its reserved nodes' gangs are expected to have ended."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from shardyard.events import JobScheduled, JobSpec, NodeState
@@ -35,8 +36,10 @@ class Usage:
     running: list[RunningJob] = field(default_factory=list)
 
     @classmethod
-    def of(cls, gangs: Iterable[Placed]) -> "Usage":
+    def of(cls, gangs: Iterable[Placed], attained: Mapping[str, float] | None = None) -> "Usage":
+        """What ``gangs`` hold; ``attained``: job -> GPU-seconds of its earlier attempts."""
         usage = cls()
+        earlier = attained or {}
         for gang in gangs:
             shards: dict[str, list[int]] = {}
             for shard in gang.scheduled.placements:
@@ -45,6 +48,7 @@ class Usage:
                 usage.cpu[shard.node_id] = usage.cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
                 shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
             usage.ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
+            ran = earlier.get(gang.spec.job_id, 0.0)
             usage.running.append(
                 RunningJob(
                     job_id=gang.spec.job_id,
@@ -55,6 +59,8 @@ class Usage:
                     memory_per_shard=gang.spec.memory_per_shard,
                     cpu_per_shard=gang.spec.cpu_per_shard,
                     preempted_by=gang.preempted_by,
+                    attained_gpu_s=ran,
+                    expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran),
                 )
             )
         return usage
@@ -106,6 +112,15 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
     )
 
 
+def expected_end(spec: JobSpec, started_at: datetime, attained_gpu_s: float) -> datetime | None:
+    """When a gang started at ``started_at`` is expected to end: its declared run time, less what its earlier
+    attempts ran; None when it declared none."""
+    if spec.expected_duration_s is None:
+        return None
+    left_s = max(1.0, spec.expected_duration_s - attained_gpu_s / max(1, spec.gpu_count))
+    return started_at + timedelta(seconds=left_s)
+
+
 def build_snapshot(nodes: Iterable[NodeState], gangs: Iterable[Placed]) -> Snapshot:
     """The frozen view a cycle decides on: each node's view (:func:`node_view`), by node id, and the gangs as
     preemptable jobs. :class:`SnapshotCache` builds the same snapshot at the cost of what changed."""
@@ -130,8 +145,10 @@ class SnapshotCache:
     def changed(self, node_id: str) -> None:
         self._dirty.add(node_id)
 
-    def snapshot(self, nodes: Mapping[str, NodeState], gangs: Iterable[Placed]) -> Snapshot:
-        usage = Usage.of(gangs)
+    def snapshot(
+        self, nodes: Mapping[str, NodeState], gangs: Iterable[Placed], attained: Mapping[str, float] | None = None
+    ) -> Snapshot:
+        usage = Usage.of(gangs, attained)
         for node_id in self._dirty | self._held.keys() | usage.nodes():
             held = usage.of_node(node_id)
             if node_id not in self._dirty and self._held.get(node_id) == held:

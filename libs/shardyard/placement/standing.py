@@ -150,6 +150,10 @@ class StandingIndex(ClusterIndex):
         self._save(slot)
         super().reserve(slot, job_id)
 
+    def unreserve(self, slot: Slot) -> None:
+        self._save(slot)
+        super().unreserve(slot)
+
 
 def _order_of(slot: Slot) -> tuple[float, str]:
     return slot.order

@@ -1,7 +1,13 @@
 """``shardyard simulate``: replay a trace under each policy and print their figures; or write a synthetic trace.
 
 shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
-shardyard simulate --generate N [--seed S] [--load 0.95] [--cluster ...] [--out trace.csv]
+                   [--policy-option KEY=VALUE ...] [--round-gpus]
+shardyard simulate --generate N [--shape default|philly|helios] [--seed S] [--load 0.95] [--cluster ...]
+                   [--out trace.csv]
+
+examples:
+  shardyard simulate --generate 2000 --shape helios --load 0.9 --out t.csv && shardyard simulate t.csv
+  shardyard simulate t.csv --policy shardyard --policy-option order=aging --policy-option backfill=false
 """
 
 import argparse
@@ -14,14 +20,15 @@ from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
 from shardyard.sim.engine import DEFAULT_CHECKPOINT_S, simulate
-from shardyard.sim.generate import DEFAULT_LOAD, generate
-from shardyard.sim.policies import POLICY_NAMES, policy_named
+from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate
+from shardyard.sim.policies import POLICY_NAMES, policy_named, policy_with
 from shardyard.sim.report import as_json, render_table, summarize
 from shardyard.sim.trace import read_trace, write_trace
 
 CORE_NOTE = (
-    "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy); "
-    "fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or preemption"
+    "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy unless "
+    "--policy-option); fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or "
+    "preemption; first-fit = priority, greedy, any GPU model; sjf-oracle = shortest true duration first (reference)"
 )
 
 
@@ -46,10 +53,29 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         default=DEFAULT_CHECKPOINT_S,
         help=f"simulated seconds a preempted gang spends checkpointing (default {DEFAULT_CHECKPOINT_S:g})",
     )
+    sim.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the shardyard policy (repeat), e.g. order=aging, backfill=false, min_runtime_s=300,"
+        " las_thresholds_gpu_s=3600,36000 (the README's placement section lists them)",
+    )
+    sim.add_argument(
+        "--round-gpus",
+        action="store_true",
+        help="round fractional GPU counts in the trace up to whole GPUs (default: refuse them, naming the line)",
+    )
     sim.add_argument("--gpu-tflops", action="append", default=[], help="catalogue override MODEL=TFLOPS (repeat)")
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
     gen = sim.add_argument_group("trace generation (writes a trace instead of simulating)")
     gen.add_argument("--generate", type=int, metavar="N", help="write a synthetic trace of N jobs for --cluster")
+    gen.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="default",
+        help="the published cluster statistics the jobs follow (default: the built-in mix; see the README)",
+    )
     gen.add_argument("--seed", type=int, default=0, help="random seed of --generate (default 0)")
     gen.add_argument(
         "--load", type=float, default=DEFAULT_LOAD, help=f"offered load of --generate (default {DEFAULT_LOAD})"
@@ -73,10 +99,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.checkpoint_s >= 0:
         raise ConfigError("--checkpoint-s must be at least 0")
     path = Path(args.trace)
-    trace = read_trace(path, catalogue)
+    trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
+    core = policy_with(args.policy_option)
     names = list(dict.fromkeys(args.policy or POLICY_NAMES))
     summaries = [
-        summarize(simulate(trace, nodes, policy_named(name, nodes), name=name, checkpoint_s=args.checkpoint_s))
+        summarize(simulate(trace, nodes, policy_named(name, nodes, core), name=name, checkpoint_s=args.checkpoint_s))
         for name in names
     ]
     span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
@@ -101,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace, nodes: tuple[NodeSpec, ...], catalogue: Mapping[str, float]) -> int:
     try:
-        jobs = generate(args.generate, args.seed, nodes, load=args.load, catalogue=catalogue)
+        jobs = generate(args.generate, args.seed, nodes, load=args.load, catalogue=catalogue, shape=args.shape)
     except ValueError as exc:
         raise ConfigError(f"--generate: {exc}") from exc
     if args.out == "-":

@@ -107,6 +107,10 @@ class State:
             self.group_free[key] = self.group_free.get(key, 0) + node.gpus
         self.pending: dict[str, Waiting] = {}
         self.running: dict[str, Gang] = {}
+        self.changed: dict[str, None] = dict.fromkeys(node.node_id for node in self.nodes)
+        """Nodes whose free GPUs changed since a policy last emptied this (all, at first), in the order they
+        changed (a set's order would change from run to run): a policy that keeps its own index up to date reads
+        it instead of every node."""
         self._eligible: dict[tuple[str | None, float], tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]] = {}
 
     def eligible(self, job: TraceJob) -> tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]:
@@ -128,11 +132,13 @@ class State:
         if not set(gpus) <= set(free) or len(set(gpus)) != len(gpus):
             raise SimulationError(f"GPUs {gpus} of {node_id} are not free (free: {free})")
         self.free[node_id] = tuple(g for g in free if g not in gpus)
+        self.changed[node_id] = None
         node = self.by_id[node_id]
         self.group_free[(node.gpu_model, node.tflops)] -= len(gpus)
 
     def give_back(self, node_id: str, gpus: tuple[int, ...]) -> None:
         self.free[node_id] = tuple(sorted((*self.free[node_id], *gpus)))
+        self.changed[node_id] = None
         node = self.by_id[node_id]
         self.group_free[(node.gpu_model, node.tflops)] += len(gpus)
 

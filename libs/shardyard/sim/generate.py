@@ -1,11 +1,19 @@
-"""A seeded synthetic trace shaped like a shared training cluster's:
+"""A seeded synthetic trace shaped like a shared training cluster's. Every shape has Poisson arrivals at the rate
+at which the jobs drawn offer the cluster ``load`` x its GPU-seconds, GPU models in proportion to the cluster's GPUs
+plus a share of ``ANY``, and gang sizes never above what the cluster has of the job's kind. The shapes (``SHAPES``):
 
-- Poisson arrivals, at the rate that offers the cluster ``load`` x its GPU-seconds on average;
-- gang sizes from {1, 2, 4, 8, 16}, skewed small (never more GPUs than the cluster has of the job's kind);
-- GPU models in proportion to the cluster's GPUs, plus a share of ``ANY``;
-- log-normal durations (median 30 min, clamped to 1 min .. 6 h);
-- priorities mostly 0, some 100 and a few 500 / 900;
-- a share of the model-specific jobs opts into degraded placement (``min_match`` 0.4 after 15 min).
+- ``default``: gangs of {1, 2, 4, 8, 16}, skewed small; log-normal durations (median 30 min, clamped to
+  1 min .. 6 h); priorities mostly 0, some 100 and a few 500 / 900; 15 % of the model-specific jobs opt into
+  degraded placement (``min_match`` 0.4 after 15 min).
+- ``philly``: after Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads"
+  (USENIX ATC'19), Microsoft's Philly trace: durations heavy-tailed from minutes to weeks (log-normal, median
+  15 min, sigma 2.0, clamped to 1 min .. 3 weeks: mean ~1.9 h); most jobs take 1 GPU, a few 8-64 (70 % 1 GPU;
+  2, 4, 8, 16, 32, 64 at 10, 8, 7, 3, 1.5, 0.5 %); about 30 % of jobs fail, each after a uniform share of its run
+  time (a failed job holds its GPUs until it fails). Priorities as ``default``; no degraded opt-ins.
+- ``helios``: after Hu et al., "Characterization and Prediction of Deep Learning Workloads in Large-Scale GPU
+  Datacenters" (SC'21), SenseTime's Helios traces: average run time 6,652 s against a median of 206 s
+  (log-normal with median 206 s and sigma 2.64, which has that mean; clamped to 10 s .. 2 weeks), 3.7 GPUs per
+  job on average (1, 2, 4, 8, 16, 32 GPUs at 60, 10, 10, 12, 5, 3 %: mean 3.9). Priorities as ``default``.
 
 Same arguments, same seed -> the same trace.
 """
@@ -13,24 +21,46 @@ Same arguments, same seed -> the same trace.
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.trace import TraceJob
 
-SIZES = (1, 2, 4, 8, 16)
-SIZE_WEIGHTS = (0.40, 0.25, 0.17, 0.12, 0.06)
-PRIORITIES = (0, 100, 500, 900)
-PRIORITY_WEIGHTS = (0.70, 0.20, 0.08, 0.02)
-ANY_SHARE = 0.2
-MEDIAN_S = 1800.0
-SIGMA = 1.0
-MIN_DURATION_S = 60.0
-MAX_DURATION_S = 6 * 3600.0
-DEGRADED_SHARE = 0.15
+DEFAULT_LOAD = 0.95
+
+
+@dataclass(frozen=True)
+class Shape:
+    sizes: tuple[int, ...]
+    size_weights: tuple[float, ...]
+    median_s: float
+    sigma: float
+    min_duration_s: float
+    max_duration_s: float
+    fail_share: float = 0.0
+    """Jobs that fail: each runs a uniform share of its duration, then ends."""
+    degraded_share: float = 0.0
+    any_share: float = 0.2
+    priorities: tuple[int, ...] = (0, 100, 500, 900)
+    priority_weights: tuple[float, ...] = (0.70, 0.20, 0.08, 0.02)
+
+    def mean_duration_s(self) -> float:
+        """The log-normal's mean (the clamps move it a little)."""
+        return self.median_s * math.exp(self.sigma**2 / 2)
+
+
+HOUR, DAY = 3600.0, 86_400.0
+SHAPES_BY_NAME = {
+    "default": Shape((1, 2, 4, 8, 16), (0.40, 0.25, 0.17, 0.12, 0.06), 1800.0, 1.0, 60.0, 6 * HOUR, 0.0, 0.15),
+    "philly": Shape(
+        (1, 2, 4, 8, 16, 32, 64), (0.70, 0.10, 0.08, 0.07, 0.03, 0.015, 0.005), 900.0, 2.0, 60.0, 21 * DAY, 0.30
+    ),
+    "helios": Shape((1, 2, 4, 8, 16, 32), (0.60, 0.10, 0.10, 0.12, 0.05, 0.03), 206.0, 2.64, 10.0, 14 * DAY),
+}
+SHAPES = tuple(SHAPES_BY_NAME)
 DEGRADED_MIN_MATCH = 0.4
 DEGRADED_WAIT_S = 900.0
-DEFAULT_LOAD = 0.95
 
 
 def _largest_fitting(size: int, capacity: int) -> int:
@@ -46,39 +76,46 @@ def generate(
     *,
     load: float = DEFAULT_LOAD,
     catalogue: Mapping[str, float] = DEFAULT_TFLOPS,
+    shape: str = "default",
 ) -> list[TraceJob]:
-    """``count`` jobs for ``nodes``; raises ValueError for a count below 1, a load not above 0 or no nodes."""
+    """``count`` jobs for ``nodes``; raises ValueError for a count below 1, a load not above 0, no nodes or an
+    unknown shape."""
     if count < 1:
         raise ValueError("generate at least one job")
     if not load > 0:
         raise ValueError("the offered load must be above 0")
     if not nodes:
         raise ValueError("the cluster has no nodes")
+    if shape not in SHAPES_BY_NAME:
+        raise ValueError(f"unknown shape {shape!r}; the shapes are {', '.join(SHAPES)}")
+    form = SHAPES_BY_NAME[shape]
     rng = random.Random(seed)
+    owners = random.Random(f"{seed}/users")  # apart, so adding users left every other draw as it was
     per_model: dict[str, int] = {}
     for node in nodes:
         per_model[node.gpu_model] = per_model.get(node.gpu_model, 0) + node.gpus
     total = sum(per_model.values())
     models: list[str | None] = [*per_model, None]
-    model_weights = [(1 - ANY_SHARE) * gpus / total for gpus in per_model.values()] + [ANY_SHARE]
-    mean_gpus = sum(size * weight for size, weight in zip(SIZES, SIZE_WEIGHTS, strict=True))
-    mean_duration = MEDIAN_S * math.exp(SIGMA**2 / 2)
-    rate = load * total / (mean_gpus * mean_duration)  # arrivals per second
-    jobs: list[TraceJob] = []
-    clock = 0.0
+    model_weights = [(1 - form.any_share) * gpus / total for gpus in per_model.values()] + [form.any_share]
+    drawn: list[TraceJob] = []
+    gaps: list[float] = []
     for number in range(1, count + 1):
-        if number > 1:
-            clock += rng.expovariate(rate)
+        gaps.append(rng.expovariate(1.0) if number > 1 else 0.0)
         model = rng.choices(models, model_weights)[0]
         capacity = per_model[model] if model is not None else total
-        gpus = _largest_fitting(rng.choices(SIZES, SIZE_WEIGHTS)[0], capacity)
-        duration = min(MAX_DURATION_S, max(MIN_DURATION_S, round(rng.lognormvariate(math.log(MEDIAN_S), SIGMA))))
-        priority = rng.choices(PRIORITIES, PRIORITY_WEIGHTS)[0]
-        degraded = model is not None and rng.random() < DEGRADED_SHARE
-        jobs.append(
+        gpus = _largest_fitting(rng.choices(form.sizes, form.size_weights)[0], capacity)
+        duration = min(
+            form.max_duration_s,
+            max(form.min_duration_s, round(rng.lognormvariate(math.log(form.median_s), form.sigma))),
+        )
+        if form.fail_share and rng.random() < form.fail_share:
+            duration = max(form.min_duration_s, round(duration * rng.random()))
+        priority = rng.choices(form.priorities, form.priority_weights)[0]
+        degraded = model is not None and rng.random() < form.degraded_share
+        drawn.append(
             TraceJob(
                 job_id=f"job-{number}",
-                submit_s=round(clock, 3),
+                submit_s=0.0,
                 gpus=gpus,
                 gpu_model=model,
                 duration_s=float(duration),
@@ -86,6 +123,22 @@ def generate(
                 min_tflops=catalogue[model] if model is not None else 0.0,
                 min_match=DEGRADED_MIN_MATCH if degraded else None,
                 max_wait_s=DEGRADED_WAIT_S if degraded else 0.0,
+                user=f"user-{owners.randrange(USERS)}",
             )
         )
+    # Poisson arrivals, spread so that the jobs drawn offer exactly ``load``: their GPU-seconds over the window
+    # of their arrivals is ``load`` x the cluster's GPUs (with heavy tails, the drawn mean is far from the
+    # distribution's for thousands of jobs).
+    work = math.fsum(job.gpus * job.duration_s for job in drawn)
+    span = work / (load * total)
+    scale = span / math.fsum(gaps) if count > 1 else 0.0
+    jobs: list[TraceJob] = []
+    clock = 0.0
+    for job, gap in zip(drawn, gaps, strict=True):
+        clock += gap * scale
+        jobs.append(replace(job, submit_s=round(clock, 3)))
     return jobs
+
+
+USERS = 20
+"""Submitting users, uniformly (duration estimates are learned per user first)."""

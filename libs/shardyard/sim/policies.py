@@ -2,23 +2,32 @@
 
 ``shardyard`` is not a model of Shardyard: ``CorePolicy`` builds the same frozen ``Snapshot`` the scheduler service
 builds and calls the same pure function, ``shardyard.placement.cycle.schedule``; it only translates the
-decisions (Place -> ``Start``, Preempt -> ``Stop``, Unschedulable -> nothing). ``fifo`` and ``priority`` are the
-plain baselines of ``shardyard.sim.baselines``.
+decisions (Place -> ``Start``, Preempt -> ``Stop``, Unschedulable -> nothing). It tells the core what the
+scheduler service tells it: each job's attained service, and its expected run time, declared by the trace
+(``expected_duration_s``) or learned from the jobs that ended (``shardyard.placement.estimates``), never the
+trace's true ``duration_s``. ``fifo``, ``priority``, ``first-fit`` and the ``sjf-oracle`` reference are the plain
+policies of ``shardyard.sim.baselines``.
 
 Every simulated node holds the jobs' model and dataset on a shared path, has ample memory and CPU for its GPUs and
 no CPU load, so GPUs are the binding resource.
 """
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
+from shardyard.errors import ConfigError
 from shardyard.events import JobSpec, NodeStatus
 from shardyard.placement.cycle import schedule
+from shardyard.placement.estimates import DurationEstimates, EstimateKey
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
-from shardyard.sim.baselines import fifo, priority_first
+from shardyard.placement.standing import StandingIndex
+from shardyard.sim.baselines import fifo, first_fit, priority_first, sjf_oracle
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
+from shardyard.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 """Simulated time 0 as the core's datetimes (any fixed instant: only differences matter)."""
@@ -40,29 +49,58 @@ def at(now_us: int) -> datetime:
 class CorePolicy:
     """Shardyard's placement core, called once per cycle on a snapshot of the simulated cluster."""
 
-    def __init__(self, nodes: Sequence[NodeSpec], policy: Policy | None = None) -> None:
+    def __init__(
+        self, nodes: Sequence[NodeSpec], policy: Policy | None = None, estimates: DurationEstimates | None = None
+    ) -> None:
         self.nodes = tuple(nodes)
         self.policy = policy or Policy()
+        self.estimates = estimates if estimates is not None else DurationEstimates()
+        """Run times learned from the jobs that ended, for jobs that declare none."""
         self._views: dict[str, NodeView] = {}
         self._specs: dict[str, JobSpec] = {}
         self._pending: dict[str, tuple[int, PendingJob]] = {}
         """Job id -> (ready time, the job as the core sees it)."""
         self._running: dict[str, tuple[int, RunningJob]] = {}
         """Job id -> (start time, the gang as the core sees it)."""
+        self._jobs: dict[str, TraceJob] = {}
+        """Job id -> the trace job, while it is pending or running."""
+        self._index: StandingIndex | None = None
 
     def __call__(self, state: State, now_us: int) -> list[Action]:
-        snapshot = Snapshot(
-            nodes=tuple(self._view(node, state.free[node.node_id]) for node in self.nodes),
-            running=tuple(self._gang(gang) for gang in state.running.values()),
-        )
+        self._learn(state)
+        # The standing index is told only the nodes whose free GPUs changed: a cycle costs the same with more idle
+        # nodes (the core reads the index, not the snapshot's node list).
+        index = self._index
+        if index is None:
+            index = self._index = StandingIndex((), self.policy)
+        for node_id in state.changed:
+            index.update(self._view(state.by_id[node_id], state.free[node_id]))
+        state.changed.clear()
+        snapshot = Snapshot(nodes=(), running=tuple(self._gang(gang) for gang in state.running.values()))
         pending = [self._waiting(waiting) for waiting in state.pending.values()]
         actions: list[Action] = []
-        for decision in schedule(snapshot, pending, self.policy, now=at(now_us)):
+        for decision in schedule(snapshot, pending, self.policy, now=at(now_us), index=index):
             if isinstance(decision, Place):
                 actions.append(Start(decision.job_id, _shards(decision), decision.degraded))
             elif isinstance(decision, Preempt):
                 actions.append(Stop(decision.job_id, decision.by_job))
         return actions
+
+    def _learn(self, state: State) -> None:
+        """Jobs seen running that are neither running nor pending now have ended: learn their run times (what a
+        real cluster observes once a job ended; never a job's duration before it ran)."""
+        running, pending = state.running, state.pending
+        ended = [job for job_id, job in self._jobs.items() if job_id not in running and job_id not in pending]
+        for job in ended:
+            self.estimates.observe(_key(job), job.duration_s)
+            for cache in (self._jobs, self._specs, self._pending, self._running):
+                cache.pop(job.job_id, None)
+
+    def _expected_s(self, job: TraceJob) -> float | None:
+        """The job's whole expected run time: declared, else estimated (None: unknown)."""
+        if job.expected_duration_s is not None:
+            return job.expected_duration_s
+        return self.estimates.estimate(_key(job))
 
     # The views below are cached: a cycle rebuilds only what changed since the last one.
     def _view(self, node: NodeSpec, free: tuple[int, ...]) -> NodeView:
@@ -118,29 +156,50 @@ class CorePolicy:
     def _waiting(self, waiting: Waiting) -> PendingJob:
         known = self._pending.get(waiting.job.job_id)
         if known is None or known[0] != waiting.ready_us:
-            known = self._pending[waiting.job.job_id] = (
+            job = waiting.job
+            self._jobs[job.job_id] = job
+            done_s = max(0.0, job.duration_s - waiting.remaining_s)
+            expected = self._expected_s(job)
+            known = self._pending[job.job_id] = (
                 waiting.ready_us,
-                PendingJob(self._spec(waiting), at(waiting.ready_us)),
+                PendingJob(
+                    self._spec(waiting),
+                    at(waiting.ready_us),
+                    attained_gpu_s=job.gpus * done_s,
+                    expected_run_s=None if expected is None else max(1.0, expected - done_s),
+                ),
             )
         return known[1]
 
     def _gang(self, gang: Gang) -> RunningJob:
         known = self._running.get(gang.job.job_id)
         if known is None or known[0] != gang.started_us or known[1].preempted_by != gang.preempted_by:
-            known = self._running[gang.job.job_id] = (
+            job = gang.job
+            done_s = max(0.0, job.duration_s - gang.remaining_s)
+            expected = self._expected_s(job)
+            end = None
+            if expected is not None:
+                end = at(gang.started_us) + timedelta(seconds=max(1.0, expected - done_s) / gang.speed)
+            known = self._running[job.job_id] = (
                 gang.started_us,
                 RunningJob(
-                    job_id=gang.job.job_id,
-                    priority=gang.job.priority,
+                    job_id=job.job_id,
+                    priority=job.priority,
                     preemptible=True,
                     started_at=at(gang.started_us),
                     shards=gang.shards,
                     memory_per_shard=SHARD_MEMORY,
                     cpu_per_shard=SHARD_CPU,
                     preempted_by=gang.preempted_by,
+                    attained_gpu_s=job.gpus * done_s,
+                    expected_end=end,
                 ),
             )
         return known[1]
+
+
+def _key(job: TraceJob) -> EstimateKey:
+    return EstimateKey(job.user or job.queue, job.gpu_model, job.gpus)
 
 
 def _shards(place: Place) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -151,15 +210,66 @@ def _shards(place: Place) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((node_id, tuple(gpus)) for node_id, gpus in by_node.items())
 
 
-POLICY_NAMES = ("shardyard", "fifo", "priority")
+POLICY_NAMES = ("shardyard", "fifo", "priority", "first-fit", "sjf-oracle")
+BASELINES: Mapping[str, PolicyFn] = MappingProxyType(
+    {"fifo": fifo, "priority": priority_first, "first-fit": first_fit, "sjf-oracle": sjf_oracle}
+)
 
 
-def policy_named(name: str, nodes: Sequence[NodeSpec]) -> PolicyFn:
-    """A fresh policy (the core's caches are per run)."""
+def policy_named(name: str, nodes: Sequence[NodeSpec], policy: Policy | None = None) -> PolicyFn:
+    """A fresh policy (the core's caches are per run); ``policy`` sets the core's knobs."""
     if name == "shardyard":
-        return CorePolicy(nodes)
-    if name == "fifo":
-        return fifo
-    if name == "priority":
-        return priority_first
-    raise ValueError(f"unknown policy {name!r}; the policies are {', '.join(POLICY_NAMES)}")
+        return CorePolicy(nodes, policy)
+    baseline = BASELINES.get(name)
+    if baseline is None:
+        raise ValueError(f"unknown policy {name!r}; the policies are {', '.join(POLICY_NAMES)}")
+    return baseline
+
+
+def policy_with(options: Sequence[str], base: Policy | None = None) -> Policy:
+    """``base`` (the default Policy) with ``KEY=VALUE`` options set: numbers, ``true``/``false``, a comma-separated
+    list for a tuple, one of the allowed words for ``order``. Raises ConfigError naming the option."""
+    policy = base or Policy()
+    known = {f.name: f for f in fields(Policy)}
+    changes: dict[str, object] = {}
+    for option in options:
+        key, sep, raw = option.partition("=")
+        key, raw = key.strip().replace("-", "_"), raw.strip()
+        if not sep or key not in known:
+            raise ConfigError(f"--policy-option {option!r}: write KEY=VALUE with KEY one of {', '.join(sorted(known))}")
+        changes[key] = _option_value(key, raw, getattr(policy, key))
+    try:
+        return replace(policy, **changes)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--policy-option: {exc}") from exc
+
+
+def _option_value(key: str, raw: str, current: object) -> object:
+    problem = f"--policy-option {key}={raw!r}"
+    try:
+        if isinstance(current, bool):
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return raw.lower() in ("true", "1", "yes")
+        if isinstance(current, int):
+            return int(raw)
+        if isinstance(current, float):
+            value = float(raw)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError("expected a finite number >= 0")
+            return value
+        if isinstance(current, tuple):
+            values = tuple(sorted(float(part) for part in raw.split(",") if part.strip()))
+            if any(not math.isfinite(v) or v <= 0 for v in values):
+                raise ValueError("expected positive numbers, comma-separated")
+            return values
+        if key == "order":
+            if raw not in ORDERS:
+                raise ValueError(f"expected one of {', '.join(ORDERS)}")
+            return raw
+    except ValueError as exc:
+        raise ConfigError(f"{problem}: {exc}") from None
+    raise ConfigError(f"{problem}: this setting cannot be set from the command line")
+
+
+ORDERS = ("las", "aging")

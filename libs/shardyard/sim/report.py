@@ -1,7 +1,8 @@
 """The figures of one simulated run, and their table and JSON forms.
 
 - JCT (job completion time) = finish - submit; queueing delay = first start - submit; both over completed jobs.
-- p99 is the nearest-rank percentile: the smallest value with at least 99 % of the values at or below it.
+- p50/p95/p99 are nearest-rank percentiles: the smallest value with at least that share of the values at or below
+  it.
 - makespan = last finish - first submit; GPU utilisation = GPU-seconds held by gangs (checkpointing included) /
   (cluster GPUs x makespan).
 """
@@ -23,8 +24,12 @@ class Summary:
     unfinished: int
     """Jobs still pending or running when no event was left (they can never fit this cluster under the policy)."""
     avg_jct_s: float
+    p50_jct_s: float
+    p95_jct_s: float
     p99_jct_s: float
     avg_wait_s: float
+    p50_wait_s: float
+    p95_wait_s: float
     p99_wait_s: float
     makespan_s: float
     gpu_utilisation: float
@@ -58,8 +63,12 @@ def summarize(result: SimResult) -> Summary:
         completed=len(done),
         unfinished=len(result.outcomes) - len(done),
         avg_jct_s=_mean(jct),
+        p50_jct_s=percentile(jct, 50),
+        p95_jct_s=percentile(jct, 95),
         p99_jct_s=percentile(jct, 99),
         avg_wait_s=_mean(wait),
+        p50_wait_s=percentile(wait, 50),
+        p95_wait_s=percentile(wait, 95),
         p99_wait_s=percentile(wait, 99),
         makespan_s=makespan,
         gpu_utilisation=result.busy_gpu_s / capacity if capacity > 0 else 0.0,
@@ -78,8 +87,10 @@ def render_table(summaries: Sequence[Summary]) -> str:
             s.policy,
             f"{s.completed}/{s.jobs}",
             _seconds(s.avg_jct_s),
+            _seconds(s.p50_jct_s),
             _seconds(s.p99_jct_s),
             _seconds(s.avg_wait_s),
+            _seconds(s.p50_wait_s),
             _seconds(s.p99_wait_s),
             _seconds(s.makespan_s),
             f"{s.gpu_utilisation:.1%}",
@@ -92,8 +103,10 @@ def render_table(summaries: Sequence[Summary]) -> str:
         "POLICY",
         "DONE",
         "AVG JCT s",
+        "P50 JCT s",
         "P99 JCT s",
         "AVG WAIT s",
+        "P50 WAIT s",
         "P99 WAIT s",
         "MAKESPAN s",
         "GPU UTIL",

@@ -12,7 +12,14 @@ Columns (a header row names them, in any order):
 ``min_tflops`` optional  the TFLOPS floor; default the catalogue figure of ``gpu_model`` (0 for ANY)
 ``min_match``  optional  opt-in degraded placement floor in (0, 1]; empty: full match only
 ``max_wait_s`` optional  seconds to wait for a full match before ``min_match`` applies (needs ``min_match``)
+``user``       optional  who submitted it (duration estimates are learned per user, then per queue)
+``queue``      optional  the queue it was submitted to
+``expected_duration_s``  optional  the run time the job declares (> 0); empty: estimated from history
 =============  ========  ================================================================================
+
+``gpus`` must be a whole number: a fractional GPU (0.5, as some traces record shared GPUs) is refused naming the
+line, unless the trace is read with ``round_gpus`` (``shardyard simulate --round-gpus``), which rounds it up to
+whole GPUs (a job never gets less than it asked for).
 
 Every problem is a ``TraceError`` naming the line (the header is line 1) and the column.
 """
@@ -29,8 +36,8 @@ from shardyard.errors import ShardyardError
 from shardyard.gpus import DEFAULT_TFLOPS, canonical_model
 
 REQUIRED = ("submit_s", "gpus", "gpu_model", "duration_s", "priority")
-OPTIONAL = ("job_id", "min_tflops", "min_match", "max_wait_s")
-COLUMNS = ("job_id", *REQUIRED, "min_tflops", "min_match", "max_wait_s")
+OPTIONAL = ("job_id", "min_tflops", "min_match", "max_wait_s", "user", "queue", "expected_duration_s")
+COLUMNS = ("job_id", *REQUIRED, "min_tflops", "min_match", "max_wait_s", "user", "queue", "expected_duration_s")
 """The order ``write_trace`` uses."""
 ANY = "ANY"
 MAX_GPUS = 64
@@ -61,15 +68,20 @@ class TraceJob:
     min_tflops: float
     min_match: float | None = None
     max_wait_s: float = 0.0
+    user: str = ""
+    queue: str = ""
+    expected_duration_s: float | None = None
+    """Declared by the job; None: the policy estimates it (the simulator never tells it ``duration_s``)."""
 
 
 class _Row:
     """One data row being parsed: every field read goes through ``take`` so errors carry line and column."""
 
-    def __init__(self, source: str, line: int, values: Mapping[str, str]) -> None:
+    def __init__(self, source: str, line: int, values: Mapping[str, str], *, round_gpus: bool = False) -> None:
         self.source = source
         self.line = line
         self.values = values
+        self.round_gpus = round_gpus
 
     def fail(self, column: str | None, problem: str) -> TraceError:
         return TraceError(self.source, self.line, column, problem)
@@ -120,7 +132,7 @@ def _header(source: str, header: list[str]) -> list[str]:
 
 def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
     submit_s = row.number("submit_s", low=0.0)
-    gpus = row.integer("gpus", low=1, high=MAX_GPUS)
+    gpus = _gpus(row)
     model_text = row.text("gpu_model")
     model = None if model_text.upper() in ("", ANY) else canonical_model(model_text)
     if model is not None and model not in catalogue:
@@ -135,11 +147,49 @@ def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
     max_wait_s = row.number("max_wait_s", low=0.0) if row.text("max_wait_s") else 0.0
     if min_match is None and row.text("max_wait_s"):
         raise row.fail("max_wait_s", "is set without min_match (it is the wait before min_match applies)")
-    return TraceJob(job_id, submit_s, gpus, model, duration_s, priority, min_tflops, min_match, max_wait_s)
+    expected = row.number("expected_duration_s", low=0.0, open_low=True) if row.text("expected_duration_s") else None
+    return TraceJob(
+        job_id,
+        submit_s,
+        gpus,
+        model,
+        duration_s,
+        priority,
+        min_tflops,
+        min_match,
+        max_wait_s,
+        user=row.text("user"),
+        queue=row.text("queue"),
+        expected_duration_s=expected,
+    )
+
+
+def _gpus(row: _Row) -> int:
+    """The gang's GPUs: a whole number, or (``round_gpus``) a fraction rounded up to one."""
+    raw = row.text("gpus")
+    try:
+        value = float(raw) if raw else math.nan
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value != int(value):
+        if not row.round_gpus:
+            raise row.fail(
+                "gpus",
+                f"{raw!r} is a fractional GPU; the simulator places whole GPUs (read the trace with --round-gpus"
+                " to round each up)",
+            )
+        if not 0 < value <= MAX_GPUS:
+            raise row.fail("gpus", f"{raw!r} is out of range; must be 1..{MAX_GPUS}")
+        return math.ceil(value)
+    return row.integer("gpus", low=1, high=MAX_GPUS)
 
 
 def parse_trace(
-    stream: TextIO, source: str = "<trace>", catalogue: Mapping[str, float] = DEFAULT_TFLOPS
+    stream: TextIO,
+    source: str = "<trace>",
+    catalogue: Mapping[str, float] = DEFAULT_TFLOPS,
+    *,
+    round_gpus: bool = False,
 ) -> list[TraceJob]:
     """The jobs of a CSV trace, in file order. Raises TraceError at the first problem."""
     reader = csv.reader(stream)
@@ -156,7 +206,7 @@ def parse_trace(
                 continue
             if len(cells) != len(names):
                 raise TraceError(source, line, None, f"has {len(cells)} fields; the header has {len(names)}")
-            row = _Row(source, line, dict(zip(names, cells, strict=True)))
+            row = _Row(source, line, dict(zip(names, cells, strict=True)), round_gpus=round_gpus)
             job = _job(row, len(jobs) + 1, catalogue)
             if job.job_id in seen:
                 raise row.fail("job_id", f"{job.job_id!r} already used on line {seen[job.job_id]}")
@@ -169,10 +219,12 @@ def parse_trace(
     return jobs
 
 
-def read_trace(path: Path, catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> list[TraceJob]:
+def read_trace(
+    path: Path, catalogue: Mapping[str, float] = DEFAULT_TFLOPS, *, round_gpus: bool = False
+) -> list[TraceJob]:
     try:
         with path.open(newline="", encoding="utf-8") as stream:
-            return parse_trace(stream, str(path), catalogue)
+            return parse_trace(stream, str(path), catalogue, round_gpus=round_gpus)
     except OSError as exc:
         raise TraceError(str(path), 0, None, f"cannot read the trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -199,6 +251,9 @@ def write_trace(jobs: Iterable[TraceJob], stream: TextIO) -> None:
                 _cell(job.min_tflops),
                 _cell(job.min_match),
                 _cell(job.max_wait_s) if job.min_match is not None else "",
+                job.user,
+                job.queue,
+                _cell(job.expected_duration_s),
             ]
         )
 

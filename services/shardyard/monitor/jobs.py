@@ -54,6 +54,8 @@ class JobView:
     """Nodes excluded, by the scheduler's filter, behind the current pending reason."""
     waiting_for: list[str] = field(default_factory=list)
     """Parent jobs the queue holds this one for."""
+    estimated_start: datetime | None = None
+    """When the scheduler expects it to start (its reservation's start), while it holds one."""
     spec: dict[str, Any] | None = None
     attempt: int = 0
     placed_term: int = 0
@@ -88,6 +90,7 @@ class JobView:
         """Set the current reason (None: none) with its details; every other detail of the last one goes."""
         self.reason, self.message = reason, message
         self.node_counts, self.waiting_for = node_counts, waiting_for
+        self.estimated_start = None
 
     def note(self, at: datetime, what: str, detail: str = "") -> None:
         if len(self.timeline) < MAX_TIMELINE:
@@ -163,6 +166,7 @@ class JobView:
         if self.reason != event.reason:
             self.reason_since = event.occurred_at  # RESOURCE_SHORTAGE times the reason from its first giving, not each
         self.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
+        self.estimated_start = event.estimated_start
         self.note(event.occurred_at, "unschedulable", event.message)
 
     def _preempting(self, event: JobPreempting) -> None:
@@ -323,6 +327,7 @@ class JobView:
             "errors": self.errors,
             "node_counts": self.node_counts,
             "waiting_for": self.waiting_for,
+            "estimated_start": self.estimated_start.isoformat() if self.estimated_start else None,
             "placements": self.placements,
             "degraded": self.degraded,
             "resume_from": self.resume_from,

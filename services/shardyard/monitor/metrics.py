@@ -34,6 +34,7 @@ QUEUED = frozenset({JobState.ACCEPTED, JobState.WAITING, JobState.READY})
 """Jobs not placed yet: held by the queue, or ready and waiting for the scheduler."""
 NO_REASON = "NONE"
 RECOVERY_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+START_ERROR_BUCKETS_S = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 14_400.0)
 """Recovery spans detection (3-10 s), backoff (0-30 s) and a gang's start: seconds to minutes."""
 RTT_PAIR_NODES = 16
 """Up to this many live nodes, every pair's RTT is exported; beyond it only each node's mean (pairs grow as n^2)."""
@@ -79,6 +80,7 @@ def cluster_families(view: ClusterView) -> Iterator[Family | Metric]:
     yield from _syncs(view, active)
     yield from _network(view)
     yield from _faults(view)
+    yield from _start_estimates(view)
 
 
 def _jobs(view: ClusterView) -> Iterator[Family]:
@@ -297,6 +299,19 @@ def _faults(view: ClusterView) -> Iterator[Family | Metric]:
         buckets=[*cumulative, ("+Inf", len(durations))],
         sum_value=sum(durations),
     )
+
+
+def _start_estimates(view: ClusterView) -> Iterator[Family | Metric]:
+    errors = [abs(error) for error in view.telemetry.start_error_s]
+    cumulative = [(str(bound), sum(1 for e in errors if e <= bound)) for bound in START_ERROR_BUCKETS_S]
+    yield HistogramMetricFamily(
+        "shardyard_start_estimate_error_seconds",
+        "How far a placed job's start was from the start estimated while it held a reservation, early or late",
+        buckets=[*cumulative, ("+Inf", len(errors))],
+        sum_value=sum(errors),
+    )
+    late = sum(1 for error in view.telemetry.start_error_s if error > 0)
+    yield _one("shardyard_start_estimates_late", "Placed jobs that started after their estimated start", late)
 
 
 # --- what the alert rules judge ----------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from shardyard.events import (
     JobCancelled,
     JobFailed,
     JobRecovering,
+    JobScheduled,
     JobSucceeded,
+    JobUnschedulable,
     NodeLease,
     ShardFailed,
     ShardProgress,
@@ -31,6 +33,10 @@ class SyncTotals:
     bytes: int = 0
 
 
+MAX_ERRORS = 10_000
+"""Start-estimate errors kept (the newest)."""
+
+
 @dataclass
 class Telemetry:
     """The clock reads arrival times only; every other figure uses the events' own times."""
@@ -43,6 +49,11 @@ class Telemetry:
     recovery_s: list[float] = field(default_factory=list)
     """Per recovery: from the first plan (``job.recovering``) to the re-formed gang's first training progress."""
     syncs: dict[tuple[str, int], SyncTotals] = field(default_factory=dict)
+    start_error_s: list[float] = field(default_factory=list)
+    """Per job that held an estimated start when it was placed: the placement's time minus that estimate (negative:
+    earlier than estimated), bounded to the last ``MAX_ERRORS``."""
+    _estimated: dict[str, datetime] = field(default_factory=dict)
+    """Job -> the estimated start of its last ``job.unschedulable`` that carried one."""
     _failed: set[tuple[str, int, int]] = field(default_factory=set)
     _recovering: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     """Job -> (attempt that failed last, when its recovery began)."""
@@ -63,7 +74,18 @@ class Telemetry:
                 if failed is not None and event.attempt > failed[0]:
                     del self._recovering[event.job_id]
                     self.recovery_s.append((event.occurred_at - failed[1]).total_seconds())
+            case JobUnschedulable():
+                if event.estimated_start is None:
+                    self._estimated.pop(event.job_id, None)
+                else:
+                    self._estimated[event.job_id] = event.estimated_start
+            case JobScheduled():
+                estimated = self._estimated.pop(event.job_id, None)
+                if estimated is not None:
+                    self.start_error_s.append((event.occurred_at - estimated).total_seconds())
+                    del self.start_error_s[:-MAX_ERRORS]
             case JobSucceeded() | JobFailed() | JobCancelled():
+                self._estimated.pop(event.job_id, None)
                 self._recovering.pop(event.job_id, None)
                 for key in [k for k in self.syncs if k[0] == event.job_id]:
                     del self.syncs[key]

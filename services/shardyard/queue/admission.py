@@ -328,6 +328,7 @@ def _spec(submission: JobSubmission, *, model: str | None, min_tflops: float, su
         max_wait_s=submission.placement.max_wait_s if submission.placement else 0.0,
         preemptible=submission.preemptible,
         entrypoint=_entrypoint(submission.entrypoint),
+        expected_duration_s=submission.expected_duration_s,
     )
 
 

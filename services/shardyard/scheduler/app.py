@@ -3,7 +3,7 @@
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from faststream import FastStream
 from pydantic import Field
@@ -36,7 +36,23 @@ class SchedulerSettings(ReplicatedSettings):
     checkpoint_root: str = "/data/checkpoints"
     cycle_interval_s: float = Field(default=1.0, gt=0)
     load_threshold: float = Field(default=0.5, gt=0, description="nodes at or above this CPU load take no shards")
-    aging_per_minute: float = Field(default=1.0, ge=0, description="priority a pending job gains per minute waited")
+    order: Literal["las", "aging"] = Field(
+        default="las",
+        description="queue order: las (priority, then least attained GPU-time, then oldest) or aging (priority plus "
+        "aging, then oldest)",
+    )
+    aging_per_minute: float = Field(
+        default=1.0, ge=0, description="order aging: priority a pending job gains per minute waited"
+    )
+    min_runtime_s: float = Field(
+        default=600.0, ge=0, description="order las: how long a gang runs before a job of its priority may preempt it"
+    )
+    starve_factor: float = Field(
+        default=2.0, gt=0, description="order las: a job that waited this many times its run time is first again"
+    )
+    backfill: bool = Field(
+        default=True, description="let a job expected to end before a reservation starts use the reserved nodes"
+    )
     reservations: int = Field(default=1, ge=0, description="blocked jobs that hold a reservation against backfill")
     preemption: bool = Field(default=True, description="preempt lower-priority preemptible jobs to fit higher ones")
     preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
@@ -56,7 +72,11 @@ class SchedulerSettings(ReplicatedSettings):
     def policy(self) -> Policy:
         return Policy(
             load_threshold=self.load_threshold,
+            order=self.order,
             aging_per_minute=self.aging_per_minute,
+            min_runtime_s=self.min_runtime_s,
+            starve_factor=self.starve_factor,
+            backfill=self.backfill,
             reservations=self.reservations,
             preemption=self.preemption,
         )

@@ -94,6 +94,8 @@ class SchedulerBook:
         """The placements read so far, which judge the next ones (see ``fencing``) and number their attempts."""
         self.orphan_check = OrphanCheck()
         """Looks for orphaned shards, at most once a second (see ``orphans``)."""
+        self.attained: dict[str, float] = {}
+        """Job -> GPU-seconds its ended attempts held GPUs for (its least-attained-service queue)."""
         self.finished: set[str] = set()
         self.reasons = PendingReasons()
         """Why each pending job is not placed: shown when it changes, and the last cycle's verdicts."""
@@ -140,7 +142,7 @@ class SchedulerBook:
         gang = self.gangs.get(plan.job_id)
         if gang is not None and gang.scheduled.attempt > plan.attempt:
             return  # a plan for an attempt already replaced
-        self.gangs.pop(plan.job_id, None)
+        self._attempt_ended(self.gangs.pop(plan.job_id, None), plan.occurred_at)
         self.excluded[plan.job_id] = self.excluded.get(plan.job_id, frozenset()) | set(plan.exclude_nodes)
         spec = self.specs.get(plan.job_id)
         if spec is not None:
@@ -148,11 +150,19 @@ class SchedulerBook:
 
     def _requeue_preempted(self, event: JobPreempted) -> None:
         ended = self.gangs.pop(event.job_id, None)
+        self._attempt_ended(ended, event.occurred_at)
         spec = ended.spec if ended is not None else self.specs.get(event.job_id)
         if event.checkpoint_dir:
             self.resume[event.job_id] = event.checkpoint_dir
         if spec is not None:
-            self.pending[event.job_id] = PendingJob(spec, event.occurred_at)
+            self.pending[event.job_id] = self._pending(spec, event.occurred_at, excluded=False)
+
+    def _attempt_ended(self, gang: Gang | None, at: datetime) -> None:
+        """An attempt ended at ``at``: the GPU-seconds it held count as the job's attained service."""
+        if gang is not None:
+            held_s = max(0.0, (at - gang.scheduled.occurred_at).total_seconds())
+            job_id = gang.spec.job_id
+            self.attained[job_id] = self.attained.get(job_id, 0.0) + held_s * gang.spec.gpu_count
 
     def _finish(self, job_id: str) -> None:
         """The job ended: what was kept to run it goes; what numbers and fences its placements stays, so that a late
@@ -165,14 +175,28 @@ class SchedulerBook:
         self.resume_step.pop(job_id, None)
         self.excluded.pop(job_id, None)
         self.specs.pop(job_id, None)
+        self.attained.pop(job_id, None)
         self.finished.add(job_id)
 
     def _spares(self, spec: JobSpec) -> int:
         return spares(spec, self.spare_ratio)
 
-    def _pending(self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None) -> PendingJob:
-        excluded = self.excluded.get(spec.job_id, frozenset())
-        return PendingJob(spec, ready_at, excluded_nodes=excluded, not_before=not_before, spares=self._spares(spec))
+    def _pending(
+        self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None, excluded: bool = True
+    ) -> PendingJob:
+        """The job as placement sees it: ``excluded`` (a recovery's nodes to avoid) and its spares, its attained
+        service, and its declared run time less what its attempts ran (its expected run from a start now)."""
+        attained = self.attained.get(spec.job_id, 0.0)
+        expected = spec.expected_duration_s
+        return PendingJob(
+            spec,
+            ready_at,
+            excluded_nodes=self.excluded.get(spec.job_id, frozenset()) if excluded else frozenset(),
+            not_before=not_before,
+            spares=self._spares(spec) if excluded else 0,
+            attained_gpu_s=attained,
+            expected_run_s=None if expected is None else max(1.0, expected - attained / max(1, spec.gpu_count)),
+        )
 
     def _on_scheduled(self, event: JobScheduled) -> None:
         """A placement: ours as we make it, then again as it comes back from the log (its echo must not reset the
@@ -203,7 +227,7 @@ class SchedulerBook:
 
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        return self._views.snapshot(self.nodes, self.gangs.values())
+        return self._views.snapshot(self.nodes, self.gangs.values(), self.attained)
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:

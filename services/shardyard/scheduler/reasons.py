@@ -12,8 +12,8 @@ from shardyard.placement.model import PendingJob, Unschedulable
 
 @dataclass
 class PendingReasons:
-    shown: dict[str, tuple[PendingReason, str]] = field(default_factory=dict)
-    """Job -> the (reason, message) of its last ``JobUnschedulable``, until it is placed or ends."""
+    shown: dict[str, tuple[PendingReason, str, datetime | None]] = field(default_factory=dict)
+    """Job -> the (reason, message, estimated start) of its last ``JobUnschedulable``, until it is placed or ends."""
     blocked: list[tuple[JobSpec, PendingReason, datetime]] = field(default_factory=list)
     """(spec, reason, ready since) of each job the last cycle could not place."""
 
@@ -23,9 +23,10 @@ class PendingReasons:
     def unschedulable(self, decision: Unschedulable, job: PendingJob, now: datetime) -> list[Event]:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
-        if self.shown.get(decision.job_id) == (decision.reason, decision.message):
+        shown = (decision.reason, decision.message, decision.estimated_start)
+        if self.shown.get(decision.job_id) == shown:
             return []
-        self.shown[decision.job_id] = (decision.reason, decision.message)
+        self.shown[decision.job_id] = shown
         return [
             JobUnschedulable(
                 occurred_at=now,
@@ -33,6 +34,7 @@ class PendingReasons:
                 reason=decision.reason,
                 message=decision.message,
                 node_counts=decision.node_counts,
+                estimated_start=decision.estimated_start,
             )
         ]
 

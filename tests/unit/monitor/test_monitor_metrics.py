@@ -283,6 +283,54 @@ def test_a_job_that_ends_while_recovering_records_no_recovery() -> None:
     assert value(text, "shardyard_recovery_seconds_count") == 0
 
 
+def test_the_start_estimate_error_is_the_placement_minus_the_last_estimate() -> None:
+    def estimate(job_id: str, seconds: float | None) -> JobUnschedulable:
+        start = None if seconds is None else at(seconds)
+        return JobUnschedulable(
+            occurred_at=at(2),
+            job_id=job_id,
+            reason=PendingReason.INSUFFICIENT_GPUS,
+            message="no",
+            estimated_start=start,
+        )
+
+    text = scrape(
+        *ready("early", 5),
+        estimate("early", 200),
+        estimate("early", 150),  # the newest estimate counts
+        scheduled("early", occurred_at=at(140)),  # 10 s before it
+        *ready("late", 5),
+        estimate("late", 100),
+        scheduled("late", occurred_at=at(160)),  # 60 s after it
+        *ready("unknown", 5),
+        estimate("unknown", 100),
+        estimate("unknown", None),  # no longer known: no error to count
+        scheduled("unknown", occurred_at=at(500)),
+    )
+
+    assert value(text, "shardyard_start_estimate_error_seconds_count") == 2
+    assert value(text, "shardyard_start_estimate_error_seconds_sum") == 70  # 10 early + 60 late
+    assert value(text, "shardyard_start_estimate_error_seconds_bucket", le="5.0") == 0
+    assert value(text, "shardyard_start_estimate_error_seconds_bucket", le="10.0") == 1
+    assert value(text, "shardyard_start_estimate_error_seconds_bucket", le="60.0") == 2
+    assert value(text, "shardyard_start_estimates_late") == 1
+
+
+def test_a_pending_jobs_estimated_start_is_in_its_detail_until_it_is_placed() -> None:
+    view = ClusterView()
+    for event in ready("a", 5):
+        view.apply(event)
+    view.apply(
+        JobUnschedulable(
+            occurred_at=at(2), job_id="a", reason=PendingReason.INSUFFICIENT_GPUS, message="no", estimated_start=at(90)
+        )
+    )
+    assert view.jobs["a"].detail()["estimated_start"] == at(90).isoformat()
+
+    view.apply(scheduled("a", occurred_at=at(95)))
+    assert view.jobs["a"].detail()["estimated_start"] is None
+
+
 # --- the exposition ---------------------------------------------------------------------------------------------
 def busy_view() -> ClusterView:
     """A view with every family in use: jobs queued and running, GPUs of several kinds, heartbeats, alerts' figures,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardyard.events import PendingReason
-from shardyard.placement.cycle import effective_priority
+from shardyard.placement.candidate import effective_priority
 from shardyard.placement.model import Place, Policy, Preempt
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, placed_on, running
@@ -26,7 +26,7 @@ def test_aging_lifts_a_long_waiting_job_above_a_newer_higher_one() -> None:
     old = pending("old", priority=1, ready=0)
     new = pending("new", priority=5, ready=590)
 
-    decisions = decide([node("a1")], [new, old], now=600)
+    decisions = decide([node("a1")], [new, old], Policy(order="aging"), now=600)  # the aging order, not LAS
 
     assert effective_priority(old, Policy(), at(600)) == 11.0
     assert isinstance(decisions[0], Place) and decisions[0].job_id == "old"

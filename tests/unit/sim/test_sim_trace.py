@@ -74,7 +74,7 @@ def test_default_ids_count_data_rows_and_blank_lines_are_skipped() -> None:
         pytest.param(f"{HEADER}\n,1,A100,1,0\n", 2, "submit_s", "is empty; a number is required", id="empty-submit"),
         pytest.param(f"{HEADER}\n0,0,A100,1,0\n", 2, "gpus", "'0' is out of range; must be 1..64", id="zero-gpus"),
         pytest.param(f"{HEADER}\n0,65,A100,1,0\n", 2, "gpus", "must be 1..64", id="too-many-gpus"),
-        pytest.param(f"{HEADER}\n0,2.5,A100,1,0\n", 2, "gpus", "'2.5' is not an integer", id="fractional-gpus"),
+        pytest.param(f"{HEADER}\n0,2.5,A100,1,0\n", 2, "gpus", "'2.5' is a fractional GPU", id="fractional-gpus"),
         pytest.param(f"{HEADER}\n0,1,B300,1,0\n", 2, "gpu_model", "unknown GPU model 'B300'", id="unknown-model"),
         pytest.param(f"{HEADER}\n0,1,A100,0,0\n", 2, "duration_s", "must be above 0", id="zero-duration"),
         pytest.param(f"{HEADER}\n0,1,A100,1,1001\n", 2, "priority", "must be 0..1000", id="priority-high"),

@@ -1,0 +1,114 @@
+"""Schedule quality: Shardyard's placement core against the plain baselines on generated traces (prints JSON).
+
+Each case is a trace written by ``shardyard simulate --generate`` and replayed by ``shardyard simulate --json``,
+each run as its own process (the CLI a user runs), under every policy: ``shardyard`` (the default Policy), ``fifo``,
+``priority``, ``first-fit`` (type-blind) and the ``sjf-oracle`` reference. Three trace shapes, each at offered loads
+of 0.7, 0.9 and 1.1:
+
+- ``homogeneous``: Helios-shaped jobs (heavy-tailed durations, 3.9 GPUs on average) on 16 nodes of 8 V100;
+- ``heterogeneous``: the same jobs' shape on three GPU models (8 nodes each of 8 A100, 8 V100 and 8 T4), 20 % of
+  them for any model;
+- ``wide``: Philly-shaped jobs (gangs of up to 64 GPUs, 30 % failing part-way) on 16 nodes of 8 V100.
+
+Per case and policy it reports avg/p50/p99 JCT and wait, makespan, GPU utilisation and preemptions, then
+Shardyard's avg-JCT gain over each baseline (baseline avg JCT / Shardyard's) and whether its p99 wait is no worse
+than priority-only's. Target (issue 18): at load >= 0.9 a gain >= 1.3 over every baseline (the oracle is a
+reference, not a baseline), with p99 wait no worse than ``priority``'s.
+
+A last case times one replay of 2,000 jobs on 2,000 nodes under ``shardyard`` (target: under 10 s).
+
+    python bench/schedule_quality.py [--jobs 2000] [--seed 1] [--loads 0.7,0.9,1.1] [--no-scale]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CASES = {
+    "homogeneous": ("helios", "V100:8x16"),
+    "heterogeneous": ("helios", "A100:8x8,V100:8x8,T4:8x8"),
+    "wide": ("philly", "V100:8x16"),
+}
+BASELINES = ("fifo", "priority", "first-fit")
+POLICIES = ("shardyard", *BASELINES, "sjf-oracle")
+TARGET_GAIN = 1.3
+SCALE_CLUSTER = "A100:8x1000,V100:8x1000"
+
+
+def cli(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "shardyard.cli.main", *args], capture_output=True, text=True, check=False, timeout=3600
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"shardyard {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def replay(trace: Path, cluster: str) -> dict[str, Any]:
+    args = [str(trace), "--cluster", cluster, "--json"]
+    figures: dict[str, Any] = json.loads(cli("simulate", *args, *(f"--policy={p}" for p in POLICIES)))
+    return figures["policies"]
+
+
+def case(name: str, shape: str, cluster: str, load: float, jobs: int, seed: int, folder: Path) -> dict[str, Any]:
+    trace = folder / f"{name}-{load:g}.csv"
+    cli("simulate", "--generate", str(jobs), "--shape", shape, "--load", str(load), "--seed", str(seed),
+        "--cluster", cluster, "--out", str(trace))  # fmt: skip
+    t0 = time.monotonic()
+    policies = replay(trace, cluster)
+    ours = policies["shardyard"]
+    gains = {b: round(policies[b]["avg_jct_s"] / ours["avg_jct_s"], 3) for b in BASELINES if ours["avg_jct_s"] > 0}
+    shown = ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_wait_s", "p50_wait_s", "p99_wait_s", "makespan_s",
+             "gpu_utilisation", "preemptions", "completed", "jobs")  # fmt: skip
+    return {
+        "case": name,
+        "shape": shape,
+        "cluster": cluster,
+        "load": load,
+        "replay_s": round(time.monotonic() - t0, 1),
+        "policies": {p: {k: figures[k] for k in shown} for p, figures in policies.items()},
+        "gain_over": gains,
+        "p99_wait_vs_priority": round(ours["p99_wait_s"] / max(policies["priority"]["p99_wait_s"], 1e-9), 3),
+        "meets_target": load < 0.9
+        or (all(g >= TARGET_GAIN for g in gains.values()) and ours["p99_wait_s"] <= policies["priority"]["p99_wait_s"]),
+    }
+
+
+def scale(seed: int, folder: Path) -> dict[str, Any]:
+    trace = folder / "scale.csv"
+    cli("simulate", "--generate", "2000", "--load", "0.9", "--seed", str(seed), "--cluster", SCALE_CLUSTER,
+        "--out", str(trace))  # fmt: skip
+    t0 = time.monotonic()
+    cli("simulate", str(trace), "--cluster", SCALE_CLUSTER, "--policy", "shardyard", "--json")
+    return {"nodes": 2000, "jobs": 2000, "replay_s": round(time.monotonic() - t0, 1), "target_s": 10}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--loads", default="0.7,0.9,1.1")
+    parser.add_argument("--no-scale", action="store_true", help="skip the 2,000-node timing")
+    args = parser.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cases = [
+            case(name, shape, cluster, load, args.jobs, args.seed, folder)
+            for name, (shape, cluster) in CASES.items()
+            for load in loads
+        ]
+        result: dict[str, Any] = {"jobs_per_trace": args.jobs, "seed": args.seed, "cases": cases}
+        result["all_targets_met"] = all(c["meets_target"] for c in cases)
+        if not args.no_scale:
+            result["scale"] = scale(args.seed, folder)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
