@@ -130,6 +130,36 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     assert low["step"] == 600
 
 
+def test_a_queued_jobs_estimated_start_is_within_20_percent_of_its_actual_start(a100_cluster: Path) -> None:
+    """Durations declared: a job queued behind another on both A100s holds a reservation dated by the running
+    job's declared end, shows it as its estimated start, and starts within 20 % of its wait from it."""
+    training = {"max_steps": 200, "batch_size": 4}
+
+    def ended(job: dict[str, Any]) -> bool:
+        return job["state"] in ("SUCCEEDED", "FAILED")
+
+    # What such a job takes here, from its placement to its end: what its owner would declare.
+    submit(a100_cluster, document("estimate-ref", sync_interval=20, training=training))
+    ref = until(a100_cluster, "estimate-ref", ended, 180)
+    assert ref["state"] == "SUCCEEDED", ref.get("message")
+    took = first_at(ref, "succeeded") - first_at(ref, "scheduled")
+
+    submit(a100_cluster, document("estimate-1", sync_interval=20, training=training, expected_duration_s=took))
+    until(a100_cluster, "estimate-1", lambda j: j["state"] in ("SCHEDULED", "RUNNING"), 60)
+    submit(a100_cluster, document("estimate-2", sync_interval=20, training=training, expected_duration_s=took))
+    queued = until(a100_cluster, "estimate-2", lambda j: bool(j.get("estimated_start")), 60)
+    assert queued["reason"] == "INSUFFICIENT_GPUS"
+    shown = cli("status", "estimate-2", run_dir=a100_cluster)
+    assert "estimated start:" in shown.stdout, shown.stdout
+    estimate = datetime.fromisoformat(queued["estimated_start"]).timestamp()
+
+    done = until(a100_cluster, "estimate-2", ended, 180)
+    assert done["state"] == "SUCCEEDED", done.get("message")
+    actual, submitted = first_at(done, "scheduled"), first_at(done, "accepted")
+    print(f"estimated start {estimate - submitted:.2f} s after submission, actual {actual - submitted:.2f} s")
+    assert abs(actual - estimate) <= 0.2 * (actual - submitted)
+
+
 def test_with_only_v100s_an_a100_job_waits_unless_it_opted_into_degraded_placement(v100_cluster: Path) -> None:
     submit(v100_cluster, document("strict"))
     submit(

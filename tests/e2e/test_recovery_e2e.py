@@ -22,7 +22,7 @@ from tests.support.cluster import ONE_REPLICA
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
-TRAINING = {"max_steps": 400, "batch_size": 4, "seed": 7}
+TRAINING = {"max_steps": 300, "batch_size": 4, "seed": 7}
 
 
 @pytest.fixture(scope="module")

@@ -351,6 +351,7 @@ function renderDetail(detail, series) {
       fact("first step", detail.first_step_at ? clock(detail.first_step_at) : null),
       fact("ended", detail.ended_at ? clock(detail.ended_at) : null),
       fact("waiting for", detail.waiting_for?.join(", ")),
+      fact("estimated start", detail.estimated_start ? clock(detail.estimated_start) : null),
       fact("nodes ruled out", counts)),
     h("div", { class: "charts" },
       lineChart({ id: "loss-chart", title: "loss", xs: series.step, ys: series.loss, xLabel: "step" }),
