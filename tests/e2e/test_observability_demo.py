@@ -1,6 +1,7 @@
 """The observability demo (issue 5), in one run of one local cluster: `shardyard up` with its default nodes (two
-A100 nodes and a V100 node), every process exporting traces to an in-process OTLP receiver, and the S15 example job
-submitted with the CLI. The test sees, in order and each within a deadline:
+A100 nodes and a V100 node) and one process per service (nothing here is about failover), every process exporting
+traces to an in-process OTLP receiver, and the S15 example job submitted with the CLI. The test sees, in order and
+each within a deadline:
 
 1. while the job runs, every S7 metric of it on the monitor's ``/metrics``;
 2. while it runs, a node without its shards stopped (``SIGSTOP``): ``NODE_SUSPECT`` fires in ``/api/alerts`` and
@@ -71,7 +72,7 @@ def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, otel_env: dict[str, str]) -> Iterator[Path]:
-    with local_cluster(tmp_path_factory.mktemp("demo"), env=otel_env) as run_dir:
+    with local_cluster(tmp_path_factory.mktemp("demo"), replicas=1, env=otel_env) as run_dir:
         yield run_dir
 
 

@@ -8,6 +8,7 @@
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -22,6 +23,10 @@ from tests.support import wait
 from tests.support.cluster import ONE_REPLICA
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+LOW_STEPS = 400
+"""The preempted job's steps: long enough to be running when the vip comes (it is preempted within seconds, near
+step 40), short enough not to dominate the suite's time."""
 
 
 def document(task_id: str, **fields: Any) -> dict[str, Any]:
@@ -109,9 +114,7 @@ def test_a_job_waits_for_its_dataset_and_starts_within_2s_of_it_appearing(a100_c
 
 
 def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpoint(a100_cluster: Path) -> None:
-    # Long enough to be running when the vip comes (it is preempted within seconds), short enough not to
-    # dominate the suite's time.
-    long = document("low-prio", priority=1, sync_interval=20, training={"max_steps": 600, "batch_size": 4})
+    long = document("low-prio", priority=1, sync_interval=20, training={"max_steps": LOW_STEPS, "batch_size": 4})
     submit(a100_cluster, long)
     until(a100_cluster, "low-prio", lambda j: j["state"] == "RUNNING" and (j.get("step") or 0) >= 40, 120)
 
@@ -127,33 +130,34 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_from_its_check
     assert first_at(low, "preempted") < first_at(vip, "scheduled")
     resumed = [e for e in low["timeline"] if e["event"] == "scheduled" and "resum" in e.get("detail", "")]
     assert resumed, f"the second placement does not say it resumes: {low['timeline']}"
-    assert low["step"] == 600
+    assert low["step"] == LOW_STEPS
 
 
 def test_a_queued_jobs_estimated_start_is_within_20_percent_of_its_actual_start(a100_cluster: Path) -> None:
     """Durations declared: a job queued behind another on both A100s holds a reservation dated by the running
-    job's declared end, shows it as its estimated start, and starts within 20 % of its wait from it."""
-    training = {"max_steps": 200, "batch_size": 4}
+    job's declared end, shows it as its estimated start, and starts within 20 % of its wait from it. The jobs run
+    their own command, a 5 s sleep, so that their length is the job's, not this machine's load."""
+    sleep = {"command": [sys.executable, "-c", "import time; time.sleep(5)"]}
 
     def ended(job: dict[str, Any]) -> bool:
         return job["state"] in ("SUCCEEDED", "FAILED")
 
-    # What such a job takes here, from its placement to its end: what its owner would declare.
-    submit(a100_cluster, document("estimate-ref", sync_interval=20, training=training))
-    ref = until(a100_cluster, "estimate-ref", ended, 180)
+    # What such a job takes here, from its placement to its end (start-up included): what its owner would declare.
+    submit(a100_cluster, document("estimate-ref", entrypoint=sleep))
+    ref = until(a100_cluster, "estimate-ref", ended, 120)
     assert ref["state"] == "SUCCEEDED", ref.get("message")
     took = first_at(ref, "succeeded") - first_at(ref, "scheduled")
 
-    submit(a100_cluster, document("estimate-1", sync_interval=20, training=training, expected_duration_s=took))
+    submit(a100_cluster, document("estimate-1", entrypoint=sleep, expected_duration_s=took))
     until(a100_cluster, "estimate-1", lambda j: j["state"] in ("SCHEDULED", "RUNNING"), 60)
-    submit(a100_cluster, document("estimate-2", sync_interval=20, training=training, expected_duration_s=took))
+    submit(a100_cluster, document("estimate-2", entrypoint=sleep, expected_duration_s=took))
     queued = until(a100_cluster, "estimate-2", lambda j: bool(j.get("estimated_start")), 60)
     assert queued["reason"] == "INSUFFICIENT_GPUS"
     shown = cli("status", "estimate-2", run_dir=a100_cluster)
     assert "estimated start:" in shown.stdout, shown.stdout
     estimate = datetime.fromisoformat(queued["estimated_start"]).timestamp()
 
-    done = until(a100_cluster, "estimate-2", ended, 180)
+    done = until(a100_cluster, "estimate-2", ended, 120)
     assert done["state"] == "SUCCEEDED", done.get("message")
     actual, submitted = first_at(done, "scheduled"), first_at(done, "accepted")
     print(f"estimated start {estimate - submitted:.2f} s after submission, actual {actual - submitted:.2f} s")

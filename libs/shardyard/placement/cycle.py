@@ -78,7 +78,7 @@ class PlacementCycle:
         """The reservations of this cycle with a known start: (start, the nodes held)."""
 
     def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
-        """Queue order: effective priority (priority + aging), then the longest ready, then the job id."""
+        """Queue order (``candidate.queue_key``, by ``Policy.order``)."""
         return sorted(pending, key=self._rank)
 
     def _rank(self, job: PendingJob) -> QueueKey:
