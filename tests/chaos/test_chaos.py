@@ -1,4 +1,4 @@
-"""Chaos: 14 training jobs on 4 agents of a real local cluster (embedded broker, every service twice, real CPU
+"""Chaos: 10 training jobs on 4 agents of a real local cluster (embedded broker, every service twice, real CPU
 training), while processes are killed and paused:
 
 - ``kill -9`` of an agent mid-training (its shards die with it),
@@ -45,7 +45,7 @@ from tests.support import wait
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
 AGENTS = 4
-JOBS = 14
+JOBS = 10
 LATE = 4
 """Jobs submitted right after a queue replica was killed."""
 OVERLAP_TOLERANCE_S = 0.3
