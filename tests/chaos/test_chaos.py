@@ -268,12 +268,20 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
     assert any(attempt > 1 for (_job, _rank, attempt, _pid) in watch.seen), "no fault reached a running gang"
 
     ratios: list[RedundancyChanged] = []
-    alerts: list[AlertFiring | AlertResolved] = []
     asyncio.run(replay(info.bootstrap, [REDUNDANCY], lambda _topic, event: ratios.append(event)))
-    asyncio.run(replay(info.bootstrap, [ALERTS], lambda _topic, event: alerts.append(event)))
-    # The paused node's suspicion was an alert that fired, and resolved once it heartbeat again.
-    suspected = [type(a).__name__ for a in alerts if a.rule is AlertRule.NODE_SUSPECT and a.subject == paused]
-    assert "AlertFiring" in suspected and "AlertResolved" in suspected, [(a.rule, a.subject) for a in alerts]
+
+    # The paused node's suspicion was an alert that fired, and resolved once it heartbeat again (the jobs may all
+    # have ended before the monitor saw the node back: its resolution is waited for, not assumed).
+    def alerts() -> list[AlertFiring | AlertResolved]:
+        found: list[AlertFiring | AlertResolved] = []
+        asyncio.run(replay(info.bootstrap, [ALERTS], lambda _topic, event: found.append(event)))
+        return found
+
+    def suspicion() -> list[str] | None:
+        kinds = [type(a).__name__ for a in alerts() if a.rule is AlertRule.NODE_SUSPECT and a.subject == paused]
+        return kinds if "AlertFiring" in kinds and "AlertResolved" in kinds else None
+
+    wait.until(suspicion, f"{paused}'s NODE_SUSPECT fired and resolved", 60, every_s=0.5, describe=alerts)
     before = [e.ratio for e in ratios if e.occurred_at < first_fault]
     after = [e.ratio for e in ratios if e.occurred_at >= first_fault]
     assert max(after, default=0.0) > (before[-1] if before else 0.0), f"the spare ratio did not rise: {ratios}"
