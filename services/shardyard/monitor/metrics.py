@@ -291,24 +291,28 @@ def _faults(view: ClusterView) -> Iterator[Family | Metric]:
     for cause in FailureCause:
         failures.add((cause.value,), telemetry.shard_failures.get(cause, 0))
     yield failures
-    durations = telemetry.recovery_s
-    cumulative = [(str(bound), sum(1 for d in durations if d <= bound)) for bound in RECOVERY_BUCKETS_S]
-    yield HistogramMetricFamily(
+    yield _histogram(
         "shardyard_recovery_seconds",
         "From a job's recovery plan (job.recovering) to its re-formed gang's first training progress",
-        buckets=[*cumulative, ("+Inf", len(durations))],
-        sum_value=sum(durations),
+        telemetry.recovery_s,
+        RECOVERY_BUCKETS_S,
+    )
+
+
+def _histogram(name: str, documentation: str, values: Sequence[float], bounds: Sequence[float]) -> Metric:
+    """A histogram of ``values`` (all of them: the telemetry keeps them) with upper ``bounds``."""
+    cumulative = [(str(bound), sum(1 for v in values if v <= bound)) for bound in bounds]
+    return HistogramMetricFamily(
+        name, documentation, buckets=[*cumulative, ("+Inf", len(values))], sum_value=sum(values)
     )
 
 
 def _start_estimates(view: ClusterView) -> Iterator[Family | Metric]:
-    errors = [abs(error) for error in view.telemetry.start_error_s]
-    cumulative = [(str(bound), sum(1 for e in errors if e <= bound)) for bound in START_ERROR_BUCKETS_S]
-    yield HistogramMetricFamily(
+    yield _histogram(
         "shardyard_start_estimate_error_seconds",
         "How far a placed job's start was from the start estimated while it held a reservation, early or late",
-        buckets=[*cumulative, ("+Inf", len(errors))],
-        sum_value=sum(errors),
+        [abs(error) for error in view.telemetry.start_error_s],
+        START_ERROR_BUCKETS_S,
     )
     late = sum(1 for error in view.telemetry.start_error_s if error > 0)
     yield _one("shardyard_start_estimates_late", "Placed jobs that started after their estimated start", late)
