@@ -41,6 +41,7 @@ from shardyard.placement.model import (
     Snapshot,
     Unschedulable,
 )
+from shardyard.placement.plan import Waiting, plan_starts
 from shardyard.placement.standing import StandingIndex
 
 
@@ -120,6 +121,7 @@ class PlacementCycle:
         if placed is None:
             placed = self.backfill(job)
         if placed is not None:
+            self._hold_placed(pending_job, placed)
             return [placed]
         verdict, passing = explain(index, job, self.now)
         victims = self.waiting_on.get(job.spec.job_id)
@@ -145,10 +147,23 @@ class PlacementCycle:
                 return [replace(verdict, estimated_start=start)]
         return [verdict]
 
+    def _hold_placed(self, job: PendingJob, placed: Place) -> None:
+        """A gang placed this cycle holds its nodes, until its expected end, for a reservation there too."""
+        run_s = job.expected_run_s
+        gang = RunningJob(
+            job.spec.job_id,
+            job.spec.priority,
+            job.spec.preemptible,
+            self.now,
+            tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
+            expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
+        )
+        for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
+            self.gangs_on.setdefault(node_id, []).append(gang)
+
     def start_of(self, held: Sequence[Slot]) -> datetime | None:
         """When a reservation of ``held`` can start: once the last gang on those nodes is expected to have ended
-        (a gang past its expected end may end any moment: now). None when nothing is held, or a gang there has no
-        expected end."""
+        (:func:`overrun_end`). None when nothing is held, or a gang there has no expected end."""
         if not held:
             return None
         start = self.now
@@ -156,8 +171,47 @@ class PlacementCycle:
             for gang in self.gangs_on.get(slot.node_id, ()):
                 if gang.expected_end is None:
                     return None
-                start = max(start, gang.expected_end)
+                start = max(start, overrun_end(gang, self.now))
         return start
+
+    def with_estimates(
+        self, snapshot: Snapshot, queued: Sequence[PendingJob], decisions: list[Decision]
+    ) -> list[Decision]:
+        """``decisions``, with an estimated start (``plan``) on the first ``Policy.start_estimates`` jobs, in queue
+        order, that wait on capacity."""
+        verdicts = {d.job_id: d for d in decisions if isinstance(d, Unschedulable) and d.reason in RESERVABLE}
+        waiting: list[Waiting] = []
+        for job in queued:
+            if len(waiting) >= self.policy.start_estimates:
+                break
+            verdict = verdicts.get(job.spec.job_id)
+            if verdict is not None:
+                scores = Candidate(job, self.index, self.now).eligible
+                groups = sorted(scores, key=lambda key: -scores[key])
+                waiting.append(
+                    Waiting(job.spec.job_id, job.spec.gpu_count, groups, job.expected_run_s, verdict.estimated_start)
+                )
+        if not waiting:
+            return decisions
+        runs = {job.spec.job_id: job.expected_run_s for job in queued}
+        placed = [
+            (shard.node_id, len(shard.gpu_indices), runs.get(d.job_id))
+            for d in decisions
+            if isinstance(d, Place)
+            for shard in d.placements
+        ]
+        releases = [
+            (node_id, len(gpus), None if gang.expected_end is None else overrun_end(gang, self.now))
+            for gang in self.running
+            for node_id, gpus in gang.shards
+        ]
+        starts = plan_starts(snapshot.nodes, releases, placed, waiting, now=self.now)
+        return [
+            replace(d, estimated_start=starts[d.job_id])
+            if isinstance(d, Unschedulable) and d.estimated_start is None and d.job_id in starts
+            else d
+            for d in decisions
+        ]
 
     def backfill(self, job: Candidate) -> Place | None:
         """Time-aware backfill: place ``job`` on the nodes of the reservations that start after it is expected to
@@ -180,6 +234,15 @@ class PlacementCycle:
                     self.index.reserve(slot, holder)
 
 
+def overrun_end(gang: RunningJob, now: datetime) -> datetime:
+    """When ``gang`` is expected to end: its expected end, or, once past it, as long again from now as it has run
+    in this attempt (run times are heavy-tailed: the longer a job has run, the longer it is likely to run on)."""
+    assert gang.expected_end is not None
+    if gang.expected_end > now:
+        return gang.expected_end
+    return now + (now - gang.started_at)
+
+
 def schedule(
     snapshot: Snapshot,
     pending: Sequence[PendingJob],
@@ -198,7 +261,7 @@ def schedule(
         decisions: list[Decision] = [*invalid]
         for job in queued:
             decisions.extend(cycle.decide_safely(job))
-        return decisions
+        return cycle.with_estimates(snapshot, queued, decisions)
     finally:
         if index is not None:
             index.rollback()

@@ -12,8 +12,13 @@ Nothing learned yet: no estimate (None), and the job backfills nowhere reserved.
 
 Safe when wrong:
 - the quantile is high, so most jobs end before their estimate;
-- a gang still running past its expected end counts as ending any moment (``RunningJob.expected_end``): nothing
-  else backfills onto its nodes on that estimate;
+- a gang still running past its expected end is expected to run on as long again as it has run
+  (:func:`~shardyard.placement.cycle.overrun_end`): run times are heavy-tailed, so one that outran a high quantile
+  is likely to run long yet. (Counting it as ending any moment, the first design, let nothing backfill onto its
+  nodes for as long as it overran, days for the longest; in the simulator, the heterogeneous trace at load 0.9
+  gained 1.16x over priority-only that way, and 1.74x this way.) This follows Tsafrir, Etsion and
+  Feitelson, "Backfilling Using System-Generated Predictions Rather than User Runtime Estimates" (TPDS 2007),
+  who extend an exceeded prediction rather than trust it;
 - a backfilled job that overruns delays a reservation by its overrun only: the reserved job keeps its place at
   the head of the queue, and the next cycle plans again from what is running.
 """
@@ -22,6 +27,8 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from shardyard.events import JobSpec
 
 DEFAULT_QUANTILE = 0.9
 DEFAULT_WINDOW = 200
@@ -33,6 +40,12 @@ class EstimateKey:
     owner: str
     gpu_model: str | None
     gpus: int
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> "EstimateKey":
+        """A submitted job's key. Submissions name no user or queue yet: the owner is the job's task type, the
+        nearest thing to "the same user's jobs of this kind" (``fine_tune_gpt2``)."""
+        return cls(spec.task_type, spec.gpu_model, spec.gpu_count)
 
     def coarser(self) -> tuple[Hashable, ...]:
         """The keys to try, finest first."""

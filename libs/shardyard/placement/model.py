@@ -34,8 +34,9 @@ class Policy:
     (GPU-seconds run so far, in the discrete queues of ``las_thresholds_gpu_s``: Tiresias's 2D-LAS, no durations
     needed), then the longest ready; a job that waited ``starve_factor`` times its own run time is back in the
     first queue. ``aging``: priority plus ``aging_per_minute`` per minute waited, then the longest ready."""
-    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
-    """GPU-seconds of service that move a job to the next LAS queue: 1 GPU-hour, then 10."""
+    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0, 360_000.0)
+    """GPU-seconds of service that move a job to the next LAS queue: 1 GPU-hour, then 10, then 100 (so a job that
+    has run for days yields to one that has run for hours)."""
     starve_factor: float = 2.0
     """``las``: a job in a later queue that has waited this many times as long as it ran is back in the first."""
     min_runtime_s: float = 600.0
@@ -44,6 +45,9 @@ class Policy:
     backfill: bool = True
     """Time-aware backfill: a job expected to end before a reservation starts (``PendingJob.expected_run_s``, the
     reserved nodes' gangs' ``RunningJob.expected_end``) may use the reserved nodes meanwhile."""
+    start_estimates: int = 100
+    """How many jobs waiting on capacity, in queue order, get an estimated start from the plan (``plan``); 0: only
+    a job holding a reservation, from its reservation."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +97,8 @@ class RunningJob:
     attained_gpu_s: float = 0.0
     """GPU-seconds the job ran in its earlier attempts (this one's run time adds to it)."""
     expected_end: datetime | None = None
-    """When the gang is expected to end (declared or estimated duration); None: unknown. A gang past it may end
-    any moment: a reservation counts it as ending now, so nothing backfills onto its nodes."""
+    """When the gang is expected to end (declared or estimated duration); None: unknown. Once a gang is past it, it
+    is expected to run on as long again as it has run in this attempt (``cycle.overrun_end``)."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ class Unschedulable:
     message: str
     node_counts: dict[str, int] = field(default_factory=dict)
     estimated_start: datetime | None = None
-    """For a job holding a reservation: when its reserved nodes' gangs are expected to have ended."""
+    """When the job is expected to start: for one holding a reservation, when its reserved nodes' gangs are expected
+    to have ended; for the other jobs waiting on capacity, from the plan (``shardyard.placement.plan``)."""
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,17 @@ class Usage:
     running: list[RunningJob] = field(default_factory=list)
 
     @classmethod
-    def of(cls, gangs: Iterable[Placed], attained: Mapping[str, float] | None = None) -> "Usage":
-        """What ``gangs`` hold; ``attained``: job -> GPU-seconds of its earlier attempts."""
+    def of(
+        cls,
+        gangs: Iterable[Placed],
+        attained: Mapping[str, float] | None = None,
+        expected: Mapping[str, float] | None = None,
+    ) -> "Usage":
+        """What ``gangs`` hold; ``attained``: job -> GPU-seconds of its earlier attempts; ``expected``: job -> its
+        whole expected run time, declared or learned (a job missing from it: its declaration, if any)."""
         usage = cls()
         earlier = attained or {}
+        runs = expected or {}
         for gang in gangs:
             shards: dict[str, list[int]] = {}
             for shard in gang.scheduled.placements:
@@ -60,7 +67,7 @@ class Usage:
                     cpu_per_shard=gang.spec.cpu_per_shard,
                     preempted_by=gang.preempted_by,
                     attained_gpu_s=ran,
-                    expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran),
+                    expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran, runs.get(gang.spec.job_id)),
                 )
             )
         return usage
@@ -112,12 +119,15 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
     )
 
 
-def expected_end(spec: JobSpec, started_at: datetime, attained_gpu_s: float) -> datetime | None:
-    """When a gang started at ``started_at`` is expected to end: its declared run time, less what its earlier
-    attempts ran; None when it declared none."""
-    if spec.expected_duration_s is None:
+def expected_end(
+    spec: JobSpec, started_at: datetime, attained_gpu_s: float, expected_s: float | None = None
+) -> datetime | None:
+    """When a gang started at ``started_at`` is expected to end: its expected run time (``expected_s``, else its
+    declared one), less what its earlier attempts ran; None when neither is known."""
+    whole = expected_s if expected_s is not None else spec.expected_duration_s
+    if whole is None:
         return None
-    left_s = max(1.0, spec.expected_duration_s - attained_gpu_s / max(1, spec.gpu_count))
+    left_s = max(1.0, whole - attained_gpu_s / max(1, spec.gpu_count))
     return started_at + timedelta(seconds=left_s)
 
 
@@ -146,9 +156,13 @@ class SnapshotCache:
         self._dirty.add(node_id)
 
     def snapshot(
-        self, nodes: Mapping[str, NodeState], gangs: Iterable[Placed], attained: Mapping[str, float] | None = None
+        self,
+        nodes: Mapping[str, NodeState],
+        gangs: Iterable[Placed],
+        attained: Mapping[str, float] | None = None,
+        expected: Mapping[str, float] | None = None,
     ) -> Snapshot:
-        usage = Usage.of(gangs, attained)
+        usage = Usage.of(gangs, attained, expected)
         for node_id in self._dirty | self._held.keys() | usage.nodes():
             held = usage.of_node(node_id)
             if node_id not in self._dirty and self._held.get(node_id) == held:

@@ -1,6 +1,15 @@
 """A seeded synthetic trace shaped like a shared training cluster's. Every shape has Poisson arrivals at the rate
-at which the jobs drawn offer the cluster ``load`` x its GPU-seconds, GPU models in proportion to the cluster's GPUs
-plus a share of ``ANY``, and gang sizes never above what the cluster has of the job's kind. The shapes (``SHAPES``):
+at which the jobs drawn offer the cluster ``load`` (below), GPU models in proportion to the cluster's GPUs plus a
+share of ``ANY``, and gang sizes never above what the cluster has of the job's kind.
+
+The offered load is counted within the window of the arrivals: the GPU-seconds the jobs would use in it, each
+starting on arrival, over the cluster's GPU-seconds in it. So at load 0.9 the cluster would be 90 % busy while jobs
+arrive even were no job ever to wait, and at 1.1 work queues up. (Counting every job's whole run instead lets a few
+multi-week jobs, which run on long after the last arrival, stand for load nobody offers while the others queue:
+with the heavy-tailed shapes a "0.9" trace left the cluster about 30 % busy, and the policies differed by a few
+per cent.)
+
+The shapes (``SHAPES``):
 
 - ``default``: gangs of {1, 2, 4, 8, 16}, skewed small; log-normal durations (median 30 min, clamped to
   1 min .. 6 h); priorities mostly 0, some 100 and a few 500 / 900; 15 % of the model-specific jobs opt into
@@ -22,6 +31,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.sim.cluster import NodeSpec
@@ -126,18 +136,38 @@ def generate(
                 user=f"user-{owners.randrange(USERS)}",
             )
         )
-    # Poisson arrivals, spread so that the jobs drawn offer exactly ``load``: their GPU-seconds over the window
-    # of their arrivals is ``load`` x the cluster's GPUs (with heavy tails, the drawn mean is far from the
-    # distribution's for thousands of jobs).
-    work = math.fsum(job.gpus * job.duration_s for job in drawn)
-    span = work / (load * total)
-    scale = span / math.fsum(gaps) if count > 1 else 0.0
-    jobs: list[TraceJob] = []
-    clock = 0.0
-    for job, gap in zip(drawn, gaps, strict=True):
-        clock += gap * scale
-        jobs.append(replace(job, submit_s=round(clock, 3)))
-    return jobs
+    # Poisson arrivals, spread so that the jobs drawn offer exactly ``load`` within the window of their arrivals
+    # (the drawn jobs' own figures, not the distribution's: with heavy tails they are far apart for thousands).
+    places = list(accumulate(gaps))
+    whole = places[-1] or 1.0
+    shares = [place / whole for place in places]  # each arrival's place in the window, 0 .. 1
+    span = window_for(load, total, [(job.gpus, job.duration_s) for job in drawn], shares) if count > 1 else 0.0
+    return [replace(job, submit_s=round(share * span, 3)) for job, share in zip(drawn, shares, strict=True)]
+
+
+def offered_load(gpus: int, jobs: Sequence[tuple[int, float]], arrivals: Sequence[float], span_s: float) -> float:
+    """The load ``jobs`` (GPUs, duration) arriving at ``arrivals`` offer ``gpus`` GPUs within ``[0, span_s]``, each
+    job running from its arrival: GPU-seconds used in the window over the window's."""
+    used = math.fsum(n * min(duration, max(span_s - at, 0.0)) for (n, duration), at in zip(jobs, arrivals, strict=True))
+    return used / (gpus * span_s)
+
+
+def window_for(load: float, gpus: int, jobs: Sequence[tuple[int, float]], shares: Sequence[float]) -> float:
+    """The window in which ``jobs``, arriving at ``shares`` of it, offer ``gpus`` GPUs ``load`` (bisection: the
+    wider the window, the lower the load, since each job's use in it grows at most as fast as the window)."""
+
+    def load_in(span: float) -> float:
+        return offered_load(gpus, jobs, [share * span for share in shares], span)
+
+    low, high = 1.0, 1.0
+    while load_in(high) > load:
+        high *= 2
+    while load_in(low) < load and low > 1e-6:
+        low /= 2
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if load_in(middle) > load else (low, middle)
+    return high
 
 
 USERS = 20

@@ -53,7 +53,8 @@ class CorePolicy:
         self, nodes: Sequence[NodeSpec], policy: Policy | None = None, estimates: DurationEstimates | None = None
     ) -> None:
         self.nodes = tuple(nodes)
-        self.policy = policy or Policy()
+        # The simulator reads no estimated starts, and its snapshots list no nodes (the standing index holds them).
+        self.policy = replace(policy or Policy(), start_estimates=0)
         self.estimates = estimates if estimates is not None else DurationEstimates()
         """Run times learned from the jobs that ended, for jobs that declare none."""
         self._views: dict[str, NodeView] = {}

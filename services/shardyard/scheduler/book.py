@@ -37,6 +37,7 @@ from shardyard.events import (
     ShardStarted,
 )
 from shardyard.placement.cycle import schedule
+from shardyard.placement.estimates import DurationEstimates, EstimateKey
 from shardyard.placement.model import Invalid, NodeView, PendingJob, Place, Policy, Preempt, Snapshot, Unschedulable
 from shardyard.placement.snapshot import SnapshotCache
 from shardyard.scheduler import preemption
@@ -96,6 +97,10 @@ class SchedulerBook:
         """Looks for orphaned shards, at most once a second (see ``orphans``)."""
         self.attained: dict[str, float] = {}
         """Job -> GPU-seconds its ended attempts held GPUs for (its least-attained-service queue)."""
+        self.estimates = DurationEstimates()
+        """Run times learned from the jobs that succeeded, for the jobs that declare none."""
+        self.expected: dict[str, float] = {}
+        """Job -> its whole expected run time, declared or estimated when it was last ready (none: unknown)."""
         self.finished: set[str] = set()
         self.reasons = PendingReasons()
         """Why each pending job is not placed: shown when it changes, and the last cycle's verdicts."""
@@ -127,7 +132,10 @@ class SchedulerBook:
                 self._requeue_preempted(event)
             case JobCancelRequested() if event.job_id not in self.finished:
                 self.cancels.note(event)
-            case JobSucceeded() | JobFailed() | JobCancelled():
+            case JobSucceeded():
+                self._learn(event.job_id, event.occurred_at)
+                self._finish(event.job_id)
+            case JobFailed() | JobCancelled():
                 self._finish(event.job_id)
             case JobPreempting() | ShardStarted() | ShardFailed() | ShardCompleted() | ShardPreempted():
                 gang = self.gangs.get(event.job_id)
@@ -164,6 +172,15 @@ class SchedulerBook:
             job_id = gang.spec.job_id
             self.attained[job_id] = self.attained.get(job_id, 0.0) + held_s * gang.spec.gpu_count
 
+    def _learn(self, job_id: str, at: datetime) -> None:
+        """A job succeeded at ``at``: its run time (all its attempts) teaches the estimates. A failed or cancelled
+        job's does not: it is not how long such a job runs."""
+        gang, spec = self.gangs.get(job_id), self.specs.get(job_id)
+        if gang is None or spec is None:
+            return  # ended before this replica saw it placed: its run time is not known here
+        ran_s = self.attained.get(job_id, 0.0) / max(1, spec.gpu_count)
+        self.estimates.observe(EstimateKey.of(spec), ran_s + (at - gang.scheduled.occurred_at).total_seconds())
+
     def _finish(self, job_id: str) -> None:
         """The job ended: what was kept to run it goes; what numbers and fences its placements stays, so that a late
         placement of it is still judged (see ``fencing``)."""
@@ -176,6 +193,7 @@ class SchedulerBook:
         self.excluded.pop(job_id, None)
         self.specs.pop(job_id, None)
         self.attained.pop(job_id, None)
+        self.expected.pop(job_id, None)
         self.finished.add(job_id)
 
     def _spares(self, spec: JobSpec) -> int:
@@ -185,9 +203,16 @@ class SchedulerBook:
         self, spec: JobSpec, ready_at: datetime, *, not_before: datetime | None = None, excluded: bool = True
     ) -> PendingJob:
         """The job as placement sees it: ``excluded`` (a recovery's nodes to avoid) and its spares, its attained
-        service, and its declared run time less what its attempts ran (its expected run from a start now)."""
+        service, and its expected run time (declared, else estimated) less what its attempts ran (its expected run
+        from a start now)."""
         attained = self.attained.get(spec.job_id, 0.0)
         expected = spec.expected_duration_s
+        if expected is None:
+            expected = self.estimates.estimate(EstimateKey.of(spec))
+        if expected is None:
+            self.expected.pop(spec.job_id, None)
+        else:
+            self.expected[spec.job_id] = expected
         return PendingJob(
             spec,
             ready_at,
@@ -227,7 +252,7 @@ class SchedulerBook:
 
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        return self._views.snapshot(self.nodes, self.gangs.values(), self.attained)
+        return self._views.snapshot(self.nodes, self.gangs.values(), self.attained, self.expected)
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:

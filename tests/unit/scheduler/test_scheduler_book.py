@@ -270,3 +270,56 @@ def test_the_echo_of_a_placement_after_its_shards_started_keeps_them() -> None:
     (running,) = book.on_shard_event(at(2))
 
     assert isinstance(running, JobRunning)
+
+
+class TestLearnedRunTimes:
+    """Jobs that declare no run time get one learned from the jobs of their kind that succeeded (the 90th
+    percentile of the last 200, from 5 on): their estimated starts and backfill use it."""
+
+    RUNS = (100.0, 200.0, 300.0, 400.0, 1000.0)
+
+    def run(self, book: SchedulerBook, job_id: str, started: float, run_s: float) -> None:
+        book.apply(JobReady(occurred_at=at(started), job_id=job_id, spec=job_spec(job_id=job_id)))
+        scheduled = next(e for e in book.cycle(at(started)) if isinstance(e, JobScheduled))
+        book.apply(scheduled)
+        ended = JobSucceeded(
+            occurred_at=at(started + run_s), job_id=job_id, attempt=1, final_loss=1.0, checkpoint_dir=None
+        )
+        book.apply(ended)
+
+    def test_a_job_that_declares_nothing_is_expected_to_run_as_long_as_most_of_its_kind(self) -> None:
+        book = book_with("node-a")
+        for number, run_s in enumerate(self.RUNS):
+            self.run(book, f"done-{number}", 10_000.0 * number, run_s)
+
+        book.apply(ready("new"))
+        book.apply(ready("declared", expected_duration_s=50.0))
+
+        assert book.pending["new"].expected_run_s == 1000.0  # p90 of 5 runs: the highest
+        assert book.pending["declared"].expected_run_s == 50.0
+
+    def test_too_few_runs_teach_nothing_and_failures_teach_nothing(self) -> None:
+        book = book_with("node-a")
+        for number, run_s in enumerate(self.RUNS[:4]):
+            self.run(book, f"done-{number}", 10_000.0 * number, run_s)
+        book.apply(ready("failing"))
+        book.cycle(at(50_000))
+        failed = JobFailed(
+            occurred_at=at(50_100), job_id="failing", attempt=1, cause=FailureCause.PROCESS_EXIT, message="exit 1"
+        )
+        book.apply(failed)
+
+        book.apply(ready("new"))
+
+        assert book.pending["new"].expected_run_s is None
+
+    def test_a_running_job_with_a_learned_run_time_has_an_expected_end(self) -> None:
+        book = book_with("node-a")
+        for number, run_s in enumerate(self.RUNS):
+            self.run(book, f"done-{number}", 10_000.0 * number, run_s)
+        book.apply(ready("new"))
+        book.apply(next(e for e in book.cycle(at(60_000)) if isinstance(e, JobScheduled)))
+
+        (gang,) = book.snapshot().running
+
+        assert gang.expected_end == at(60_000 + 1000)
