@@ -17,7 +17,16 @@ import pytest
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
 from shardyard.embedded import free_port
-from shardyard.events import GpuStatus, JobAccepted, JobReady, JobRunning, JobSucceeded, ServiceReady
+from shardyard.events import (
+    GpuStatus,
+    JobAccepted,
+    JobReady,
+    JobRunning,
+    JobSucceeded,
+    JobUnschedulable,
+    PendingReason,
+    ServiceReady,
+)
 from tests.support.browser import Dom, browser, render
 from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service
@@ -27,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 RUN = uuid.uuid4().hex[:6]
 """Ids unique to this run: an outside broker (``SHARDYARD_KAFKA_BOOTSTRAP``) keeps earlier runs' events."""
 JOB = f"dash-job-{RUN}"
+WAITING = f"dash-waiting-{RUN}"
 NODES = (f"dash-a-{RUN}", f"dash-b-{RUN}")
 STEPS = 40
 """Progress reports per shard: the loss curve must carry them all."""
@@ -119,6 +129,31 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             assert JOB in text and "RUNNING" in text and "live · updated" in text
             assert "A100" in text and "in use" in text
             assert "loading…" not in text  # every panel drew, alerts too (firing, none, or not served yet)
+
+            # A job waiting on capacity shows when it is expected to start.
+            expected = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+            waiting = job_spec(job_id=WAITING, gpu_count=2, priority=1, submitted_at=start)
+            await send.event(
+                JobAccepted(occurred_at=start, job_id=WAITING, spec=waiting, source_offset=f"dash/1/{RUN}")
+            )
+            await send.event(JobReady(occurred_at=start, job_id=WAITING, spec=waiting))
+            await send.event(
+                JobUnschedulable(
+                    occurred_at=datetime.now(UTC),
+                    job_id=WAITING,
+                    reason=PendingReason.INSUFFICIENT_GPUS,
+                    message="0/2 nodes can take the gang of 2 x A100: 2 no free GPU",
+                    estimated_start=expected,
+                )
+            )
+
+            async def estimated() -> bool:
+                job = await asyncio.to_thread(get, f"{base}/api/jobs/{WAITING}")
+                return bool(job and job.get("estimated_start"))
+
+            await eventually(estimated, f"{WAITING}'s estimated start")
+            shown = Dom(render(f"{base}/#job={WAITING}", "--dump-dom", tmp_path / "profile-wait")).all_text()
+            assert "estimated start" in shown and "INSUFFICIENT_GPUS" in shown
 
             # The page follows the job to its end.
             end = datetime.now(UTC)

@@ -242,7 +242,7 @@ class JobUnschedulable(Event):
     message: str
     node_counts: dict[str, int] = Field(default_factory=dict, description="nodes excluded, by filter")
     estimated_start: AwareDatetime | None = Field(
-        default=None, description="when it is expected to start, from the reservation it holds; None: not known"
+        default=None, description="when it is expected to start, from its reservation or the plan; None: not known"
     )
 
 

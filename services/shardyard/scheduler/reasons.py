@@ -1,6 +1,11 @@
 """Why each pending job is not placed. Every cycle decides for every pending job again, so the reason each job was
 last shown with is kept and only a change is published; the cycle's verdicts are kept too, for the autoscaler's
 signals (see ``elasticity``). Pure: time comes in.
+
+An estimated start moves a little in most cycles (a gang past its expected end pushes it on as time passes), so
+it counts as a change only when it moved by more than :data:`ESTIMATE_TOLERANCE` of the wait it predicted (at least
+:data:`ESTIMATE_MIN_MOVE_S`), or appeared or went: a job two hours out is republished when its estimate moves by 12
+minutes, not every second.
 """
 
 from dataclasses import dataclass, field
@@ -8,6 +13,17 @@ from datetime import datetime
 
 from shardyard.events import Event, JobSpec, JobUnschedulable, PendingReason
 from shardyard.placement.model import PendingJob, Unschedulable
+
+ESTIMATE_TOLERANCE = 0.1
+ESTIMATE_MIN_MOVE_S = 1.0
+
+
+def _same_estimate(shown: datetime | None, new: datetime | None, now: datetime) -> bool:
+    """``new`` says what ``shown`` said: both unknown, or within the tolerance of the wait ``shown`` predicted."""
+    if shown is None or new is None:
+        return shown is new
+    allowed = max(ESTIMATE_MIN_MOVE_S, ESTIMATE_TOLERANCE * (shown - now).total_seconds())
+    return abs((new - shown).total_seconds()) <= allowed
 
 
 @dataclass
@@ -24,7 +40,8 @@ class PendingReasons:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
         shown = (decision.reason, decision.message, decision.estimated_start)
-        if self.shown.get(decision.job_id) == shown:
+        before = self.shown.get(decision.job_id)
+        if before is not None and before[:2] == shown[:2] and _same_estimate(before[2], shown[2], now):
             return []
         self.shown[decision.job_id] = shown
         return [

@@ -3,6 +3,7 @@ later, the reasons shown for pending jobs, the orphan check's pace and a gang's 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -102,6 +103,27 @@ def test_a_pending_reason_is_shown_when_it_changes_and_again_once_forgotten() ->
     assert again == []
     assert [e.reason for e in changed if isinstance(e, JobUnschedulable)] == [PendingReason.INSUFFICIENT_GPUS]
     assert len(after_placed) == 1
+
+
+def test_an_estimated_start_is_shown_again_only_when_it_moved_by_a_tenth_of_the_wait() -> None:
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+
+    def estimate(start_s: float | None, now_s: float) -> list[object]:
+        decision = replace(
+            verdict(PendingReason.INSUFFICIENT_GPUS), estimated_start=None if start_s is None else at(start_s)
+        )
+        return list(reasons.unschedulable(decision, job, at(now_s)))
+
+    first = estimate(1000.0, 0.0)  # 1,000 s out: moves of up to 100 s are the same estimate
+    assert len(first) == 1
+    assert estimate(1090.0, 1.0) == []
+    (moved,) = estimate(1200.0, 2.0)
+    assert isinstance(moved, JobUnschedulable) and moved.estimated_start == at(1200.0)
+    assert estimate(1200.5, 1199.0) == []  # a second out: a second's move is the same
+    assert len(estimate(1203.0, 1199.5)) == 1
+    assert len(estimate(None, 1200.0)) == 1  # no longer known is news
+    assert estimate(None, 1201.0) == []
 
 
 def test_the_blocked_verdicts_are_the_last_cycles_only() -> None:
