@@ -54,6 +54,9 @@ class SchedulerSettings(ReplicatedSettings):
         default=True, description="let a job expected to end before a reservation starts use the reserved nodes"
     )
     reservations: int = Field(default=1, ge=0, description="blocked jobs that hold a reservation against backfill")
+    start_estimates: int = Field(
+        default=100, ge=0, description="jobs waiting on capacity, in queue order, given an estimated start each cycle"
+    )
     preemption: bool = Field(default=True, description="preempt lower-priority preemptible jobs to fit higher ones")
     preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
     start_deadline_s: float = Field(
@@ -79,6 +82,7 @@ class SchedulerSettings(ReplicatedSettings):
             backfill=self.backfill,
             reservations=self.reservations,
             preemption=self.preemption,
+            start_estimates=self.start_estimates,
         )
 
     def new_book(self) -> SchedulerBook:
