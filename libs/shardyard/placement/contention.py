@@ -5,12 +5,12 @@ The "why" reads the filter table (``filters``) as placing does: every node count
 in table order, and the reason is that of the filter that left fewer free GPUs than the gang has shards.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shardyard.events import PendingReason
-from shardyard.placement.candidate import Candidate, outranks, running_queue
+from shardyard.placement.candidate import Candidate, pending_queue, running_queue
 from shardyard.placement.filters import (
     BY_NAME,
     CAPACITY,
@@ -29,11 +29,7 @@ from shardyard.placement.filters import (
     shards,
 )
 from shardyard.placement.index import ClusterIndex, Group, Slot
-from shardyard.placement.model import (
-    NodeView,
-    RunningJob,
-    Unschedulable,
-)
+from shardyard.placement.model import NodeView, Policy, RunningJob, Unschedulable
 
 
 @dataclass
@@ -154,17 +150,58 @@ def _reason(counted: Tally, k: int) -> PendingReason:
     return (counted.gang or GANG_FILTERS[-1]).reason
 
 
+VictimEntry = tuple[int, int, float, str, RunningJob, bool]
+"""(priority, -LAS queue, -start, job id, the gang, whether it ran its minimum time in this attempt)."""
+
+
+def victim_order(running: Sequence[RunningJob], policy: Policy, now: datetime) -> list[VictimEntry]:
+    """The gangs that may be preempted, in the order victims are taken: lowest priority, then most service attained
+    (latest LAS queue), then most recently started. Worked out once per cycle, for every job's ``choose_victims``."""
+    entries: list[VictimEntry] = [
+        (
+            gang.priority,
+            -running_queue(gang, policy, now),
+            -gang.started_at.timestamp(),
+            gang.job_id,
+            gang,
+            (now - gang.started_at).total_seconds() >= policy.min_runtime_s,
+        )
+        for gang in running
+        if gang.preemptible and gang.preempted_by is None
+    ]
+    entries.sort(key=lambda entry: entry[:4])
+    return entries
+
+
 def choose_victims(
-    index: ClusterIndex, job: Candidate, running: Sequence[RunningJob], passing: int, now: datetime
+    index: ClusterIndex, job: Candidate, order: Sequence[VictimEntry], passing: int, now: datetime
 ) -> list[RunningJob]:
     """The fewest preemptible gangs ``job`` outranks (``candidate.outranks``: a lower priority, or under LAS a later
-    queue) whose GPUs make room for it: lowest priority, then most service attained, then most recently started
-    first; empty when even all of them would not."""
-    policy = index.policy
-    victims = sorted(
-        (r for r in running if r.preemptible and r.preempted_by is None and outranks(job.pending, r, policy, now)),
-        key=lambda r: (r.priority, -running_queue(r, policy, now), -r.started_at.timestamp(), r.job_id),
-    )
+    queue once they ran ``min_runtime_s``) whose GPUs make room for it, taken in ``victim_order``; empty when even
+    all of them would not.
+
+    The order makes the walk stop at the first gang ``job`` cannot outrank for good: one of a higher priority, or of
+    its own priority in a LAS queue no later than its own (the rest of its priority come in earlier queues still)."""
+    return _enough(index, job, _outranked(job, order, index.policy, now), passing)
+
+
+def _outranked(job: Candidate, order: Sequence[VictimEntry], policy: Policy, now: datetime) -> Iterator[RunningJob]:
+    priority = job.spec.priority
+    las = policy.order == "las"
+    queue = pending_queue(job.pending, policy, now) if las else 0
+    for gang_priority, neg_queue, _start, _job_id, gang, ran_enough in order:
+        if gang_priority > priority:
+            return
+        if gang_priority == priority:
+            if not las or -neg_queue <= queue:
+                return
+            if not ran_enough:
+                continue
+        yield gang
+
+
+def _enough(index: ClusterIndex, job: Candidate, victims: Iterable[RunningJob], passing: int) -> list[RunningJob]:
+    """The first of ``victims`` whose GPUs, with the ``passing`` ones, fit ``job``; empty when all of them do not."""
     freed: dict[str, list[float]] = {}  # node -> [gpus, memory, cpu]
     chosen: list[RunningJob] = []
     total = passing

@@ -26,7 +26,15 @@ from datetime import datetime, timedelta
 
 from shardyard.events import PendingReason
 from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue_key
-from shardyard.placement.contention import choose_victims, explain, hold_for, preempting_verdict, reserve_for
+from shardyard.placement.contention import (
+    VictimEntry,
+    choose_victims,
+    explain,
+    hold_for,
+    preempting_verdict,
+    reserve_for,
+    victim_order,
+)
 from shardyard.placement.gang_placement import place_gang
 from shardyard.placement.index import ClusterIndex, Slot
 from shardyard.placement.model import (
@@ -74,6 +82,8 @@ class PlacementCycle:
             for node_id, _gpus in gang.shards:
                 self.gangs_on.setdefault(node_id, []).append(gang)
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
+        self._victims: list[VictimEntry] | None = None
+        """The gangs preemption may stop, in victim order (``contention.victim_order``), once a job needs them."""
         self.reservations = self.policy.reservations
         self.held: list[tuple[datetime, list[Slot]]] = []
         """The reservations of this cycle with a known start: (start, the nodes held)."""
@@ -129,7 +139,9 @@ class PlacementCycle:
             hold_for(index, victims, job.spec.job_id)
             return [preempting_verdict(verdict, victims)]
         if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
-            chosen = choose_victims(index, job, self.running, passing, self.now)
+            if self._victims is None:
+                self._victims = victim_order(self.running, policy, self.now)
+            chosen = choose_victims(index, job, self._victims, passing, self.now)
             if chosen:
                 hold_for(index, chosen, job.spec.job_id)
                 return [

@@ -3,10 +3,15 @@ preemption with its churn bound."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
+import pytest
+
 from shardyard.events import PendingReason
-from shardyard.placement.candidate import pending_queue, queue_key
+from shardyard.placement.candidate import Candidate, outranks, pending_queue, queue_key, running_queue
+from shardyard.placement.contention import _outranked, victim_order
+from shardyard.placement.index import ClusterIndex
 from shardyard.placement.model import Decision, PendingJob, Place, Policy, Preempt, RunningJob
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, placed_on, running
@@ -164,3 +169,36 @@ class TestLasPreemption:
         (decision,) = self.decide(self.NEW, self.gang(0), Policy(order="aging"))
 
         assert blocked(decision).reason is not PendingReason.PREEMPTING
+
+
+@pytest.mark.parametrize("order", ["las", "aging"])
+def test_the_victim_walk_takes_exactly_the_gangs_a_job_outranks_in_victim_order(order: str) -> None:
+    """``choose_victims`` walks a per-cycle order and stops early; the gangs it would take are those
+    ``candidate.outranks`` allows, lowest priority, then most service, then most recently started first."""
+    rng = random.Random(7)
+    policy = Policy(order=order)  # type: ignore[arg-type]
+    now = at(100 * HOUR)
+    index = ClusterIndex([node("a1", gpus=8)], policy)
+    gangs = [
+        running(
+            f"g{i}",
+            ("a1", (0,)),
+            priority=rng.choice((0, 5, 9)),
+            started_at=at(100 * HOUR - rng.choice((30, 900, 5 * HOUR, 50 * HOUR))),
+            attained_gpu_s=rng.choice((0.0, 2 * HOUR, 20 * HOUR, 200 * HOUR)),
+            preemptible=rng.random() < 0.9,
+            preempted_by="x" if rng.random() < 0.1 else None,
+        )
+        for i in range(60)
+    ]
+    walk = victim_order(gangs, policy, now)
+    for priority in (0, 5, 9):
+        for attained in (0.0, 2 * HOUR, 20 * HOUR):
+            job = replace(pending("new", priority=priority, ready=99 * HOUR), attained_gpu_s=attained)
+            allowed = [g for g in gangs if g.preemptible and g.preempted_by is None and outranks(job, g, policy, now)]
+            expected = sorted(
+                allowed,
+                key=lambda g: (g.priority, -running_queue(g, policy, now), -g.started_at.timestamp(), g.job_id),
+            )
+
+            assert list(_outranked(Candidate(job, index, now), walk, policy, now)) == expected
