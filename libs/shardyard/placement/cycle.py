@@ -74,13 +74,11 @@ class PlacementCycle:
             self.index = ClusterIndex(snapshot.nodes, self.policy)
             self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
         self.waiting_on: dict[str, list[RunningJob]] = {}
-        self.gangs_on: dict[str, list[RunningJob]] = {}
-        """Node id -> the gangs holding GPUs there (when a reservation there can start)."""
         for gang in snapshot.running:
             if gang.preempted_by is not None:
                 self.waiting_on.setdefault(gang.preempted_by, []).append(gang)
-            for node_id, _gpus in gang.shards:
-                self.gangs_on.setdefault(node_id, []).append(gang)
+        self._gangs_on: dict[str, list[RunningJob]] | None = None
+        self._placed: list[RunningJob] = []
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
         self._victims: list[VictimEntry] | None = None
         """The gangs preemption may stop, in victim order (``contention.victim_order``), once a job needs them."""
@@ -170,8 +168,23 @@ class PlacementCycle:
             tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
             expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
         )
+        self._placed.append(gang)
+        if self._gangs_on is not None:
+            self._file(self._gangs_on, gang)
+
+    @property
+    def gangs_on(self) -> dict[str, list[RunningJob]]:
+        """Node id -> the gangs holding GPUs there (when a reservation there can start); built when first needed."""
+        if self._gangs_on is None:
+            self._gangs_on = {}
+            for gang in (*self.running, *self._placed):
+                self._file(self._gangs_on, gang)
+        return self._gangs_on
+
+    @staticmethod
+    def _file(gangs_on: dict[str, list[RunningJob]], gang: RunningJob) -> None:
         for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
-            self.gangs_on.setdefault(node_id, []).append(gang)
+            gangs_on.setdefault(node_id, []).append(gang)
 
     def start_of(self, held: Sequence[Slot]) -> datetime | None:
         """When a reservation of ``held`` can start: once the last gang on those nodes is expected to have ended

@@ -111,6 +111,9 @@ class State:
         """Nodes whose free GPUs changed since a policy last emptied this (all, at first), in the order they
         changed (a set's order would change from run to run): a policy that keeps its own index up to date reads
         it instead of every node."""
+        self.gangs_changed: dict[str, None] = {}
+        """Jobs whose gang started, stopped or was told to stop since a policy last emptied this: a policy that
+        keeps its own view of the gangs reads it instead of every gang."""
         self._eligible: dict[tuple[str | None, float], tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]] = {}
 
     def eligible(self, job: TraceJob) -> tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]:
@@ -263,6 +266,7 @@ class Simulation:
 
     def _free(self, gang: Gang, now: int) -> None:
         del self.state.running[gang.job.job_id]
+        self.state.gangs_changed[gang.job.job_id] = None
         for node_id, gpus in gang.shards:
             self.state.give_back(node_id, gpus)
         self._busy_us += (now - gang.started_us) * gang.job.gpus
@@ -293,6 +297,7 @@ class Simulation:
         attempt = outcome.preemptions + 1
         finish = now + to_us(waiting.remaining_s / speed)
         state.running[job.job_id] = Gang(job, action.shards, now, speed, waiting.remaining_s, finish, attempt)
+        state.gangs_changed[job.job_id] = None
         if outcome.first_start_us is None:
             outcome.first_start_us = now
         self._degraded += action.degraded
@@ -303,6 +308,7 @@ class Simulation:
         if gang is None or gang.preempted_by is not None:
             raise SimulationError(f"policy preempted {action.job_id!r}, which is not running or already stopping")
         gang.preempted_by = action.by_job
+        self.state.gangs_changed[action.job_id] = None
         release = now + self.checkpoint_us
         if gang.finish_us <= release:
             return  # it ends before its checkpoint would: it finishes

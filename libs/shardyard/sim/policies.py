@@ -66,9 +66,13 @@ class CorePolicy:
         self._jobs: dict[str, TraceJob] = {}
         """Job id -> the trace job, while it is pending or running."""
         self._index: StandingIndex | None = None
+        self._gangs: dict[str, RunningJob] = {}
+        """Job id -> its gang as the core sees it, in the order the gangs started (the simulation's)."""
 
     def __call__(self, state: State, now_us: int) -> list[Action]:
-        self._learn(state)
+        changed = list(state.gangs_changed)
+        state.gangs_changed.clear()
+        self._learn(state, changed)
         # The standing index is told only the nodes whose free GPUs changed: a cycle costs the same with more idle
         # nodes (the core reads the index, not the snapshot's node list).
         index = self._index
@@ -77,7 +81,15 @@ class CorePolicy:
         for node_id in state.changed:
             index.update(self._view(state.by_id[node_id], state.free[node_id]))
         state.changed.clear()
-        snapshot = Snapshot(nodes=(), running=tuple(self._gang(gang) for gang in state.running.values()))
+        # Likewise the gangs: only those that started, stopped or were told to stop are looked at again.
+        gangs = self._gangs
+        for job_id in changed:
+            gang = state.running.get(job_id)
+            if gang is None:
+                gangs.pop(job_id, None)
+            else:
+                gangs[job_id] = self._gang(gang)
+        snapshot = Snapshot(nodes=(), running=tuple(gangs.values()))
         pending = [self._waiting(waiting) for waiting in state.pending.values()]
         actions: list[Action] = []
         for decision in schedule(snapshot, pending, self.policy, now=at(now_us), index=index):
@@ -87,11 +99,15 @@ class CorePolicy:
                 actions.append(Stop(decision.job_id, decision.by_job))
         return actions
 
-    def _learn(self, state: State) -> None:
-        """Jobs seen running that are neither running nor pending now have ended: learn their run times (what a
-        real cluster observes once a job ended; never a job's duration before it ran)."""
+    def _learn(self, state: State, changed: list[str]) -> None:
+        """Jobs whose gang changed and that are neither running nor pending now have ended: learn their run times
+        (what a real cluster observes once a job ended; never a job's duration before it ran)."""
         running, pending = state.running, state.pending
-        ended = [job for job_id, job in self._jobs.items() if job_id not in running and job_id not in pending]
+        ended = [
+            self._jobs[job_id]
+            for job_id in changed
+            if job_id in self._jobs and job_id not in running and job_id not in pending
+        ]
         for job in ended:
             self.estimates.observe(_key(job), job.duration_s)
             for cache in (self._jobs, self._specs, self._pending, self._running):
