@@ -92,7 +92,12 @@ def v100_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_a_job_waits_for_its_dataset_and_starts_within_2s_of_it_appearing(a100_cluster: Path) -> None:
     data = a100_cluster / "data" / "datasets"
     submit(
-        a100_cluster, document("late-data", dependencies={**EXAMPLE["dependencies"], "dataset": "/data/datasets/late"})
+        a100_cluster,
+        document(
+            "late-data",
+            dependencies={**EXAMPLE["dependencies"], "dataset": "/data/datasets/late"},
+            training={"max_steps": 60},  # it trains only to show the late dataset is read: 60 steps, not 300
+        ),
     )
 
     waiting = until(a100_cluster, "late-data", lambda j: j.get("reason") == "WAITING_FOR_ARTIFACT", 30)

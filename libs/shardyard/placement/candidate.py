@@ -12,6 +12,7 @@ from shardyard.placement.model import (
     PendingJob,
     Policy,
     RunningJob,
+    epoch_us,
 )
 
 RESERVABLE = frozenset(
@@ -49,9 +50,8 @@ def pending_queue(job: PendingJob, policy: Policy, now: datetime) -> int:
 
 def running_queue(gang: RunningJob, policy: Policy, now: datetime) -> int:
     """A running gang's LAS queue now: its earlier attempts plus this one's run time, on all its GPUs."""
-    gpus = sum(len(gpus) for _node, gpus in gang.shards)
-    ran_s = max(0.0, (now - gang.started_at).total_seconds())
-    return las_queue(gang.attained_gpu_s + gpus * ran_s, policy)
+    ran_s = max(0.0, (epoch_us(now) - gang.started_us) / 1e6)
+    return las_queue(gang.attained_gpu_s + gang.gpu_count * ran_s, policy)
 
 
 QueueKey = tuple[float, int, datetime, str]

@@ -20,7 +20,7 @@ cycle goes on with the others: one bad job never stops placement.
 No I/O, no clock: ``now`` comes in.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -77,8 +77,11 @@ class PlacementCycle:
         for gang in snapshot.running:
             if gang.preempted_by is not None:
                 self.waiting_on.setdefault(gang.preempted_by, []).append(gang)
-        self._gangs_on: dict[str, list[RunningJob]] | None = None
-        self._placed: list[RunningJob] = []
+        self._gangs_on: Mapping[str, Sequence[RunningJob]] | None = snapshot.gangs_on
+        self._placed_on: dict[str, list[RunningJob]] = {}
+        """Node id -> the gangs placed there this cycle."""
+        self._no_backfill: dict[tuple[object, ...], float] = {}
+        """Job shape -> the shortest expected run of that shape that failed to backfill since the last reservation."""
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
         self._victims: list[VictimEntry] | None = None
         """The gangs preemption may stop, in victim order (``contention.victim_order``), once a job needs them."""
@@ -123,11 +126,11 @@ class PlacementCycle:
         shape = job.shape()
         known = self.unplaceable.get(shape)
         if known is not None:
-            backfilled = self.backfill(job)
+            backfilled = self.backfill(job, shape)
             return [backfilled] if backfilled is not None else [replace(known, job_id=job.spec.job_id)]
         placed = place_gang(index, job, self.rtt, self.topology) if job.eligible else None
         if placed is None:
-            placed = self.backfill(job)
+            placed = self.backfill(job, shape)
         if placed is not None:
             self._hold_placed(pending_job, placed)
             return [placed]
@@ -154,6 +157,7 @@ class PlacementCycle:
             start = self.start_of(held)
             if start is not None:
                 self.held.append((start, held))
+                self._no_backfill.clear()  # more nodes to lend now
                 return [replace(verdict, estimated_start=start)]
         return [verdict]
 
@@ -168,23 +172,19 @@ class PlacementCycle:
             tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
             expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
         )
-        self._placed.append(gang)
-        if self._gangs_on is not None:
-            self._file(self._gangs_on, gang)
-
-    @property
-    def gangs_on(self) -> dict[str, list[RunningJob]]:
-        """Node id -> the gangs holding GPUs there (when a reservation there can start); built when first needed."""
-        if self._gangs_on is None:
-            self._gangs_on = {}
-            for gang in (*self.running, *self._placed):
-                self._file(self._gangs_on, gang)
-        return self._gangs_on
-
-    @staticmethod
-    def _file(gangs_on: dict[str, list[RunningJob]], gang: RunningJob) -> None:
         for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
-            gangs_on.setdefault(node_id, []).append(gang)
+            self._placed_on.setdefault(node_id, []).append(gang)
+
+    def gangs_at(self, node_id: str) -> list[RunningJob]:
+        """The gangs holding GPUs on ``node_id`` (when a reservation there can start): the snapshot's, from its
+        ``gangs_on`` or, without one, a map built from ``running`` when first needed; then this cycle's."""
+        if self._gangs_on is None:
+            built: dict[str, list[RunningJob]] = {}
+            for gang in self.running:
+                for node in dict.fromkeys(node for node, _gpus in gang.shards):
+                    built.setdefault(node, []).append(gang)
+            self._gangs_on = built
+        return [*self._gangs_on.get(node_id, ()), *self._placed_on.get(node_id, ())]
 
     def start_of(self, held: Sequence[Slot]) -> datetime | None:
         """When a reservation of ``held`` can start: once the last gang on those nodes is expected to have ended
@@ -193,7 +193,7 @@ class PlacementCycle:
             return None
         start = self.now
         for slot in held:
-            for gang in self.gangs_on.get(slot.node_id, ()):
+            for gang in self.gangs_at(slot.node_id):
                 if gang.expected_end is None:
                     return None
                 start = max(start, overrun_end(gang, self.now))
@@ -238,13 +238,26 @@ class PlacementCycle:
             for d in decisions
         ]
 
-    def backfill(self, job: Candidate) -> Place | None:
+    def backfill(self, job: Candidate, shape: tuple[object, ...]) -> Place | None:
         """Time-aware backfill: place ``job`` on the nodes of the reservations that start after it is expected to
         end (``Policy.backfill``), then hold them again for their jobs. None when it has no expected run time,
-        no reservation starts late enough, or it does not fit even so."""
+        no reservation starts late enough, or it does not fit even so.
+
+        A job of a ``shape`` that failed to backfill this cycle with an expected run no longer than its own fails
+        too (it may borrow no more nodes, and placing only takes room), so it is not tried again until another
+        reservation is made."""
         expected = job.pending.expected_run_s
         if not (self.policy.backfill and self.held and expected is not None and job.eligible):
             return None
+        failed = self._no_backfill.get(shape)
+        if failed is not None and expected >= failed:
+            return None
+        placed = self._backfill(job, expected)
+        if placed is None:
+            self._no_backfill[shape] = expected if failed is None else min(failed, expected)
+        return placed
+
+    def _backfill(self, job: Candidate, expected: float) -> Place | None:
         ends = self.now + timedelta(seconds=expected)
         lent = [(slot, slot.reserved_for) for start, held in self.held if ends <= start for slot in held]
         if not lent:

@@ -1,9 +1,9 @@
 """What the placement policy reads and returns: a frozen cluster snapshot, the pending jobs, the policy knobs, and
 decisions as data (place, preempt, unschedulable-with-reason). No I/O, no clock."""
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
@@ -99,6 +99,22 @@ class RunningJob:
     expected_end: datetime | None = None
     """When the gang is expected to end (declared or estimated duration); None: unknown. Once a gang is past it, it
     is expected to run on as long again as it has run in this attempt (``cycle.overrun_end``)."""
+    gpu_count: int = field(init=False, repr=False, compare=False)
+    """Its GPUs, all shards together (worked out once: every cycle reads it)."""
+    started_us: int = field(init=False, repr=False, compare=False)
+    """``started_at`` in whole microseconds since the epoch (likewise; exact, as datetime arithmetic is)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_count", sum(len(gpus) for _node, gpus in self.shards))
+        object.__setattr__(self, "started_us", epoch_us(self.started_at))
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_us(when: datetime) -> int:
+    """``when`` in whole microseconds since the epoch."""
+    return (when - EPOCH) // timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,9 @@ class Snapshot:
     running: tuple[RunningJob, ...] = ()
     rtt_ms: Mapping[tuple[str, str], float] = field(default_factory=dict)
     """Measured round-trip times between nodes (either order); topology labels estimate the rest."""
+    gangs_on: Mapping[str, Sequence[RunningJob]] | None = None
+    """Node id -> the ``running`` gangs holding GPUs there, when the caller keeps this map up to date across cycles
+    (the simulator does); None: the cycle builds it from ``running`` when a reservation needs it."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class CorePolicy:
         self._index: StandingIndex | None = None
         self._gangs: dict[str, RunningJob] = {}
         """Job id -> its gang as the core sees it, in the order the gangs started (the simulation's)."""
+        self._gangs_on: dict[str, list[RunningJob]] = {}
+        """Node id -> the gangs there, in the order they started (``Snapshot.gangs_on``)."""
 
     def __call__(self, state: State, now_us: int) -> list[Action]:
         changed = list(state.gangs_changed)
@@ -84,12 +86,18 @@ class CorePolicy:
         # Likewise the gangs: only those that started, stopped or were told to stop are looked at again.
         gangs = self._gangs
         for job_id in changed:
-            gang = state.running.get(job_id)
-            if gang is None:
-                gangs.pop(job_id, None)
-            else:
-                gangs[job_id] = self._gang(gang)
-        snapshot = Snapshot(nodes=(), running=tuple(gangs.values()))
+            before, gang = gangs.get(job_id), state.running.get(job_id)
+            view = None if gang is None else self._gang(gang)
+            if view is before:
+                continue
+            self._unfile(before)
+            if view is None:
+                del gangs[job_id]
+                continue
+            gangs[job_id] = view  # a gang told to stop keeps its place; a new one goes last, as in the simulation
+            for node_id in dict.fromkeys(node_id for node_id, _gpus in view.shards):
+                self._gangs_on.setdefault(node_id, []).append(view)
+        snapshot = Snapshot(nodes=(), running=tuple(gangs.values()), gangs_on=self._gangs_on)
         pending = [self._waiting(waiting) for waiting in state.pending.values()]
         actions: list[Action] = []
         for decision in schedule(snapshot, pending, self.policy, now=at(now_us), index=index):
@@ -98,6 +106,14 @@ class CorePolicy:
             elif isinstance(decision, Preempt):
                 actions.append(Stop(decision.job_id, decision.by_job))
         return actions
+
+    def _unfile(self, view: RunningJob | None) -> None:
+        if view is not None:
+            for node_id in dict.fromkeys(node_id for node_id, _gpus in view.shards):
+                on_node = self._gangs_on[node_id]
+                on_node.remove(view)
+                if not on_node:
+                    del self._gangs_on[node_id]
 
     def _learn(self, state: State, changed: list[str]) -> None:
         """Jobs whose gang changed and that are neither running nor pending now have ended: learn their run times
