@@ -67,7 +67,8 @@ def queue_key(job: PendingJob, policy: Policy, now: datetime) -> QueueKey:
 
 def outranks(job: PendingJob, gang: RunningJob, policy: Policy, now: datetime) -> bool:
     """Whether ``job`` may preempt ``gang``: a higher priority; or, under ``las``, the same priority from an earlier
-    LAS queue, once the gang has run ``min_runtime_s`` in its attempt."""
+    LAS queue, once the gang has run ``min_runtime_s`` in its attempt. The rule for one job and one gang: a cycle
+    applies it to all its gangs at once through ``contention.victim_order`` (a test holds the two together)."""
     if gang.priority < job.spec.priority:
         return True
     if policy.order != "las" or gang.priority != job.spec.priority:
