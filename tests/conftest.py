@@ -19,6 +19,22 @@ def pytest_configure(config: pytest.Config) -> None:
         warnings.warn(f"shards run as the agent in these tests: {why}", stacklevel=1)
 
 
+LAYERS = ("unit", "integration", "e2e", "chaos", "gpu")
+"""The order the layers run in: the quick ones first, so a failure there shows at once, and the timing-sensitive
+clusters of chaos and e2e after the CPU-bound lint and type-check that ``./dev test`` runs beside the tests."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the layers in ``LAYERS`` order; the order within one layer (module by module) stays as collected."""
+
+    def layer(item: pytest.Item) -> int:
+        parts = item.path.parts
+        found = next((part for part in LAYERS if part in parts[-3:-1]), None)
+        return LAYERS.index(found) if found else len(LAYERS)
+
+    items.sort(key=layer)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shards_pass_the_temporary_root(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Shards of agents running as root run as their jobs' users, and must pass through pytest's temporary root and

@@ -17,6 +17,8 @@ from shardyard.errors import BrokerStartError
 
 BROKER_BIN_ENV = "SHARDYARD_BROKER_BIN"
 START_ATTEMPTS = 3
+STOP_GRACE_S = 0.5
+"""How long a stopped broker may take to exit before it is killed (see ``EmbeddedBroker.stop``)."""
 
 
 def broker_binary() -> str:
@@ -112,14 +114,17 @@ class EmbeddedBroker:
                 return True
         return False
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the broker: SIGTERM, and SIGKILL if it has not exited within ``grace_s``. Its log is in memory, so
+        there is nothing to flush on the way out, and a broker with clients still connected waits for them to go
+        (5 s and more): a short grace then saves that wait and loses nothing the broker would have kept."""
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
-                self._process.wait(timeout_s)
+                self._process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self._process.kill()
-                self._process.wait(timeout_s)
+                self._process.wait(5.0)
         self._process = None
         if self._log:
             self._log.close()
