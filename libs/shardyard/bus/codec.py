@@ -12,13 +12,14 @@ from shardyard.bus.topics import (
     FAILURES,
     HEARTBEATS,
     LEADERSHIP,
+    LINKS,
     NODE_STATE,
     REDUNDANCY,
     SERVICES,
     Topic,
 )
 from shardyard.errors import EventDecodeError
-from shardyard.events import AlertFiring, AlertResolved, Event
+from shardyard.events import AlertFiring, AlertResolved, Event, LinkMeasured, link_key
 from shardyard.events.alert import alert_key
 
 _TOPIC_OF: dict[type[Event], Topic] = {event: topic for topic in CATALOGUE for event in topic.events}
@@ -36,6 +37,8 @@ def key_of(event: Event) -> bytes:
         return str(getattr(event, "node_id")).encode()  # noqa: B009 - every event of these topics has one
     if topic in (SERVICES, LEADERSHIP):
         return str(getattr(event, "service")).encode()  # noqa: B009
+    if topic is LINKS and isinstance(event, LinkMeasured):
+        return link_key(event.node_id, event.peer_id).encode()
     if topic is REDUNDANCY:
         return b"policy"
     if isinstance(event, AlertFiring | AlertResolved):

@@ -14,6 +14,7 @@ from shardyard.events import (
     HeartbeatEvent,
     JobLifecycleEvent,
     LeadershipClaimed,
+    LinkMeasured,
     NodeLost,
     NodeState,
     RedundancyChanged,
@@ -68,6 +69,8 @@ ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", Ela
 REDUNDANCY: Final = Topic("shardyard.redundancy", 1, "policy", RedundancyChanged, compacted=True)
 ALERTS: Final = Topic("shardyard.alerts", 1, "alert rule/subject", AlertEvent)
 """The monitor's alerts firing and resolved: one partition, so every replica folds one history in one order."""
+LINKS: Final = Topic("shardyard.links", 4, "node id|peer id", LinkMeasured, compacted=True)
+"""Agents' link measurements (RTT, bandwidth), the latest per ordered node pair."""
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
 
 CATALOGUE: Final = (
@@ -83,6 +86,7 @@ CATALOGUE: Final = (
     ELASTICITY,
     REDUNDANCY,
     ALERTS,
+    LINKS,
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

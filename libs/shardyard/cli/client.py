@@ -122,6 +122,16 @@ def listing(monitor_url: str, what: str) -> dict[str, Any]:
         raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
 
 
+def links(monitor_url: str) -> dict[str, Any]:
+    """The monitor's measured links (``/api/links``): the live nodes, and their links worst first."""
+    try:
+        return listing(monitor_url, "links")
+    except ClusterError as exc:
+        if isinstance(exc.__cause__, urllib.error.HTTPError) and exc.__cause__.code == 404:
+            raise ClusterError(f"the monitor at {monitor_url} serves no measured links (an older version)") from exc
+        raise
+
+
 def node(monitor_url: str, node_id: str) -> dict[str, Any] | None:
     """The monitor's view of one node, or None when it has never reported."""
     found: dict[str, Any] | None = next(

@@ -137,7 +137,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    print(render.nodes_table(client.listing(_info(args).monitor_url, "nodes")["nodes"]))
+    if args.links:
+        print(render.links_report(client.links(_info(args).monitor_url)))
+    else:
+        print(render.nodes_table(client.listing(_info(args).monitor_url, "nodes")["nodes"]))
     return 0
 
 
@@ -304,7 +307,13 @@ def _node_commands(sub: Commands) -> None:
 
 def _view_commands(sub: Commands) -> None:
     sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
-    sub.add_parser("nodes", help="list nodes").set_defaults(func=cmd_nodes)
+    nodes = sub.add_parser("nodes", help="list nodes")
+    nodes.add_argument(
+        "--links",
+        action="store_true",
+        help=f"the measured links instead: an RTT matrix up to {render.MATRIX_NODES} live nodes, else the worst links",
+    )
+    nodes.set_defaults(func=cmd_nodes)
 
     alerts = sub.add_parser("alerts", help="alerts firing now and the recent history")
     alerts.add_argument("--json", action="store_true", help="print the monitor's JSON (/api/alerts)")

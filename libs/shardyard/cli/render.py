@@ -299,3 +299,67 @@ def top(
 def log_line(shard: int, attempt: int, line: str, *, prefixed: bool) -> str:
     """A shard log's line; with several logs interleaved, prefixed with whose it is."""
     return f"[shard {shard} attempt {attempt}] {line}" if prefixed else line
+
+
+# --- measured links (`shardyard nodes --links`) -------------------------------------------------------------------
+MATRIX_NODES = 16
+"""Up to this many live nodes the links are drawn as an RTT matrix; beyond it, the worst ones as a table."""
+WORST_LINKS = 20
+SLOW_MARK = "*"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _bandwidth(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f} MB/s"
+
+
+def links_report(answer: dict[str, Any]) -> str:
+    """What ``/api/links`` says (measured links only, worst first): an RTT matrix of the live nodes when there are
+    at most ``MATRIX_NODES``, else the ``WORST_LINKS`` worst links; slow links are marked and listed with why."""
+    nodes: list[str] = answer.get("nodes") or []
+    measured = [link for link in answer.get("links") or [] if link["source"] == "measured"]
+    if not measured:
+        return f"no link measured among the {len(nodes)} live nodes yet"
+    body = rtt_matrix(nodes, measured) if len(nodes) <= MATRIX_NODES else worst_links(measured, len(nodes))
+    slow = [link for link in measured if link["slow"]]
+    if not slow:
+        return body + "\n\nno slow link"
+    lines = [f"  {link['a']}|{link['b']}: {link['why']}" for link in slow[:WORST_LINKS]]
+    more = [f"  ... {len(slow) - WORST_LINKS} more"] if len(slow) > WORST_LINKS else []
+    title = f"{SLOW_MARK} slow links ({len(slow)}), out of line with the cluster's:"
+    return "\n".join([body, "", title, *lines, *more])
+
+
+def rtt_matrix(nodes: list[str], measured: list[dict[str, Any]]) -> str:
+    """RTTs in ms between each two nodes (columns numbered as the rows), ``-`` where unmeasured."""
+    cells = {(link["a"], link["b"]): _ms(link["rtt_ms"]) + (SLOW_MARK if link["slow"] else "") for link in measured}
+    cells |= {(b, a): cell for (a, b), cell in cells.items()}
+    axis = sorted({*nodes, *(end for link in measured for end in (link["a"], link["b"]))})
+    rows = [[str(i), a, *("" if a == b else cells.get((a, b), "-") for b in axis)] for i, a in enumerate(axis, start=1)]
+    return "RTT (ms)\n" + _trimmed(table(rows, ["#", "NODE", *(str(i) for i in range(1, len(axis) + 1))]))
+
+
+def worst_links(measured: list[dict[str, Any]], live: int) -> str:
+    """The worst ``WORST_LINKS`` links, as the monitor orders them (slow first, then by RTT)."""
+    rows = [
+        [
+            link["a"],
+            link["b"],
+            _ms(link["rtt_ms"]),
+            _ms(link["rtt_p90_ms"]),
+            _bandwidth(link["bandwidth_bytes_per_s"]),
+            datetime.fromisoformat(link["measured_at"]).strftime("%H:%M:%S"),
+            SLOW_MARK if link["slow"] else "",
+        ]
+        for link in measured[:WORST_LINKS]
+    ]
+    header = f"the {len(rows)} worst of {len(measured)} measured links among {live} live nodes"
+    return header + "\n" + _trimmed(table(rows, ["A", "B", "RTT MS", "P90 MS", "BANDWIDTH", "MEASURED", "SLOW"]))
+
+
+def _trimmed(text: str) -> str:
+    """Without the padding that ends a table's lines (its last column is mostly blank here)."""
+    return "\n".join(line.rstrip() for line in text.splitlines())

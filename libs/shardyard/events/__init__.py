@@ -27,6 +27,7 @@ from shardyard.events.job import (
     ShardCause,
     ShardPlacement,
 )
+from shardyard.events.link import LinkMeasured, link_key
 from shardyard.events.node import (
     ArtifactError,
     ArtifactErrorReason,
@@ -100,6 +101,7 @@ __all__ = [
     "JobWaiting",
     "LeaderElected",
     "LeadershipClaimed",
+    "LinkMeasured",
     "Model",
     "NodeDrain",
     "NodeEvent",
@@ -131,5 +133,6 @@ __all__ = [
     "Workload",
     "inventory_of",
     "lease_of",
+    "link_key",
     "new_event_id",
 ]

@@ -37,6 +37,9 @@ class AlertRule(StrEnum):
     DEAD_LETTERS = "DEAD_LETTERS"
     """Messages of a topic went to the dead-letter topic recently: a service could not use them (a submission that
     could not be answered, an event no handler could take). Per source topic."""
+    SLOW_LINK = "SLOW_LINK"
+    """The measured link between two nodes is out of line with the cluster's (``shardyard.links.slow_links``): its
+    RTT far above, or its bandwidth far below, what the nodes' best links show. Per node pair, ``a|b`` sorted."""
 
 
 class AlertSeverity(StrEnum):

@@ -256,6 +256,11 @@ class JobWaiting(Event):
     waiting_for: tuple[str, ...] = ()
 
 
+CoordinatorSource = Literal["measured", "mixed", "topology", "single-node"]
+"""What the coordinator was chosen on: measured RTTs between all the gang's nodes, some measured and the rest
+estimated from topology labels, labels only, or nothing (the whole gang on one node)."""
+
+
 class JobScheduled(Event):
     type: Literal["job.scheduled"] = "job.scheduled"
     job_id: str
@@ -266,6 +271,9 @@ class JobScheduled(Event):
     placements: tuple[ShardPlacement, ...]
     degraded: bool = Field(default=False, description="placed below a full match, as the job allowed")
     resume_from: str | None = Field(default=None, description="checkpoint the gang resumes from (after preemption)")
+    coordinator_source: CoordinatorSource | None = Field(
+        default=None, description="what the coordinator was chosen on: measured RTTs, topology labels (None: unsaid)"
+    )
 
 
 class ShardCause(Model):

@@ -65,6 +65,9 @@ class Heartbeat(Event):
     host: str
     address: str = Field(description="address other nodes reach this one at (rendezvous)")
     rendezvous_ports: tuple[int, int] = Field(description="first port and count of this node's rendezvous range")
+    probe_port: int | None = Field(
+        default=None, gt=0, lt=65536, description="where peers probe this node's links (None: it is not probed)"
+    )
     gpus: tuple[GpuStatus, ...]
     cpu_cores: float = Field(gt=0)
     memory_bytes: int = Field(ge=0)
@@ -111,6 +114,7 @@ def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
         heartbeat.host,
         heartbeat.address,
         heartbeat.rendezvous_ports,
+        heartbeat.probe_port,
         gpus,
         heartbeat.cpu_cores,
         heartbeat.memory_bytes,
@@ -158,6 +162,7 @@ class NodeState(Event):
     host: str
     address: str
     rendezvous_ports: tuple[int, int]
+    probe_port: int | None = None
     last_heartbeat_at: AwareDatetime
     gpus: tuple[GpuStatus, ...]
     allocated_gpus: tuple[int, ...] = Field(default=(), description="GPU indices reserved by assignments")

@@ -35,7 +35,7 @@ from shardyard.placement.contention import (
     reserve_for,
     victim_order,
 )
-from shardyard.placement.gang_placement import place_gang
+from shardyard.placement.gang_placement import Links, place_gang
 from shardyard.placement.index import ClusterIndex, Slot
 from shardyard.placement.model import (
     Decision,
@@ -65,14 +65,15 @@ class PlacementCycle:
         self.policy = policy or Policy()
         self.now = now
         self.running = snapshot.running
-        self.rtt = dict(snapshot.rtt_ms)
+        measured = bool(snapshot.rtt_ms)
         if index is not None:  # kept across cycles, and holding ``snapshot``'s nodes: no per-node work here
             assert index.policy == self.policy, "the standing index was built for another policy"
             self.index: ClusterIndex = index
-            self.topology = bool(self.rtt) or index.with_topology > 0
+            topology = measured or index.with_topology > 0
         else:
             self.index = ClusterIndex(snapshot.nodes, self.policy)
-            self.topology = bool(self.rtt) or any(view.zone or view.rack for view in snapshot.nodes)
+            topology = measured or any(view.zone or view.rack for view in snapshot.nodes)
+        self.links = Links(snapshot.rtt_ms, snapshot.mean_rtt_ms, snapshot.slow_nodes, topology)
         self.waiting_on: dict[str, list[RunningJob]] = {}
         for gang in snapshot.running:
             if gang.preempted_by is not None:
@@ -128,7 +129,7 @@ class PlacementCycle:
         if known is not None:
             backfilled = self.backfill(job, shape)
             return [backfilled] if backfilled is not None else [replace(known, job_id=job.spec.job_id)]
-        placed = place_gang(index, job, self.rtt, self.topology) if job.eligible else None
+        placed = place_gang(index, job, self.links) if job.eligible else None
         if placed is None:
             placed = self.backfill(job, shape)
         if placed is not None:
@@ -265,7 +266,7 @@ class PlacementCycle:
         for slot, _holder in lent:
             self.index.unreserve(slot)
         try:
-            return place_gang(self.index, job, self.rtt, self.topology)
+            return place_gang(self.index, job, self.links)
         finally:
             for slot, holder in lent:
                 if holder is not None:

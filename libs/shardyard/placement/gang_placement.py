@@ -2,10 +2,13 @@
 the members (mutual latency breaks ties), the coordinator (lowest mean RTT, a free rendezvous port) and the spares.
 Pure."""
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 
 from shardyard.events import ShardPlacement
+from shardyard.events.job import CoordinatorSource
 from shardyard.gpus import match_score
 from shardyard.placement.candidate import Candidate
 from shardyard.placement.filters import bucket_failing, full_match, gang_failing, node_failing
@@ -13,6 +16,8 @@ from shardyard.placement.index import ClusterIndex, Group, Slot
 from shardyard.placement.model import Place
 from shardyard.topology import estimated_rtt_ms
 
+COORDINATOR_TIE = 0.1
+"""Coordinator costs within this fraction of the lowest count as tied (measurement noise)."""
 RankKey = tuple[float, int, int, int]
 """(-match, load step, -locality, fragmentation rank): smaller is better."""
 
@@ -68,16 +73,31 @@ def walk(index: ClusterIndex, job: Candidate) -> Iterator[tuple[RankKey, Slot, i
                         yield (-match, step, 0, rank), slot, slot.capacity(job)
 
 
-def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], float], topology: bool) -> Place | None:
-    """Place ``job``'s gang whole on the best-ranked nodes, or nothing (None) when the gang filters fail."""
-    keys, members = gather(index, job, topology)
+@dataclass(frozen=True)
+class Links:
+    """What the cycle knows of the network: measured RTTs (either order; labels estimate the rest), each node's
+    mean measured RTT, the nodes with slow links, and whether to weigh latency at all."""
+
+    rtt: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    mean: Mapping[str, float] = field(default_factory=dict)
+    slow: frozenset[str] = frozenset()
+    topology: bool = False
+
+
+def place_gang(index: ClusterIndex, job: Candidate, links: Links) -> Place | None:
+    """Place ``job``'s gang whole on the best-ranked nodes, or nothing (None) when the gang filters fail. A gang
+    spread over several nodes is placed off the nodes with slow links when it fits without them."""
+    keys, members = gather(index, job, links.topology, links.slow)
+    if links.slow and gang_failing(members, job) is not None:
+        keys, members = gather(index, job, links.topology, frozenset())
     if gang_failing(members, job) is not None:
         return None
-    chosen = choose_by_latency(keys, members, job.k, rtt) if topology else choose_in_order(members, job.k)
-    coordinator = coordinator_of(chosen, rtt)
+    rtt = links.rtt
+    chosen = choose_by_latency(keys, members, job.k, rtt) if links.topology else choose_in_order(members, job.k)
+    coordinator = coordinator_of(chosen, links)
     if coordinator is None:  # none of the chosen has a free port: the best-ranked member with one joins the gang
         chosen = choose_in_order(with_a_port_first(members), job.k)
-        coordinator = coordinator_of(chosen, rtt)
+        coordinator = coordinator_of(chosen, links)
     if coordinator is None:
         return None
     placements: list[ShardPlacement] = []
@@ -101,7 +121,8 @@ def place_gang(index: ClusterIndex, job: Candidate, rtt: dict[tuple[str, str], f
         index.take(slot, gpus, job.spec, coordinator=slot is coordinator)
     if job.pending.spares:
         placements.extend(place_spares(index, job, {slot.node_id for slot, _ in chosen}, len(placements)))
-    return Place(job.spec.job_id, tuple(placements), coordinator.node_id, degraded)
+    source = coordinator_source(coordinator.node_id, (slot.node_id for slot, _ in chosen), rtt)
+    return Place(job.spec.job_id, tuple(placements), coordinator.node_id, degraded, source)
 
 
 def degraded_on(slot: Slot, job: Candidate) -> bool:
@@ -110,9 +131,12 @@ def degraded_on(slot: Slot, job: Candidate) -> bool:
     return job.degraded and not full_match(slot.group, job)
 
 
-def gather(index: ClusterIndex, job: Candidate, topology: bool) -> tuple[list[RankKey], list[tuple[Slot, int]]]:
+def gather(
+    index: ClusterIndex, job: Candidate, topology: bool, avoid: frozenset[str]
+) -> tuple[list[RankKey], list[tuple[Slot, int]]]:
     """The walk's nodes until they hold the gang, plus (with topology) up to ``latency_window`` more of the last
-    rank to weigh mutual latency among: their rank keys, and each node with the shards it can take."""
+    rank to weigh mutual latency among: their rank keys, and each node with the shards it can take. A node in
+    ``avoid`` is passed over unless it alone takes the whole gang (its links are then not used)."""
     k = job.k
     keys: list[RankKey] = []
     members: list[tuple[Slot, int]] = []
@@ -121,6 +145,8 @@ def gather(index: ClusterIndex, job: Candidate, topology: bool) -> tuple[list[Ra
     extra = 0
     coordinates = False  # whether a member so far has a free rendezvous port: the gang needs one to meet
     for key, slot, capacity in walk(index, job):
+        if avoid and slot.node_id in avoid and (members or capacity < k or not slot.ports):
+            continue
         if total >= k and coordinates:
             if not topology or key != boundary or extra >= index.policy.latency_window:
                 break
@@ -143,7 +169,7 @@ def with_a_port_first(members: list[tuple[Slot, int]]) -> list[tuple[Slot, int]]
 
 
 def choose_by_latency(
-    keys: list[RankKey], members: list[tuple[Slot, int]], k: int, rtt: dict[tuple[str, str], float]
+    keys: list[RankKey], members: list[tuple[Slot, int]], k: int, rtt: Mapping[tuple[str, str], float]
 ) -> list[tuple[Slot, int]]:
     """Members in rank order, ties broken by the least RTT to the members chosen so far: (slot, shards)."""
     chosen: list[tuple[Slot, int]] = []
@@ -209,14 +235,28 @@ def place_spares(index: ClusterIndex, job: Candidate, gang_nodes: set[str], firs
     return out
 
 
-def coordinator_of(chosen: list[tuple[Slot, int]], rtt: dict[tuple[str, str], float]) -> Slot | None:
-    """The member with the lowest mean RTT to the other shards (S10); it must have a free rendezvous port."""
-    best: tuple[float, int] | None = None
-    winner: Slot | None = None
+def coordinator_of(chosen: list[tuple[Slot, int]], links: Links) -> Slot | None:
+    """The member with the lowest mean RTT to the other shards (S10); it must have a free rendezvous port. Members
+    within ``COORDINATOR_TIE`` of each other (two nodes have one link, the same both ways) are told apart by their
+    mean measured RTT to all their measured peers: the better-connected node coordinates."""
+    costs: list[tuple[float, float, int, Slot]] = []
     for order, (slot, _take) in enumerate(chosen):
-        if not slot.ports:
-            continue
-        cost = sum(estimated_rtt_ms(slot, other, rtt) * n for other, n in chosen if other is not slot)
-        if best is None or (cost, order) < best:
-            best, winner = (cost, order), slot
-    return winner
+        if slot.ports:
+            cost = sum(estimated_rtt_ms(slot, other, links.rtt) * n for other, n in chosen if other is not slot)
+            costs.append((cost, links.mean.get(slot.node_id, math.inf), order, slot))
+    if not costs:
+        return None
+    lowest = min(cost for cost, *_ in costs)
+    tied = [entry for entry in costs if entry[0] <= lowest * (1 + COORDINATOR_TIE) + 1e-9]
+    return min(tied, key=lambda entry: (entry[1], entry[0], entry[2]))[3]
+
+
+def coordinator_source(
+    coordinator: str, members: Iterable[str], rtt: Mapping[tuple[str, str], float]
+) -> CoordinatorSource:
+    """What the coordinator was chosen on: its measured links to the other members, labels, or a mix of both."""
+    others = {node for node in members if node != coordinator}
+    if not others:
+        return "single-node"
+    measured = sum(1 for other in others if (coordinator, other) in rtt or (other, coordinator) in rtt)
+    return "measured" if measured == len(others) else "mixed" if measured else "topology"

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
+from shardyard.events.job import CoordinatorSource
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ class Snapshot:
     running: tuple[RunningJob, ...] = ()
     rtt_ms: Mapping[tuple[str, str], float] = field(default_factory=dict)
     """Measured round-trip times between nodes (either order); topology labels estimate the rest."""
+    mean_rtt_ms: Mapping[str, float] = field(default_factory=dict)
+    """Each node's mean measured RTT to all the peers it was measured with: breaks a tie between coordinators."""
+    slow_nodes: frozenset[str] = frozenset()
+    """Nodes whose measured links are mostly out of line with the cluster's (``shardyard.links``): a gang spread
+    over several nodes is placed off them when it fits elsewhere."""
     gangs_on: Mapping[str, Sequence[RunningJob]] | None = None
     """Node id -> the ``running`` gangs holding GPUs there, when the caller keeps this map up to date across cycles
     (the simulator does); None: the cycle builds it from ``running`` when a reservation needs it."""
@@ -153,6 +159,7 @@ class Place:
     """The gang's shards (indices 0..k-1), then its spares (``spare=True``, indices k..)."""
     coordinator_node: str
     degraded: bool = False
+    coordinator_source: CoordinatorSource = "single-node"
 
 
 @dataclass(frozen=True)

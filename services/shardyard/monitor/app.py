@@ -1,5 +1,5 @@
-"""Wiring of the monitor: every topic into the view (read in batches, see monitor/feed.py); the view out over HTTP;
-alert transitions out to the alerts topic."""
+"""Wiring of the monitor: every topic into the view (read in batches, see monitor/feed.py), the agents' link
+measurements too; the view out over HTTP; alert transitions out to the alerts topic."""
 
 import gc
 from dataclasses import fields
@@ -19,18 +19,21 @@ from shardyard.bus.topics import (
     FAILURES,
     HEARTBEATS,
     LIFECYCLE,
+    LINKS,
     NODE_STATE,
     REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
 )
 from shardyard.clock import Clock
+from shardyard.links import SLOW_MIN_EXCESS_MS, SLOW_RATIO, LinkTable
 from shardyard.metrics import ConsumerLag
 from shardyard.monitor.alerts import AlertBook, CatchUp
 from shardyard.monitor.feed import Feed
 from shardyard.monitor.handlers import MonitorHandlers
 from shardyard.monitor.http import build_http
 from shardyard.monitor.metrics import MonitorMetrics
+from shardyard.monitor.network import Network
 from shardyard.monitor.rules import AlertPolicy
 from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
@@ -79,11 +82,31 @@ class MonitorSettings(ServiceSettings):
     alert_dead_letter_window_s: float = Field(
         default=RULES.dead_letter_window_s, gt=0, description="DEAD_LETTERS: a topic's newest dead letter this recent"
     )
+    alert_slow_link_for_s: float = Field(
+        default=RULES.slow_link_for_s, ge=0, description="SLOW_LINK: a link judged slow for this long"
+    )
+    link_max_age_s: float = Field(
+        default=LinkTable.max_age_s, gt=0, description="a link measurement older than this is stale (s)"
+    )
+    link_slow_ratio: float = Field(
+        default=SLOW_RATIO, gt=1, description="a link is slow at this many times the cluster's baseline RTT"
+    )
+    link_slow_min_excess_ms: float = Field(
+        default=SLOW_MIN_EXCESS_MS, ge=0, description="and at least this far above it (ms)"
+    )
 
     def alert_policy(self) -> AlertPolicy:
         """The rules' thresholds: each ``AlertPolicy`` field from the setting ``alert_<field>``."""
         limits = {f.name: getattr(self, f"alert_{f.name}") for f in fields(AlertPolicy) if f.name != "instance"}
         return AlertPolicy(instance=self.instance, **limits)
+
+    def network(self) -> Network:
+        """What the view keeps of the links topic, and when it calls a link stale or slow."""
+        return Network(
+            LinkTable(max_age_s=self.link_max_age_s),
+            slow_ratio=self.link_slow_ratio,
+            slow_min_excess_ms=self.link_slow_min_excess_ms,
+        )
 
 
 GC_YOUNG_THRESHOLD = 50_000
@@ -114,6 +137,7 @@ WATCHED = (
     REDUNDANCY,
     ELASTICITY,
     ALERTS,
+    LINKS,
 )
 """The topics the view folds (the feed reads the dead letters too). Alerts are judged only once this replica's lag
 on every one of them is known."""
@@ -122,8 +146,8 @@ on every one of them is known."""
 def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.instance}")
     bus = Bus(broker, service=SERVICE)
-    view = ClusterView(telemetry=Telemetry(clock=clock))
-    exported = MonitorMetrics(view)
+    view = ClusterView(telemetry=Telemetry(clock=clock), network=settings.network())
+    exported = MonitorMetrics(view, clock)
     handlers = MonitorHandlers(view, exported.events, bus)
     # No consumer group: every monitor replica reads every topic (heartbeats from their end) and so rebuilds its view.
     feed = Feed(
@@ -134,7 +158,7 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
         from_end=[HEARTBEATS],
     )
     tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
-    runner = web.AppRunner(build_http(view, exported), access_log=None)
+    runner = web.AppRunner(build_http(view, exported, clock=clock), access_log=None)
     app = FastStream(broker)
 
     @app.on_startup

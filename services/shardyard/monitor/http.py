@@ -1,8 +1,8 @@
-"""The monitor's HTTP status API: JSON views of jobs, nodes and services, ``/metrics``, and the dashboard page.
+"""The monitor's HTTP status API: JSON views of jobs, nodes, links and services, ``/metrics``, and the dashboard page.
 
-The cluster-wide answers (``/metrics``, nodes, jobs, the summary, alerts) are kept, as bytes, until the view changes
-(``ClusterView.revision``): a second dashboard or scraper asking before the next event is answered without rendering
-the view again. Answers are serialized by pydantic-core, in Rust.
+The cluster-wide answers (``/metrics``, nodes, links, jobs, the summary, alerts) are kept, as bytes, until the view
+changes (``ClusterView.revision``): a second dashboard or scraper asking before the next event is answered without
+rendering the view again. Answers are serialized by pydantic-core, in Rust.
 """
 
 from collections.abc import Callable
@@ -14,6 +14,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 
+from shardyard.clock import Clock
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.views import ClusterView
 
@@ -52,8 +53,8 @@ class StatusApi:
     """The API's handlers over one view. Each reads the view when asked; the cluster-wide answers come through
     ``Rendered``, so they are rendered once per revision however many ask."""
 
-    def __init__(self, view: ClusterView, metrics: MonitorMetrics) -> None:
-        self.view, self.metrics = view, metrics
+    def __init__(self, view: ClusterView, metrics: MonitorMetrics, clock: Clock) -> None:
+        self.view, self.metrics, self.clock = view, metrics, clock
         self.files = dashboard_files()
         self.rendered = Rendered()
 
@@ -67,7 +68,7 @@ class StatusApi:
         found = self.view.jobs.get(request.match_info["job_id"])
         if found is None or found.state is None:
             return _answer(json_body({"error": "no such job"}), status=404)
-        return _answer(json_body(found.detail()))
+        return _answer(json_body(self.view.job_detail(found, self.clock.now())))
 
     async def series(self, request: web.Request) -> web.Response:
         found = self.view.jobs.get(request.match_info["job_id"])
@@ -111,8 +112,9 @@ def _answer(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-def build_http(view: ClusterView, metrics: MonitorMetrics) -> web.Application:
-    api = StatusApi(view, metrics)
+def build_http(view: ClusterView, metrics: MonitorMetrics, *, clock: Clock | None = None) -> web.Application:
+    """The API over ``view``; ``clock`` (the metrics' unless given) tells which link measurements are fresh."""
+    api = StatusApi(view, metrics, clock if clock is not None else metrics.clock)
     app = web.Application()
     app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
     app.router.add_get("/api/jobs/{job_id}", api.job)
@@ -122,6 +124,8 @@ def build_http(view: ClusterView, metrics: MonitorMetrics) -> web.Application:
     # Alerts firing now and the newest transitions, as the alerts topic says (the same on every replica).
     app.router.add_get("/api/alerts", api.kept("alerts", lambda: view.alerts.json()))
     app.router.add_get("/api/services", api.services)
+    # The live nodes' measured links, worst first, slow ones marked (see monitor/network.py).
+    app.router.add_get("/api/links", api.kept("links", lambda: view.links_json(api.clock.now())))
     app.router.add_get("/metrics", api.exposition)
     app.router.add_get("/healthz", api.health)
     app.router.add_get("/", api.static("dashboard.html"))

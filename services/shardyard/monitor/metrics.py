@@ -1,14 +1,19 @@
 """Prometheus metrics of the monitor, computed at scrape time from the cluster view.
 
 These describe the cluster (S7): jobs and the queue, nodes and their GPUs, training progress, parameter sync,
-heartbeat lag and node RTTs, failures and recoveries. Each process's own figures (events consumed, handler latency,
-consumer lag, placement latency) are on its ``--metrics-port`` instead, see :mod:`shardyard.metrics`.
+heartbeat lag, node RTTs and links, failures and recoveries. Each process's own figures (events consumed, handler
+latency, consumer lag, placement latency) are on its ``--metrics-port`` instead, see :mod:`shardyard.metrics`.
 
 AllReduce is exported two ways. The ``_last_`` gauges describe a shard's most recent sync. The counters
 ``shardyard_allreduce_{seconds,bytes,syncs}_total`` sum every sync, so that
 ``rate(shardyard_allreduce_bytes_total[1m]) / rate(shardyard_allreduce_seconds_total[1m])`` is the transfer rate
-while syncing and ``rate(seconds_total) / rate(syncs_total)`` the mean sync time. Heartbeats carry no RTTs, so the
-node RTTs are the scheduler's topology estimates (``source="topology"``), the figures it places gangs by.
+while syncing and ``rate(seconds_total) / rate(syncs_total)`` the mean sync time;
+``shardyard_shard_sync_bytes_per_second`` is one rank's rate in its last sync (bytes over its AllReduce time).
+
+The node agents probe their links (RTT pings, short throughput bursts) and publish what they measure on the links
+topic: node RTTs are those measurements (``source="measured"``) where a pair was measured recently, and the
+scheduler's topology estimates (``source="topology"``) only where it was not; links' bandwidth and the links judged
+slow go beside them (``monitor/network_metrics.py``, which bounds the series as pairs grow as n^2).
 
 A 1,000-node cluster with 8 GPUs a node makes ~47,000 samples a scrape, so the families are plain ones
 (``monitor/exposition.py``) written without prometheus-client's per-sample objects; ``MonitorMetrics.registry``
@@ -16,19 +21,22 @@ serves the same families to whatever reads a ``CollectorRegistry``.
 """
 
 from collections import Counter as Tally
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 
+from shardyard.clock import Clock
 from shardyard.events import FailureCause, NodeLease, NodeState, NodeStatus
 from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.exposition import FamiliesCollector, Family, Key, Kind, render
 from shardyard.monitor.jobs import JobView
+from shardyard.monitor.network import RTT_PAIR_NODES as RTT_PAIR_NODES  # re-exported: its home was here
+from shardyard.monitor.network import Pair, mean_rtt
+from shardyard.monitor.network_metrics import network_families
 from shardyard.monitor.rules import last_heartbeat, last_progress, shortage_since, sync_ratio
 from shardyard.monitor.views import ClusterView
-from shardyard.placement.snapshot import build_snapshot
-from shardyard.topology import estimated_rtt_ms
 
 QUEUED = frozenset({JobState.ACCEPTED, JobState.WAITING, JobState.READY})
 """Jobs not placed yet: held by the queue, or ready and waiting for the scheduler."""
@@ -36,9 +44,6 @@ NO_REASON = "NONE"
 RECOVERY_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 START_ERROR_BUCKETS_S = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 14_400.0)
 """Recovery spans detection (3-10 s), backoff (0-30 s) and a gang's start: seconds to minutes."""
-RTT_PAIR_NODES = 16
-"""Up to this many live nodes, every pair's RTT is exported; beyond it only each node's mean (pairs grow as n^2)."""
-RTT_SOURCE = "topology"
 GPU_LABELS = ("gpu", "model", "node")
 """In name order, as the exposition writes them: no reordering for each of the many GPU samples."""
 
@@ -47,8 +52,10 @@ class MonitorMetrics:
     """The monitor's ``/metrics``: the cluster's families and the alert rules' figures, made from the view at each
     scrape, and the events the monitor folded."""
 
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(self, view: ClusterView, clock: Clock | None = None) -> None:
         self.view = view
+        self.clock = clock if clock is not None else view.telemetry.clock
+        """What a scrape judges the links' freshness by (the view's own clock unless given)."""
         self.events = Counter("shardyard_monitor_events", "Events the monitor consumed", ["topic"], registry=None)
         self.registry = CollectorRegistry()
         """Every family, as prometheus-client objects (slow at scale: ``exposition()`` serves ``/metrics``)."""
@@ -56,7 +63,7 @@ class MonitorMetrics:
         self.registry.register(self.events)
 
     def families(self) -> Iterator[Family | Metric]:
-        yield from cluster_families(self.view)
+        yield from cluster_families(self.view, self.clock.now())
         yield from alert_families(self.view)
 
     def exposition(self) -> bytes:
@@ -70,7 +77,7 @@ def make_registry(view: ClusterView) -> tuple[CollectorRegistry, Counter]:
 
 
 # --- the cluster (S7) ------------------------------------------------------------------------------------------------
-def cluster_families(view: ClusterView) -> Iterator[Family | Metric]:
+def cluster_families(view: ClusterView, now: datetime) -> Iterator[Family | Metric]:
     yield from _jobs(view)
     yield _queue(view)
     yield from _nodes(view)
@@ -78,7 +85,7 @@ def cluster_families(view: ClusterView) -> Iterator[Family | Metric]:
     active = [job for job in view.jobs.values() if job.state is not None and job.state not in TERMINAL]
     yield from _shards(active)
     yield from _syncs(view, active)
-    yield from _network(view)
+    yield from network_families(view, now)
     yield from _faults(view)
     yield from _start_estimates(view)
 
@@ -202,6 +209,11 @@ def _shards(active: Sequence[JobView]) -> Iterator[Family]:
     sync = Family("shardyard_allreduce_last_seconds", "Duration of the last parameter AllReduce", labels)
     sync_bytes = Family("shardyard_allreduce_last_bytes", "Bytes of the last parameter AllReduce", labels)
     cpu = Family("shardyard_shard_cpu_ratio", "Shard process CPU use, 0..n", labels)
+    transfer = Family(
+        "shardyard_shard_sync_bytes_per_second",
+        "A rank's data-transfer rate in its last parameter sync: the sync's bytes over its AllReduce time",
+        ("job", "node", "shard"),
+    )
     for job in active:
         for index, shard in job.shards.items():
             values = (job.job_id, str(index))
@@ -212,7 +224,10 @@ def _shards(active: Sequence[JobView]) -> Iterator[Family]:
                 sync.add(values, shard.get("allreduce_ms", 0.0) / 1000.0)
                 sync_bytes.add(values, shard.get("allreduce_bytes", 0))
                 cpu.add(values, shard.get("cpu_percent", 0.0) / 100.0)
-    yield from (step, loss, rate, sync, sync_bytes, cpu)
+                if shard.get("allreduce_ms", 0.0) > 0 and shard.get("allreduce_bytes", 0) > 0:
+                    per_s = shard["allreduce_bytes"] / (shard["allreduce_ms"] / 1000.0)
+                    transfer.add((job.job_id, str(shard["node_id"]), str(index)), per_s)
+    yield from (step, loss, rate, sync, sync_bytes, cpu, transfer)
 
 
 def _syncs(view: ClusterView, active: Sequence[JobView]) -> Iterator[Family]:
@@ -230,59 +245,10 @@ def _syncs(view: ClusterView, active: Sequence[JobView]) -> Iterator[Family]:
     yield from (seconds, sent, count)
 
 
-def _network(view: ClusterView) -> Iterator[Family]:
-    lag = Family(
-        "shardyard_heartbeat_lag_seconds",
-        "Arrival of a node's last heartbeat at the monitor minus its occurred_at (transit, plus clock skew)",
-        ["node"],
-    )
-    for node_id, seconds in sorted(view.telemetry.heartbeat_lag_s.items()):
-        state = view.nodes.get(node_id)
-        if state is None or state.status is not NodeStatus.LOST:  # a lost node's last figure says nothing now
-            lag.add((node_id,), seconds)
-    yield lag
-    live = [node for node in view.nodes.values() if node.gpus and node.status is not NodeStatus.LOST]
-    pairs = Family(
-        "shardyard_node_rtt_seconds",
-        f"Round-trip time between two nodes (each pair once; clusters of at most {RTT_PAIR_NODES} live nodes)",
-        ["node", "peer", "source"],
-    )
-    if len(live) <= RTT_PAIR_NODES:
-        placed = build_snapshot(live, ()).nodes
-        for i, a in enumerate(placed):
-            for b in placed[i + 1 :]:
-                pairs.add((a.node_id, b.node_id, RTT_SOURCE), estimated_rtt_ms(a, b, {}) / 1000.0)
-    mean = Family(
-        "shardyard_node_mean_rtt_seconds",
-        "Mean round-trip time from a node to every other live node",
-        ["node", "source"],
-    )
-    for node_id, ms in sorted(mean_rtt_ms(live).items()):
-        mean.add((node_id, RTT_SOURCE), ms / 1000.0)
-    yield from (pairs, mean)
-
-
-def mean_rtt_ms(nodes: Sequence[NodeState]) -> dict[str, float]:
-    """Each node's mean estimated RTT to the others (the scheduler's estimate, over the nodes it places on: those
-    with GPUs), in O(places^2) rather than O(nodes^2): with nothing measured, the estimate depends only on the two
-    nodes' place (zone, rack), so nodes are grouped by it and only two of each place are made the scheduler's view."""
-    if len(nodes) < 2:
-        return {}
-    groups: dict[tuple[str, str], list[NodeState]] = {}
-    for node in nodes:
-        groups.setdefault((node.topology.get("zone", ""), node.topology.get("rack", "")), []).append(node)
-    seen = {place: build_snapshot(members[:2], ()).nodes for place, members in groups.items()}
-    out: dict[str, float] = {}
-    for place, members in groups.items():
-        total = 0.0
-        for other, others in groups.items():
-            if other != place:
-                total += len(others) * estimated_rtt_ms(seen[place][0], seen[other][0], {})
-            elif len(members) > 1:
-                total += (len(members) - 1) * estimated_rtt_ms(seen[place][0], seen[place][1], {})
-        for node in members:
-            out[node.node_id] = total / (len(nodes) - 1)
-    return out
+def mean_rtt_ms(nodes: Sequence[NodeState], measured: Mapping[Pair, float] | None = None) -> dict[str, float]:
+    """Each node's mean RTT to the others, measured where ``measured`` has the pair, else the scheduler's topology
+    estimate (``monitor/network.py``'s ``mean_rtt``, without the source)."""
+    return {node_id: ms for node_id, (ms, _source) in mean_rtt(nodes, measured or {}).items()}
 
 
 def _faults(view: ClusterView) -> Iterator[Family | Metric]:

@@ -15,6 +15,7 @@ from shardyard.events import AlertRule, AlertSeverity, NodeStatus, PendingReason
 from shardyard.events.alert import alert_key
 from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.jobs import JobView
+from shardyard.monitor.network import gang_nodes
 from shardyard.monitor.views import ClusterView
 
 SHORTAGE: frozenset[str] = frozenset(
@@ -48,6 +49,7 @@ class AlertPolicy:
     consumer_lag_for_s: float = 30.0
     no_progress_s: float = 120.0
     dead_letter_window_s: float = 300.0
+    slow_link_for_s: float = 30.0
 
     @property
     def lag_subject(self) -> str:
@@ -140,7 +142,9 @@ def sync_timeout(view: ClusterView, now: datetime, policy: AlertPolicy) -> Itera
             )
 
 
-def slow_sync(view: ClusterView, _now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+def slow_sync(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    """Slow syncs widened a running job's sync interval. The summary names where to look: the rank with the largest
+    share of the gang's AllReduce time, and the worst measured link among the gang's nodes."""
     for job in view.jobs.values():
         ratio = sync_ratio(job)
         if job.state is JobState.RUNNING and ratio is not None and ratio >= policy.slow_sync_ratio:
@@ -150,11 +154,55 @@ def slow_sync(view: ClusterView, _now: datetime, policy: AlertPolicy) -> Iterato
                 job.job_id,
                 AlertSeverity.WARNING,
                 f"{job.job_id} syncs every ~{job.sync_pace.steps_per_sync:.0f} steps, {ratio:.1f}x the {asked} it "
-                "asked for: slow parameter syncs widened the interval",
+                f"asked for: slow parameter syncs widened the interval; {slowest_rank(job)}; "
+                f"{worst_gang_link(view, job, now)}",
                 ratio,
                 policy.slow_sync_ratio,
                 None,
             )
+
+
+def slowest_rank(job: JobView) -> str:
+    """``slowest rank 1 on node-b: 62% of the gang's AllReduce time (120.0 ms)``, from each rank's last sync as its
+    latest progress report of this attempt gives it."""
+    ranks = [
+        (float(shard["allreduce_ms"]), index, str(shard["node_id"]))
+        for index, shard in job.shards.items()
+        if shard.get("attempt") == job.attempt and "allreduce_ms" in shard
+    ]
+    total = sum(ms for ms, _index, _node in ranks)
+    if total <= 0:
+        return "no rank reported an AllReduce time"
+    ms, index, node = max(ranks, key=lambda rank: (rank[0], -rank[1]))
+    return f"slowest rank {index} on {node}: {ms / total:.0%} of the gang's AllReduce time ({ms:.1f} ms)"
+
+
+def worst_gang_link(view: ClusterView, job: JobView, now: datetime) -> str:
+    """``worst link node-a|node-b: RTT 20.3 ms (slow: ...)``, among the nodes the gang is placed on."""
+    measured = view.network.measured(now)
+    links = measured.among(set(gang_nodes(job.placements)))
+    if not links:
+        return "no measured link"
+    link, slow = links[0], measured.slow.get((links[0].a, links[0].b))
+    return f"worst link {link.a}|{link.b}: RTT {link.rtt_ms:.1f} ms" + (f" (slow: {slow.why})" if slow else "")
+
+
+def slow_link(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    """A measured link out of line with the cluster's (``shardyard.links.slow_links``), for ``slow_link_for_s`` on
+    end; it ends once the link is in line again or its measurements go stale. The value is its RTT, the threshold
+    the RTT above which a link is slow (a link slow by its bandwidth alone is below it; the summary says which)."""
+    measured = view.network.measured(now)
+    for (a, b), slow in measured.slow.items():
+        yield Condition(
+            AlertRule.SLOW_LINK,
+            f"{a}|{b}",
+            AlertSeverity.WARNING,
+            f"the link between {a} and {b} is slow: {slow.why}",
+            slow.link.rtt_ms,
+            measured.rtt_limit_ms or 0.0,
+            None,
+            for_s=policy.slow_link_for_s,
+        )
 
 
 def _node_status(status: NodeStatus, rule: AlertRule, severity: AlertSeverity) -> Rule:
@@ -281,6 +329,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.CONSUMER_LAG: consumer_lag,
     AlertRule.NO_PROGRESS: no_progress,
     AlertRule.DEAD_LETTERS: dead_letters,
+    AlertRule.SLOW_LINK: slow_link,
 }
 
 

@@ -21,6 +21,7 @@ from shardyard.events import (
     JobPreempted,
     JobRecovering,
     LeaderElected,
+    LinkMeasured,
     NodeDrain,
     NodeLease,
     NodeLost,
@@ -39,6 +40,7 @@ from shardyard.events import (
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact
 from shardyard.monitor.alert_log import AlertLog
 from shardyard.monitor.jobs import JobView
+from shardyard.monitor.network import Network, gang_links_json, gang_nodes, links_json
 from shardyard.monitor.telemetry import Telemetry
 
 NODE_FIELDS: set[str] = {
@@ -91,6 +93,8 @@ class ClusterView:
     """Per node, its newest sign of life: the pool's receipt of a heartbeat, or a heartbeat itself."""
     hottest_gpu_c: dict[str, float] = field(default_factory=dict)
     """Per node whose GPUs report a temperature: the hottest one's (Celsius)."""
+    network: Network = field(default_factory=Network)
+    """The links the agents measured (the links topic), less those of LOST nodes."""
     revision: int = 0
     """Changes folded so far: a rendering made at one revision holds until the next."""
     nodes_revision: int = 0
@@ -138,6 +142,7 @@ class ClusterView:
         match event:
             case NodeState():
                 self.nodes[event.node_id] = event
+                self.network.node_status(event.node_id, lost=event.status is NodeStatus.LOST)
                 self._seen(event.node_id)
                 temperatures = [gpu.temperature_c for gpu in event.gpus if gpu.temperature_c is not None]
                 if temperatures:
@@ -156,7 +161,9 @@ class ClusterView:
                 if current is None or event.term > current.term:
                     self.leaders[event.service] = event
             case NodeLost():
-                pass  # the node's state event says the same; fault handling shows on its jobs
+                self.network.node_status(event.node_id, lost=True)  # its state event says the same, maybe later
+            case LinkMeasured():
+                self.network.apply(event)
             case RedundancyChanged():
                 self.spare_ratio, self.failure_rate = event.ratio, event.failure_rate
             case ShardCheckpointed():
@@ -209,6 +216,19 @@ class ClusterView:
             for node_id, node in sorted(self.nodes.items())
         )
         return b'{"nodes":[' + b",".join(shown) + b"]}"
+
+    def live_nodes(self) -> list[NodeState]:
+        """The nodes not LOST, by id."""
+        return [node for _id, node in sorted(self.nodes.items()) if node.status is not NodeStatus.LOST]
+
+    def links_json(self, now: datetime) -> dict[str, Any]:
+        """``/api/links``: the live nodes' links at ``now`` (``monitor/network.py``)."""
+        return links_json(self.network.measured(now), self.live_nodes())
+
+    def job_detail(self, job: JobView, now: datetime) -> dict[str, Any]:
+        """A job's detail with its gang's links: every pair among the nodes its shards are placed on."""
+        links = gang_links_json(gang_nodes(job.placements), self.network.measured(now), self.nodes)
+        return {**job.detail(), "links": links}
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {state.value: 0 for state in JobState}

@@ -14,11 +14,13 @@ from pydantic import Field, model_validator
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.replay import replay
-from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, Topic
+from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, NODE_STATE, Topic
 from shardyard.clock import Clock
 from shardyard.errors import ConfigError
+from shardyard.events import NodeState
 from shardyard.gpus import catalogue_with
-from shardyard.lifecycle import LifecycleFact
+from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
+from shardyard.netprobe import MAX_BURST_BYTES
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.benchmark import (
     DEFAULT_SECONDS,
@@ -37,6 +39,7 @@ from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.interfaces import advertised_interface
 from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
+from shardyard.node_agent.links import LinkProber, ProbeSettings, Probing, probing_parts
 from shardyard.node_agent.load import LoadSetting, load_source
 from shardyard.node_agent.mounts import PathProbe, parse_mounts, parse_shared_mounts
 from shardyard.node_agent.private_files import interpreter_unreachable
@@ -55,6 +58,7 @@ from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYN
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
 
 SERVICE = "node-agent"
+
 log = logging.getLogger(__name__)
 
 
@@ -146,6 +150,24 @@ class AgentSettings(ServiceSettings):
     shard_uid_count: int = Field(
         default=DEFAULT_UID_COUNT, ge=1, description="shard-user=job: how many uids/gids from shard-uid-base"
     )
+    probe_links: bool = Field(
+        default=True,
+        description="measure this node's links (RTT, bandwidth) to its gang peers and a rotating sample of others;"
+        " the probe endpoint takes the last port of the rendezvous range",
+    )
+    probe_interval_s: float = Field(default=ProbeSettings.interval_s, gt=0, description="one probe round this often")
+    probe_sample: int = Field(
+        default=ProbeSettings.sample, ge=0, le=1000, description="peers probed a round beyond the gang peers"
+    )
+    probe_burst_bytes: int = Field(
+        default=ProbeSettings.burst_bytes,
+        ge=0,
+        le=MAX_BURST_BYTES,
+        description="bytes of one throughput burst (0: no bandwidth measurement)",
+    )
+    probe_burst_every_s: float = Field(
+        default=ProbeSettings.burst_every_s, gt=0, description="a link without a gang gets a burst at most this often"
+    )
     scratch_dir: Path | None = Field(
         default=None,
         description="where shards under a user of their own get a private HOME and TMPDIR, one directory per job"
@@ -156,6 +178,12 @@ class AgentSettings(ServiceSettings):
     def _lease_outlasts_a_heartbeat(self) -> Self:
         if self.lease_s <= self.heartbeat_interval_s:
             raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _probe_port_leaves_a_rendezvous_port(self) -> Self:
+        if self.probe_links and self.rendezvous_port_count < 2:
+            raise ValueError("probe_links takes the last rendezvous port: rendezvous_port_count must be at least 2")
         return self
 
     @model_validator(mode="after")
@@ -212,7 +240,8 @@ def _identity(settings: AgentSettings, probe: GpuProbe) -> NodeIdentity:
         node_id=settings.node_id,
         instance=settings.instance,
         address=settings.address,
-        rendezvous_ports=(settings.rendezvous_port_base, settings.rendezvous_port_count),
+        rendezvous_ports=(settings.rendezvous_port_base, settings.rendezvous_port_count - settings.probe_links),
+        probe_port=settings.rendezvous_port_base + settings.rendezvous_port_count - 1 if settings.probe_links else None,
         cpu_cores=settings.cpu_cores,
         memory_bytes=int(settings.memory_gib * 1024**3),
         mounts=parse_mounts(settings.mounts),
@@ -239,35 +268,69 @@ def _identity(settings: AgentSettings, probe: GpuProbe) -> NodeIdentity:
     )
 
 
-def _subscribe(bus: Bus, settings: AgentSettings, handlers: AgentHandlers) -> None:
+def _subscribe(bus: Bus, settings: AgentSettings, handlers: AgentHandlers, prober: LinkProber | None) -> None:
     # One group per node: every agent reads the whole assignment topic and keeps what names it; committed
     # offsets mean an agent that restarts does not start old assignments again.
     group = f"shardyard-agent-{settings.node_id}"
-    bus.subscribe({ASSIGNMENTS: handlers.on_assignment}, group=group, fetch_max_wait_ms=JOB_PATH_FETCH_MS)
+
+    async def on_assignment(event: object) -> None:
+        if prober is not None:
+            prober.on_assignment(event)  # every node's assignments: who shares a gang with this node
+        await handlers.on_assignment(event)
+
+    async def on_lifecycle(event: LifecycleFact) -> None:
+        if prober is not None and target_state(event) in TERMINAL:
+            prober.job_ended(event.job_id)
+        await handlers.on_lifecycle(event)
+
+    bus.subscribe({ASSIGNMENTS: on_assignment}, group=group, fetch_max_wait_ms=JOB_PATH_FETCH_MS)
     # Lifecycle facts are read in full by every agent (no group): each watches the artifacts of every live job.
-    bus.subscribe({LIFECYCLE: handlers.on_lifecycle}, group=None)
+    bus.subscribe({LIFECYCLE: on_lifecycle}, group=None)
+    if prober is not None:
+        # The node directory the prober picks its peers from: every node's state, read whole.
+        async def on_node_state(event: NodeState) -> None:
+            prober.on_node_state(event)
+
+        bus.subscribe({NODE_STATE: on_node_state}, group=None)
 
 
-def _periodic_work(app: FastStream, settings: AgentSettings, handlers: AgentHandlers, bus: Bus, clock: Clock) -> None:
-    """Heartbeats, artifact polls and the lease check, from the app's start to its shutdown."""
+def _periodic_work(
+    app: FastStream, settings: AgentSettings, handlers: AgentHandlers, bus: Bus, clock: Clock, probing: list[Periodic]
+) -> None:
+    """Heartbeats, artifact polls, the lease check and the link probes, from the app's start to its shutdown."""
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
     poll = Periodic("artifact-poll", settings.artifact_poll_s, handlers.poll_artifacts)
     fence = Periodic("self-fence", CHECK_INTERVAL_S, handlers.check_lease)
+    work = [fence, poll, beat, *probing]
 
     @app.after_startup
     async def ready() -> None:
         handlers.start_lease()
-        beat.start()
-        poll.start()
-        fence.start()
+        for periodic in work:
+            periodic.start()
         await announce(bus, clock, instance=settings.node_id)
 
     @app.on_shutdown
     async def stop() -> None:
-        await fence.stop()
-        await poll.stop()
-        await beat.stop()
+        for periodic in reversed(work):
+            await periodic.stop()
         await handlers.stop_all()
+
+
+def _probing(settings: AgentSettings, identity: NodeIdentity, bus: Bus, clock: Clock, book: AgentBook) -> Probing:
+    """The link prober, its periodic rounds and its endpoint; no prober with ``--probe-links false``."""
+    if identity.probe_port is None:
+        return None, [], None
+    knobs = ProbeSettings(
+        interval_s=settings.probe_interval_s,
+        sample=settings.probe_sample,
+        burst_bytes=settings.probe_burst_bytes,
+        burst_every_s=settings.probe_burst_every_s,
+    )
+    running = lambda: {job for job, _shard, _attempt in book.running}  # noqa: E731 - the book's jobs, when asked
+    return probing_parts(
+        LinkProber(settings.node_id, bus, clock, knobs, running=running), identity.address, identity.probe_port
+    )
 
 
 def build_app(
@@ -288,9 +351,11 @@ def build_app(
     )
     identity = _identity(settings, probe)
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
+    book = AgentBook(settings.node_id)
+    prober, probing, endpoint = _probing(settings, identity, bus, clock, book)
     handlers = AgentHandlers(
         identity,
-        AgentBook(settings.node_id),
+        book,
         bus,
         clock,
         measured,
@@ -299,7 +364,7 @@ def build_app(
         disk=disk,
         lease_s=settings.lease_s,
     )
-    _subscribe(bus, settings, handlers)
+    _subscribe(bus, settings, handlers, prober)
     app = FastStream(broker)
 
     def restore(_topic: Topic, event: LifecycleFact) -> None:
@@ -312,6 +377,13 @@ def build_app(
             replay(settings.bootstrap, [LIFECYCLE], restore), calibrate(settings.measure_tflops, probe, bench)
         )
         measured.figures.update(figures)
+        if endpoint is not None:
+            await endpoint.start()
 
-    _periodic_work(app, settings, handlers, bus, clock)
+    @app.after_shutdown
+    async def close_endpoint() -> None:
+        if endpoint is not None:
+            await endpoint.stop()
+
+    _periodic_work(app, settings, handlers, bus, clock, probing)
     return app

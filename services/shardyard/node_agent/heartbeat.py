@@ -38,6 +38,7 @@ def heartbeat_of(
         host=socket.gethostname(),
         address=me.address,
         rendezvous_ports=me.rendezvous_ports,
+        probe_port=me.probe_port,
         gpus=gpus,
         cpu_cores=me.cpu_cores,
         memory_bytes=me.memory_bytes,

@@ -17,6 +17,7 @@ class NodeIdentity:
     instance: str
     address: str
     rendezvous_ports: tuple[int, int]
+    """The range shards rendezvous on (first port, count): the configured one, less the probe port if any."""
     cpu_cores: float
     memory_bytes: int
     mounts: Mapping[str, str]
@@ -36,4 +37,6 @@ class NodeIdentity:
     shard_users: ShardUsers = field(default_factory=ShardUsers)
     """Who each job's shards run as (by default the agent's own user)."""
     scratch_dir: Path | None = None
+    probe_port: int | None = None
+    """Where peers probe this node's links: the last port of the configured rendezvous range (None: no probing)."""
     """Where a shard under a user of its own gets its private HOME and TMPDIR, one directory per job."""

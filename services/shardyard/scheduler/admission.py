@@ -79,6 +79,7 @@ def admit(
         placements=place.placements,
         degraded=place.degraded,
         resume_from=resume_from,
+        coordinator_source=place.coordinator_source,
     )
     runs = workload(spec, output_path=output_path, resume_from=resume_from)
     assignments = [

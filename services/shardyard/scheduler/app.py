@@ -12,7 +12,7 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.leadership import Leadership
-from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
+from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.placement.model import Policy
 from shardyard.scheduler.book import SchedulerBook
@@ -22,7 +22,7 @@ from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "scheduler"
-FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY)
+FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY, LINKS)
 TAKE_OVER_RETRY_S = (0.5, 10.0)
 """A take-over that failed (the broker too busy to answer, a book that could not be rebuilt) is tried again after
 the first of these, doubling up to the second, for as long as the replica is elected."""

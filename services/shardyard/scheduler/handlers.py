@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus
-from shardyard.bus.topics import LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
+from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
 from shardyard.events import (
     Event,
@@ -79,6 +79,8 @@ class SchedulerHandlers:
             await self.on_node_state(event)  # type: ignore[arg-type]
         elif topic is REDUNDANCY:
             await self.on_redundancy(event)  # type: ignore[arg-type]
+        elif topic is LINKS:
+            self.book.apply(event)  # measured RTTs: the next cycle places on them
 
     async def on_lifecycle(self, event: LifecycleFact) -> None:
         if not self.leading:

@@ -7,12 +7,14 @@ any placement, on the cluster as it was before the failed attempt let go of its 
 When neither works the job stays requeued and a cycle places it afresh (no preemption is made for a re-forming gang).
 """
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from shardyard.events import NodeState, NodeStatus, ShardPlacement
 from shardyard.placement.cycle import schedule
+from shardyard.placement.gang_placement import COORDINATOR_TIE, coordinator_source
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Snapshot
 from shardyard.scheduler.gang import Gang
 from shardyard.topology import estimated_rtt_ms
@@ -92,11 +94,23 @@ def regroup(gang: Gang, members: list[ShardPlacement], spares: list[ShardPlaceme
     hosts = [ground.views[p.node_id] for p in members if p.node_id in ground.views]
     if len(hosts) < len(members):
         return None
-    # The coordinator: the member with the lowest total RTT to the others that has a free rendezvous port.
+    # The coordinator: the member with the lowest total RTT to the others (measured where known) that has a free
+    # rendezvous port; near-ties go to the node best connected to all its measured peers (as ``coordinator_of``).
+    rtt, mean = ground.before.rtt_ms, ground.before.mean_rtt_ms
     distinct = list({view.node_id: view for view in hosts}.values())
-    ranked = sorted(distinct, key=lambda v: sum(estimated_rtt_ms(v, other, {}) for other in hosts))
+    cost = {v.node_id: sum(estimated_rtt_ms(v, other, rtt) for other in hosts) for v in distinct}
+    lowest = min(cost.values())
+    ranked = sorted(
+        distinct,
+        key=lambda v: (
+            cost[v.node_id] > lowest * (1 + COORDINATOR_TIE) + 1e-9,
+            mean.get(v.node_id, math.inf),
+            cost[v.node_id],
+        ),
+    )
     degraded = any(p.degraded for p in placements if not p.spare)
     for view in ranked:
         if ground.free_port(view) is not None:
-            return Place(gang.spec.job_id, tuple(placements), view.node_id, degraded)
+            source = coordinator_source(view.node_id, cost, rtt)
+            return Place(gang.spec.job_id, tuple(placements), view.node_id, degraded, source)
     return None

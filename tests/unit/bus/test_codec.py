@@ -14,6 +14,7 @@ from shardyard.bus.topics import (
     HEARTBEATS,
     LEADERSHIP,
     LIFECYCLE,
+    LINKS,
     NODE_STATE,
     REDUNDANCY,
     SERVICES,
@@ -46,6 +47,7 @@ from shardyard.events import (
     JobWaiting,
     LeaderElected,
     LeadershipClaimed,
+    LinkMeasured,
     NodeDrain,
     NodeLost,
     PendingReason,
@@ -267,6 +269,20 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
         ALERTS,
         "GPU_OVER_TEMPERATURE/node-b/gpu1",
     ),
+    (
+        LinkMeasured(
+            occurred_at=at(2),
+            node_id="node-a",
+            peer_id="node-b",
+            rtt_median_ms=0.21,
+            rtt_p90_ms=0.35,
+            samples=5,
+            bandwidth_bytes_per_s=1.2e9,
+            burst_bytes=4 * 1024 * 1024,
+        ),
+        LINKS,
+        "node-a|node-b",
+    ),
 ]
 IDS = [type(event).__name__ for event, _, _ in SAMPLES]
 
@@ -307,7 +323,7 @@ def test_topic_names_are_unique() -> None:
 
 
 def test_only_the_state_topics_are_compacted() -> None:
-    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name]
+    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name, LINKS.name]
     assert NODE_STATE.configs == {"cleanup.policy": "compact"}
 
 

@@ -18,7 +18,7 @@ from shardyard.events import NodeStatus
 from shardyard.placement import filters
 from shardyard.placement.candidate import Candidate
 from shardyard.placement.contention import explain, tally
-from shardyard.placement.gang_placement import place_gang, walk
+from shardyard.placement.gang_placement import Links, place_gang, walk
 from shardyard.placement.index import ClusterIndex
 from shardyard.placement.model import NodeView, PendingJob, Policy
 from tests.unit.builders import GIB, at
@@ -150,7 +150,7 @@ def test_a_node_explain_counts_under_a_filter_is_one_placement_never_walks(case:
 )
 def test_explain_finds_the_gang_fits_exactly_when_placement_places_it(case: Case) -> None:
     index, job = candidate_on(case)
-    placed = place_gang(index, job, {}, topology=False) if job.eligible else None
+    placed = place_gang(index, job, Links(topology=False)) if job.eligible else None
     counted = tally(*candidate_on(case))
 
     assert counted.gang is (filters.BY_NAME[case.gang] if case.gang else None)
@@ -194,7 +194,7 @@ def test_every_filter_has_a_case() -> None:
 def test_a_gang_whose_best_node_cannot_host_its_rendezvous_meets_on_one_that_can(topology: bool) -> None:
     index, job = candidate_on(Case((node("a1", cpu_load=0.0, rendezvous_ports=()), node("a2")), {}))
 
-    placed = place_gang(index, job, {}, topology=topology)
+    placed = place_gang(index, job, Links(topology=topology))
 
     assert placed is not None
     assert placed.coordinator_node == "a2"

@@ -325,6 +325,28 @@ function shardsTable(detail) {
   return h("table", {}, head, h("tbody", {}, rows));
 }
 
+const MAX_LINK_ROWS = 20;
+
+/** The gang's links (every pair among the nodes its shards are placed on), worst first as the monitor sends them:
+ * measured RTT and bandwidth where the agents probed the pair, else the topology estimate; slow ones marked. */
+function linksTable(links) {
+  if (!links?.length) return empty("no links: the gang is on one node, or not placed");
+  const mbps = (bytes) => (bytes == null ? "—" : `${num(bytes / 1e6)} MB/s`);
+  const rows = links.slice(0, MAX_LINK_ROWS).map((link) => h("tr",
+    { class: link.slow ? "slow-link" : "", "data-link": `${link.a}|${link.b}` },
+    h("td", { class: "mono" }, `${link.a} ↔ ${link.b}`),
+    h("td", { class: "num" }, link.rtt_ms == null ? "—" : `${num(link.rtt_ms)} ms`),
+    h("td", { class: "num" }, link.rtt_p90_ms == null ? "—" : `${num(link.rtt_p90_ms)} ms`),
+    h("td", { class: "num" }, mbps(link.bandwidth_bytes_per_s)),
+    h("td", {}, link.source === "measured" ? `measured ${ago(link.measured_at)}` : link.source),
+    h("td", {}, link.slow ? badge("slow", "bad") : null, link.why ? h("span", { class: "why" }, ` ${link.why}`) : null),
+  ));
+  const head = h("thead", {}, h("tr", {}, ["link", "RTT", "p90", "bandwidth", "source", ""].map(
+    (name) => h("th", { class: ["RTT", "p90", "bandwidth"].includes(name) ? "num" : "" }, name))));
+  const more = links.length > MAX_LINK_ROWS ? empty(`and ${links.length - MAX_LINK_ROWS} more links`) : null;
+  return h("div", { id: "gang-links" }, h("table", {}, head, h("tbody", {}, rows)), more);
+}
+
 function timelineTable(timeline) {
   const rows = [...timeline].reverse().map((entry) => h("tr", {},
     h("td", { title: entry.at }, clock(entry.at)), h("td", {}, entry.event), h("td", {}, entry.detail)));
@@ -360,6 +382,7 @@ function renderDetail(detail, series) {
         xLabel: "seconds since the first step",
       })),
     h("h4", {}, "shards"), shardsTable(detail),
+    h("h4", {}, "gang links"), linksTable(detail.links),
     h("h4", {}, "timeline (newest first)"), timelineTable(detail.timeline),
   );
   document.getElementById("timeline").scrollTop = keepScroll;
