@@ -79,6 +79,17 @@ def _largest_fitting(size: int, capacity: int) -> int:
     return size
 
 
+def _check(count: int, load: float, nodes: Sequence[NodeSpec], shape: str) -> None:
+    if count < 1:
+        raise ValueError("generate at least one job")
+    if not load > 0:
+        raise ValueError("the offered load must be above 0")
+    if not nodes:
+        raise ValueError("the cluster has no nodes")
+    if shape not in SHAPES_BY_NAME:
+        raise ValueError(f"unknown shape {shape!r}; the shapes are {', '.join(SHAPES)}")
+
+
 def generate(
     count: int,
     seed: int,
@@ -90,14 +101,7 @@ def generate(
 ) -> list[TraceJob]:
     """``count`` jobs for ``nodes``; raises ValueError for a count below 1, a load not above 0, no nodes or an
     unknown shape."""
-    if count < 1:
-        raise ValueError("generate at least one job")
-    if not load > 0:
-        raise ValueError("the offered load must be above 0")
-    if not nodes:
-        raise ValueError("the cluster has no nodes")
-    if shape not in SHAPES_BY_NAME:
-        raise ValueError(f"unknown shape {shape!r}; the shapes are {', '.join(SHAPES)}")
+    _check(count, load, nodes, shape)
     form = SHAPES_BY_NAME[shape]
     rng = random.Random(seed)
     owners = random.Random(f"{seed}/users")  # apart, so adding users left every other draw as it was
