@@ -18,8 +18,8 @@ from shardyard.clock import Clock
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.views import ClusterView
 
-DASHBOARD_FILES = {"dashboard.html": "text/html", "dashboard.js": "text/javascript"}
-"""The dashboard: one page and its script, shipped in the package (``static/``), no build step and no CDN."""
+DASHBOARD_FILES = {"dashboard.html": "text/html", "dom.js": "text/javascript", "dashboard.js": "text/javascript"}
+"""The dashboard: one page and its two scripts, shipped in the package (``static/``), no build step and no CDN."""
 
 
 def dashboard_files() -> dict[str, bytes]:
