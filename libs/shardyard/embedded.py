@@ -71,6 +71,12 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     @property
+    def argv(self) -> list[str]:
+        """The command line that starts this broker again, on the same port."""
+        url = f"tcp://{self.host}:{self.port}"
+        return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
@@ -87,10 +93,9 @@ class EmbeddedBroker:
         for _attempt in range(START_ATTEMPTS if picked else 1):
             if picked:
                 self.port = free_port(self.host)
-            url = f"tcp://{self.host}:{self.port}"
             self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
             self._process = subprocess.Popen(
-                [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
+                self.argv,
                 stdout=self._log or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

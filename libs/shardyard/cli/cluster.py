@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 import urllib.error
@@ -18,6 +19,7 @@ from typing import Any
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.cli.children import Child, Children, PortPicker, Ports, alive, pick_free_port, wait_ready
+from shardyard.cli.supervisor import Spec, Specs
 from shardyard.embedded import EmbeddedBroker
 from shardyard.errors import ClusterError
 
@@ -61,6 +63,12 @@ class ClusterInfo:
     """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
     metrics_ports: dict[str, int] = field(default_factory=dict)
     """Each process's own Prometheus metrics port on 127.0.0.1 (``--metrics-port``), by process name."""
+    started: dict[str, float] = field(default_factory=dict)
+    """When each process was (last) started, seconds since the epoch."""
+    restarts: dict[str, int] = field(default_factory=dict)
+    """How often the supervisor started each process again after it died."""
+    supervisor_pid: int | None = None
+    """The process that restarts the others (``shardyard.cli.supervisor``); None until ``up`` is ready."""
 
     def live(self) -> "ClusterInfo":
         """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
@@ -179,12 +187,14 @@ def up(
     timeout_s: float = 90.0,
     say: Callable[[str], None] = print,
     pick_port: PortPicker = pick_free_port,
+    supervise: bool = True,
 ) -> ClusterInfo:
     """Start a local cluster and return once every service announced itself and every node is ALIVE.
 
     A process that exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest
     is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES``
-    times."""
+    times. Once the cluster is ready, ``supervise`` leaves a supervisor behind that restarts whatever dies
+    (``shardyard.cli.supervisor``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
@@ -205,6 +215,7 @@ def up(
             broker = EmbeddedBroker(log_path=logs / "broker.log").start()
             assert broker.pid is not None
             info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
+            info.started["broker"] = time.time()
             say(f"embedded broker on {broker.bootstrap}")
         info.save()
         asyncio.run(ensure_topics(info.bootstrap))
@@ -220,8 +231,33 @@ def up(
         say("start-up failed: stopping the processes started so far")
         _abandon(run_dir, info, broker)
         raise
+    if supervise:
+        start_supervisor(info, children, broker, logs)
     say(f"cluster ready in {time.monotonic() - started:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
+
+
+def start_supervisor(info: ClusterInfo, children: Children, broker: EmbeddedBroker | None, logs: Path) -> None:
+    """Write what ``up`` started to ``supervise.json`` and start the supervisor on it (see its module)."""
+    extra = {"SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
+    specs = Specs(info.run_dir, info.bootstrap)
+    for name, child in children.started.items():
+        specs.processes.append(Spec(name, [str(a) for a in child.process.args], extra, str(child.log)))  # type: ignore[union-attr]
+    if broker is not None:
+        specs.processes.append(Spec("broker", broker.argv, {}, str(logs / "broker.log")))
+    specs.save()
+    port = pick_free_port("supervisor", "metrics")
+    with (logs / "supervisor.log").open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shardyard.cli.supervisor", info.run_dir, str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    info.supervisor_pid, info.metrics_ports["supervisor"] = process.pid, port
+    info.started["supervisor"] = time.time()
+    info.save()
 
 
 def _refuse_a_running_cluster(run_dir: Path) -> None:
@@ -270,6 +306,8 @@ def _record(info: ClusterInfo, started: Mapping[str, Child]) -> None:
     """The cluster file after a process (re)started: every pid (``down`` stops them, even of a half-started
     cluster), each process's metrics port, and the monitors' addresses in replica order."""
     for name, child in started.items():
+        if info.pids.get(name) != child.process.pid:
+            info.started[name] = time.time()
         info.pids[name], info.metrics_ports[name] = child.process.pid, child.ports["metrics"]
     info.monitor_urls = [f"http://127.0.0.1:{c.ports['http']}" for c in started.values() if "http" in c.ports]
     info.monitor_url = info.monitor_urls[0] if info.monitor_urls else ""
@@ -290,8 +328,12 @@ def _ready(info: ClusterInfo, *, expected_nodes: int) -> bool:
 
 
 def down(run_dir: Path, *, timeout_s: float = 15.0, say: Callable[[str], None] = print) -> None:
-    """Stop every process of the cluster: agents first (they stop their shards), then services, then the broker."""
+    """Stop every process of the cluster: the supervisor (nothing is restarted any more), then agents (they stop
+    their shards), then services, then the broker."""
     info = ClusterInfo.load(run_dir)
+    if info.supervisor_pid is not None:
+        _stop({"supervisor": info.supervisor_pid}, timeout_s=5.0)
+        info = ClusterInfo.load(run_dir)  # it may have started one again just before it stopped
     _stop(info.pids, timeout_s=timeout_s)
     (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
     say(f"cluster in {run_dir} stopped")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from shardyard.cli import client, cluster, render
+from shardyard.cli import ps as ps_cli
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.events.submission import JOB_ID_PATTERN
 from shardyard.sim import cli as sim_cli
@@ -247,6 +248,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     # In the order `shardyard --help` lists them.
     _cluster_commands(sub)
+    ps_cli.add_parser(sub, _run_dir)
     _job_commands(sub)
     _node_commands(sub)
     _view_commands(sub)

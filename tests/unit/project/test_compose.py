@@ -279,3 +279,9 @@ def test_every_metric_the_dashboard_queries_is_exported() -> None:
 )
 def test_the_dashboard_shows_every_s7_figure(metric: str) -> None:
     assert any(re.search(rf"\b{metric}\b", query) for query in dashboard_queries())
+
+
+def test_every_service_is_restarted_when_it_dies() -> None:
+    """As ``shardyard up``'s supervisor restarts what dies locally: compose's ``unless-stopped`` for every container."""
+    policies = {name: svc.get("restart") for name, svc in COMPOSE["services"].items()}
+    assert policies and all(policy == "unless-stopped" for policy in policies.values()), policies

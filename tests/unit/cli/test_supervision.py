@@ -1,0 +1,45 @@
+"""The supervisor's backoff and `shardyard ps`'s rows, pure (the restarts: tests/e2e/test_supervision.py)."""
+
+import os
+
+from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.ps import render, rows
+from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Watched
+
+
+def test_the_backoff_doubles_per_restart_up_to_its_cap() -> None:
+    entry = Watched(Spec("queue-0", ["true"], {}, "/dev/null"), pid=1, started=0.0)
+    waits = []
+    for _ in range(8):
+        waits.append(entry.backoff())
+        entry.level += 1
+    assert waits == [BACKOFF_S * 2**i for i in range(5)] + [MAX_BACKOFF_S] * 3
+
+
+def test_ps_lists_the_supervisor_then_every_process_with_its_replica_uptime_and_restarts() -> None:
+    info = ClusterInfo(
+        run_dir="/tmp/x",
+        bootstrap="127.0.0.1:1",
+        monitor_url="",
+        data_root="/tmp/x/data",
+        embedded_broker=True,
+        started_at=0.0,
+        pids={"broker": os.getpid(), "resource-pool-1": os.getpid(), "node-0": 2**22 + 7},
+        metrics_ports={"resource-pool-1": 9101},
+        started={"resource-pool-1": 100.0, "broker": 40.0},
+        restarts={"resource-pool-1": 2},
+        supervisor_pid=os.getpid(),
+    )
+    found = {row["name"]: row for row in rows(info, now=190.0)}
+    assert list(found) == ["supervisor", "broker", "resource-pool-1", "node-0"]
+    pool = found["resource-pool-1"]
+    assert (pool["service"], pool["replica"], pool["uptime_s"], pool["restarts"], pool["metrics_port"]) == (
+        "resource-pool",
+        1,
+        90.0,
+        2,
+        9101,
+    )
+    assert found["node-0"]["running"] is False and found["node-0"]["uptime_s"] is None
+    shown = render(list(found.values()))
+    assert "resource-pool-1  1" in shown and "1m30s" in shown and "gone" in shown
