@@ -84,6 +84,15 @@ class Watched:
         return min(MAX_BACKOFF_S, BACKOFF_S * 2**self.level)
 
 
+def fresh_instance(argv: list[str], name: str) -> list[str]:
+    """An agent's command line with a new ``--instance``: a restarted agent is a new instance of its node (the pool
+    and the scheduler tell a restart by it). A service replica keeps its name, which is its instance."""
+    if not name.startswith("node-") or "--instance" not in argv:
+        return argv
+    at = argv.index("--instance") + 1
+    return [*argv[:at], f"{name}-{int(time.time() * 1000)}", *argv[at + 1 :]]
+
+
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         from shardyard.cli.cluster import ClusterInfo  # the cluster file's format lives beside ``up``
@@ -129,7 +138,7 @@ class Supervisor:
         spec = entry.spec
         with open(spec.log, "ab") as out:
             entry.process = subprocess.Popen(
-                spec.argv,
+                fresh_instance(spec.argv, spec.name),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

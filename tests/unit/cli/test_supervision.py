@@ -4,7 +4,7 @@ import os
 
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.cli.ps import render, rows
-from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Watched
+from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Watched, fresh_instance
 
 
 def test_the_backoff_doubles_per_restart_up_to_its_cap() -> None:
@@ -43,3 +43,22 @@ def test_ps_lists_the_supervisor_then_every_process_with_its_replica_uptime_and_
     assert found["node-0"]["running"] is False and found["node-0"]["uptime_s"] is None
     shown = render(list(found.values()))
     assert "resource-pool-1  1" in shown and "1m30s" in shown and "gone" in shown
+
+
+def test_a_restarted_agent_is_a_new_instance_and_a_service_replica_keeps_its_name() -> None:
+    agent = [
+        "python",
+        "-m",
+        "shardyard.node_agent",
+        "--node-id",
+        "node-1",
+        "--instance",
+        "node-1-5",
+        "--gpus",
+        "A100:1",
+    ]
+    again = fresh_instance(agent, "node-1")
+    assert again[:6] == agent[:6] and again[7:] == agent[7:] and again[6] != "node-1-5"
+    assert again[6].startswith("node-1-")
+    service = ["python", "-m", "shardyard.queue", "--instance", "queue-0"]
+    assert fresh_instance(service, "queue-0") == service
