@@ -1,4 +1,5 @@
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Agents started by the tests run shards as users of their jobs' own where they can. Where other users cannot
     run this Python (a pyenv inside a 0700 /root), agents running as root would refuse to start: theirs then run
     as the agent (``SHARDYARD_SHARD_USER=agent``, unless set already), and the tests of isolation skip."""
+    # `shardyard up` records the cluster it started as the user's default (~/.config/shardyard/run-dir): the tests'
+    # clusters go to a folder of this session's, not to the home of whoever runs them.
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="shardyard-tests-config-")
     why = shard_users_unavailable()
     if os.geteuid() == 0 and why is not None and "SHARDYARD_SHARD_USER" not in os.environ:
         os.environ["SHARDYARD_SHARD_USER"] = "agent"

@@ -204,19 +204,37 @@ def _job_id_of(document: Any, fallback: str) -> str:
     return fallback
 
 
+_NAMED_IN_TEXT = re.compile(rb'"task_id"\s*:\s*"([^"\\]{1,200})"')
+"""A ``task_id`` in bytes that are not JSON (a document with ``//`` comments, a trailing comma): its first string."""
+
+
 def named_job(raw: bytes, limits: Limits = LIMITS) -> str | None:
     """The job a submission names: its ``task_id`` when the bytes are a JSON object within the limits with a usable
-    one, else None. Every decision about that job (acceptance, rejection, duplicate) is made by one queue replica,
-    the owner of the job's submissions partition; bytes over the limits are refused wherever they are read (they are
-    never forwarded)."""
+    one, or, in bytes within the limits that do not parse, the first ``"task_id": "..."`` that is a usable id (so
+    that the seed's commented example is rejected under its own name); else None. Every decision about that job
+    (acceptance, rejection, duplicate) is made by one queue replica, the owner of the job's submissions partition;
+    bytes over the limits are refused wherever they are read (they are never forwarded)."""
     if over_limits(raw, limits) is not None:
         return None
     try:
         document = json.loads(raw)
     except (ValueError, RecursionError):
-        return None
+        found = _NAMED_IN_TEXT.search(raw)
+        text = found.group(1).decode(errors="replace") if found else ""
+        return text if _ID_RE.match(text) else None
     job_id = _job_id_of(document, "")
     return job_id or None
+
+
+def rejection_id(raw: bytes, key: bytes | None, fallback: str, limits: Limits = LIMITS) -> str:
+    """The id a submission's rejection is filed under: the job its bytes name (``named_job``), else the message key
+    when it is a usable id (``shardyard submit`` and other producers key a submission by its ``task_id``), else
+    ``fallback`` (``invalid-PARTITION-OFFSET``)."""
+    named = named_job(raw, limits)
+    if named is not None:
+        return named
+    keyed = key.decode(errors="replace") if key else ""
+    return keyed if _ID_RE.match(keyed) else fallback
 
 
 def admit(

@@ -7,6 +7,7 @@ ShardyardError
 ├── EventDecodeError       bytes on a topic that are not a valid event of that topic
 ├── ClusterError           a local cluster (``shardyard up``) is missing, half-started or unhealthy
 ├── JobPathError           a job path a node will not map to its disk: not absolute, not normalised, not mounted
+├── AccountingError        the job accounting database cannot be opened, written or read (``shardyard.jobdb``)
 │
 │   Where they are raised (each module keeps its own):
 ├── training.config.ConfigError   a shard's environment is missing a variable or holds a bad value (a ConfigError)
@@ -47,3 +48,7 @@ class ClusterError(ShardyardError):
 
 class JobPathError(ShardyardError):
     """A path a job names that this node does not serve: it is never looked at or opened here."""
+
+
+class AccountingError(ShardyardError):
+    """The job accounting database cannot be opened, written or read (or holds no accounting table yet)."""

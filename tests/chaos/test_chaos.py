@@ -9,8 +9,9 @@ training), while processes are killed and paused:
   died, some of them to its partitions,
 - ``SIGSTOP`` of an agent with running shards for 10 s and until its NODE_SUSPECT alert fired, then ``SIGCONT``.
 
-Then: every job ends SUCCEEDED, none is lost, the spare ratio rose after the failures, and no two attempts of one
-shard ran at the same time. The last is checked from the outside: a thread samples the process table every 0.1 s
+Then: every job ends SUCCEEDED, none is lost, the spare ratio rose after the failures, no two attempts of one shard
+ran at the same time, and every process killed came back (``shardyard up``'s supervisor restarts it; a service
+replica announces itself again). The last is checked from the outside: a thread samples the process table every 0.1 s
 and records, per runner process, its job, rank and attempt (from its environment) and when it was first and last
 seen alive.
 """
@@ -36,6 +37,7 @@ import pytest
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import ALERTS, REDUNDANCY
 from shardyard.cli import client
+from shardyard.cli.children import alive
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.errors import ClusterError
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
@@ -253,7 +255,8 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
         # queue, a resource pool and a fault manager replica (the other takes their jobs or nodes over), and a
         # monitor. Jobs submitted right after the queue replica died, before the other took its partitions, are
         # not lost.
-        term = kill_leader(info, "scheduler")["term"]
+        killed_leader = kill_leader(info, "scheduler")
+        term, scheduler_leader = killed_leader["term"], killed_leader["instance"]
         wait_for("a new scheduler leader", partial(newer_leader, info, "scheduler", term), 60)
         os.kill(info.pids["queue-0"], signal.SIGKILL)
         os.kill(info.pids["resource-pool-0"], signal.SIGKILL)
@@ -304,6 +307,24 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
         return views if views and all(status == "ALIVE" for status in views.values()) else None
 
     wait.until(back, f"{paused} ALIVE again in the monitors' view", 60, every_s=0.5, describe=lambda: alerts_of(info))
+
+    # Every replica killed came back: the supervisor started it again, and it announced itself with its new pid (its
+    # subscribers run: it has joined its group again and takes its share of the partitions).
+    killed = ["queue-0", "resource-pool-0", "fault-manager-0", "monitor-0", scheduler_leader, victim]
+
+    def came_back() -> dict[str, int] | None:
+        now = ClusterInfo.load(cluster)
+        announced = {
+            (s["instance"], s["pid"])
+            for s in get_json(f"{now.live().monitor_url}/api/services")["services"]
+            if isinstance(s, dict)
+        }
+        pids = {name: now.pids[name] for name in killed}
+        restarted = all(now.restarts.get(name, 0) >= 1 and alive(pid) for name, pid in pids.items())
+        services_back = all((name, pid) in announced for name, pid in pids.items() if not name.startswith("node-"))
+        return pids if restarted and services_back else None
+
+    wait.until(came_back, "every killed replica back", 90, every_s=0.5, describe=lambda: ClusterInfo.load(cluster))
     suspicion = suspicion_of(info, paused)
     before = [e.ratio for e in ratios if e.occurred_at < first_fault]
     after = [e.ratio for e in ratios if e.occurred_at >= first_fault]

@@ -100,6 +100,35 @@ async def test_rejections_then_a_valid_job_is_still_accepted(bootstrap: str, log
             assert any(e.field == "resource_requirements.gpu.count" for e in zero.errors)
 
 
+COMMENTED_SEED = b"""{
+  // the seed's example as the seed wrote it, with comments: not JSON
+  "task_id": "fine_tune_gpt2",
+  "task_type": "fine_tune",
+  "resource_requirements": {"gpu": {"count": 2, "model": "A100", "min_flops": 35}}
+}"""
+
+
+async def test_a_rejection_is_filed_under_the_job_its_bytes_or_its_key_name(bootstrap: str, log_dir: Path) -> None:
+    """The seed's commented example, keyed with its task_id as a Kafka client would, is REJECTED MALFORMED_JSON as
+    fine_tune_gpt2 (line and column in the message); unkeyed, under the id its bytes name; bytes that name none but
+    a key that is an id, under the key; neither, under ``invalid-PARTITION-OFFSET``."""
+    await ensure_topics(bootstrap)
+    with service("shardyard.queue", [], bootstrap=bootstrap, log_dir=log_dir):
+        async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="queue", timeout_s=60)
+            await send.raw(SUBMISSIONS.name, COMMENTED_SEED, key=b"fine_tune_gpt2")
+            seed = await watch.first(JobRejected, job_id="fine_tune_gpt2")
+            assert seed.reason is RejectReason.MALFORMED_JSON
+            assert "line 2 column 3" in seed.message, seed.message
+            await send.raw(SUBMISSIONS.name, COMMENTED_SEED.replace(b"fine_tune_gpt2", b"q-unkeyed"))
+            assert (await watch.first(JobRejected, job_id="q-unkeyed")).reason is RejectReason.MALFORMED_JSON
+            await send.raw(SUBMISSIONS.name, b"[1, 2]", key=b"q-keyed-array")
+            assert (await watch.first(JobRejected, job_id="q-keyed-array")).reason is RejectReason.NOT_AN_OBJECT
+            nameless = await send.raw(SUBMISSIONS.name, b"\x00 no id", key=b"not an id!")
+            found = await watch.first(JobRejected, job_id=f"invalid-{nameless.partition}-{nameless.offset}")
+            assert found.reason is RejectReason.MALFORMED_JSON
+
+
 async def test_duplicate_submission_and_redelivery(bootstrap: str, log_dir: Path) -> None:
     await ensure_topics(bootstrap)
     with service("shardyard.queue", [], bootstrap=bootstrap, log_dir=log_dir):

@@ -17,6 +17,8 @@ from pathlib import Path
 from shardyard.embedded import free_port
 from shardyard.errors import ClusterError
 
+CLUSTER_FILE = "cluster.json"
+"""The run folder's record of the cluster (``cluster.ClusterInfo``): what ``up`` started and the supervisor keeps."""
 PORT_RETRIES = 3
 """How often one process is started again on fresh ports after it lost a race for one."""
 PORT_TAKEN = "address already in use"

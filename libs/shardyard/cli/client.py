@@ -1,28 +1,27 @@
 """Talking to a running cluster: producing submissions and commands to Kafka, reading state from the monitor's
 status API, and reading the shard logs the agents write."""
 
+from __future__ import annotations
+
 import asyncio
-import json
 import os
 import re
 import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from typing import TYPE_CHECKING, Any
 
 from shardyard import tracing
-from shardyard.bus.codec import encode, key_of, topic_of
-from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli.cluster import get_json
 from shardyard.errors import BrokerError, ClusterError
-from shardyard.events import Event, JobCancelRequested, NodeDrain
+
+if TYPE_CHECKING:  # imported where used: a command that only reads the monitor loads neither pydantic nor aiokafka
+    from shardyard.admission import Refused
+    from shardyard.events import Event, JobCancelRequested, NodeDrain
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"})
 CLI_SERVICE = "shardyard-cli"
@@ -35,25 +34,52 @@ class Submitted:
     offset: int
 
 
+DOCUMENT_REASONS = frozenset(
+    {
+        "MALFORMED_JSON",
+        "NOT_AN_OBJECT",
+        "MISSING_FIELD",
+        "WRONG_TYPE",
+        "UNKNOWN_FIELD",
+        "INVALID_VALUE",
+        "SHARD_COUNT_MISMATCH",
+        "TOO_LARGE",
+        "TOO_DEEP",
+        "TOO_MANY_FIELDS",
+    }
+)
+"""The rejections a document earns by itself, whatever the cluster's settings (its GPU catalogue, path prefixes and
+allowed environment are the operator's, so ``check`` leaves those to the queue)."""
+
+
+def check(raw: bytes) -> Refused | None:
+    """How the queue's own admission code (``shardyard.admission``) would reject these bytes for what they are, or
+    None when only the cluster can tell."""
+    from shardyard.admission import ANY_PATH, Refused, admit, named_job
+    from shardyard.gpus import catalogue_with
+
+    verdict = admit(raw, catalogue=catalogue_with([]), submitted_at=datetime.now(UTC), fallback_id="-", policy=ANY_PATH)
+    if isinstance(verdict, Refused) and verdict.reason.value in DOCUMENT_REASONS:
+        return replace(verdict, job_id=job_id_of(raw, -1, -1) if named_job(raw) else "(no task_id)")
+    return None
+
+
 def job_id_of(raw: bytes, partition: int, offset: int) -> str:
-    """The id the queue will give this submission: its ``task_id``, or ``invalid-P-O`` when it has none."""
-    try:
-        document = json.loads(raw)
-    except ValueError:
-        document = None
-    if isinstance(document, dict) and isinstance(document.get("task_id"), str):
-        return str(document["task_id"])
-    return f"invalid-{partition}-{offset}"
+    """The id the queue will give this submission: the ``task_id`` its bytes name (``named_job``, as the queue reads
+    it), or ``invalid-P-O`` when they name none (``submit`` keys a submission by that same id)."""
+    from shardyard.admission import named_job
+
+    return named_job(raw) or f"invalid-{partition}-{offset}"
 
 
 async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] | None = None) -> Submitted:
-    key = None
-    try:
-        document = json.loads(raw)
-        if isinstance(document, dict) and isinstance(document.get("task_id"), str):
-            key = document["task_id"].encode()
-    except ValueError:
-        pass
+    from aiokafka import AIOKafkaProducer
+
+    from shardyard.admission import named_job
+    from shardyard.bus.topics import SUBMISSIONS
+
+    named = named_job(raw)
+    key = named.encode() if named else None
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     await producer.start()
     try:
@@ -66,6 +92,8 @@ async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] 
 def submit(bootstrap: str, raw: bytes) -> Submitted:
     """Produce a submission. It starts the job's trace: its ``traceparent`` header makes everything the cluster does
     for the job (admission to the shards' last sync) one trace, exported when the ``OTEL_*`` variables ask for it."""
+    from shardyard.bus.topics import SUBMISSIONS
+
     tracing.configure(CLI_SERVICE, os.environ)
     with tracing.span("submit", {"messaging.destination.name": SUBMISSIONS.name}) as span:
         submitted = asyncio.run(_produce(bootstrap, raw, tracing.to_headers(tracing.carrier_of(span))))
@@ -74,6 +102,11 @@ def submit(bootstrap: str, raw: bytes) -> Submitted:
 
 
 async def _publish(bootstrap: str, event: Event) -> None:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    from shardyard.bus.codec import encode, key_of, topic_of
+
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     try:
         await producer.start()
@@ -91,12 +124,16 @@ def publish(bootstrap: str, event: Event) -> None:
 
 
 def request_cancel(bootstrap: str, job_id: str, *, requested_by: str) -> JobCancelRequested:
+    from shardyard.events import JobCancelRequested
+
     request = JobCancelRequested(occurred_at=datetime.now(UTC), job_id=job_id, requested_by=requested_by)
     publish(bootstrap, request)
     return request
 
 
 def request_drain(bootstrap: str, node_id: str, *, draining: bool) -> NodeDrain:
+    from shardyard.events import NodeDrain
+
     request = NodeDrain(occurred_at=datetime.now(UTC), node_id=node_id, draining=draining)
     publish(bootstrap, request)
     return request

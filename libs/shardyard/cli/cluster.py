@@ -17,20 +17,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shardyard.bus.admin import ensure_topics
-from shardyard.cli.children import Child, Children, PortPicker, Ports, alive, pick_free_port, wait_ready
-from shardyard.cli.supervisor import Spec, Specs
+from shardyard.cli.children import CLUSTER_FILE, Child, Children, PortPicker, Ports, alive, pick_free_port, wait_ready
 from shardyard.embedded import EmbeddedBroker
 from shardyard.errors import ClusterError
+from shardyard.jobdb.urls import default_url
 
-SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "monitor")
+SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting", "monitor")
+ACCOUNTING_URL_TO = ("accounting", "monitor")
+"""The services ``up`` gives ``--accounting-url``: the one that writes the database and the one that serves it."""
 REPLICAS = 2
 """Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
 by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
 serve the status API. ``up --replicas 1`` gives up that failover for a lighter cluster."""
 ELECTED = ("scheduler",)
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
-CLUSTER_FILE = "cluster.json"
 RENDEZVOUS_BASE = 29500
 RENDEZVOUS_PER_NODE = 50
 RENDEZVOUS_BASE_ENV = "SHARDYARD_RENDEZVOUS_PORT_BASE"
@@ -61,6 +61,8 @@ class ClusterInfo:
     pids: dict[str, int] = field(default_factory=dict)
     monitor_urls: list[str] = field(default_factory=list)
     """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
+    accounting_url: str = ""
+    """The job accounting database the cluster writes (``shardyard history`` reads it; see ``shardyard.jobdb``)."""
     metrics_ports: dict[str, int] = field(default_factory=dict)
     """Each process's own Prometheus metrics port on 127.0.0.1 (``--metrics-port``), by process name."""
     started: dict[str, float] = field(default_factory=dict)
@@ -104,9 +106,9 @@ def _module(service: str) -> str:
     return "shardyard." + service.replace("-", "_")
 
 
-def _service_argv(service: str, name: str) -> Callable[[Ports], list[str]]:
+def _service_argv(service: str, name: str, extra: Sequence[str] = ()) -> Callable[[Ports], list[str]]:
     def argv(ports: Ports) -> list[str]:
-        line = [sys.executable, "-m", _module(service), "--instance", name]
+        line = [sys.executable, "-m", _module(service), "--instance", name, *extra]
         if "http" in ports:
             line += ["--http-port", str(ports["http"])]
         return [*line, "--metrics-port", str(ports["metrics"])]
@@ -188,13 +190,14 @@ def up(
     say: Callable[[str], None] = print,
     pick_port: PortPicker = pick_free_port,
     supervise: bool = True,
+    accounting_url: str | None = None,
 ) -> ClusterInfo:
     """Start a local cluster and return once every service announced itself and every node is ALIVE.
 
     A process that exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest
     is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES``
     times. Once the cluster is ready, ``supervise`` leaves a supervisor behind that restarts whatever dies
-    (``shardyard.cli.supervisor``)."""
+    (``shardyard.cli.supervisor``). Jobs are accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
@@ -209,15 +212,13 @@ def up(
         data_root=str(data_root.resolve()),
         embedded_broker=bootstrap is None,
         started_at=time.time(),
+        accounting_url=accounting_url or default_url(run_dir),
     )
     try:
-        if bootstrap is None:
-            broker = EmbeddedBroker(log_path=logs / "broker.log").start()
-            assert broker.pid is not None
-            info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
-            info.started["broker"] = time.time()
-            say(f"embedded broker on {broker.bootstrap}")
+        broker = _start_broker(info, logs, say) if bootstrap is None else None
         info.save()
+        from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
+
         asyncio.run(ensure_topics(info.bootstrap))
         children = _start_processes(info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port)
         wait_ready(
@@ -237,8 +238,19 @@ def up(
     return info
 
 
+def _start_broker(info: ClusterInfo, logs: Path, say: Callable[[str], None]) -> EmbeddedBroker:
+    broker = EmbeddedBroker(log_path=logs / "broker.log").start()
+    assert broker.pid is not None
+    info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
+    info.started["broker"] = time.time()
+    say(f"embedded broker on {broker.bootstrap}")
+    return broker
+
+
 def start_supervisor(info: ClusterInfo, children: Children, broker: EmbeddedBroker | None, logs: Path) -> None:
     """Write what ``up`` started to ``supervise.json`` and start the supervisor on it (see its module)."""
+    from shardyard.cli.supervisor import Spec, Specs
+
     extra = {"SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
     specs = Specs(info.run_dir, info.bootstrap)
     for name, child in children.started.items():
@@ -285,7 +297,8 @@ def _start_processes(
         roles = ("http", "metrics") if service == "monitor" else ("metrics",)
         for replica in range(replicas):
             name = f"{service}-{replica}"
-            children.start(name, _service_argv(service, name), roles)
+            extra = ["--accounting-url", info.accounting_url] if service in ACCOUNTING_URL_TO else []
+            children.start(name, _service_argv(service, name, extra), roles)
     shard_user = shard_user_fallback(env, say)
     port_base = rendezvous_base(env)
     for index, gpus in enumerate(nodes):

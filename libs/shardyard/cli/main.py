@@ -1,6 +1,7 @@
 """``shardyard``: run a local cluster, submit jobs, and see what they are doing."""
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -13,37 +14,35 @@ from pathlib import Path
 from typing import TypeAlias
 
 from shardyard.cli import client, cluster, render
+from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
+from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of
 from shardyard.errors import ClusterError, ShardyardError
-from shardyard.events.submission import JOB_ID_PATTERN
 from shardyard.sim import cli as sim_cli
 
-DEFAULT_RUN_DIR = ".shardyard"
 EXAMPLE = Path(__file__).with_name("example_job.json")
 
 
-def _run_dir(args: argparse.Namespace) -> Path:
-    return Path(args.run_dir or os.environ.get("SHARDYARD_RUN_DIR") or DEFAULT_RUN_DIR)
-
-
 def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
-    return cluster.ClusterInfo.load(_run_dir(args)).live()
+    return cluster.ClusterInfo.load(run_dir_of(args)).live()
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    run_dir = _run_dir(args)
+    run_dir = run_dir_of(args)
     cluster.up(
         run_dir,
         nodes=args.node or cluster.DEFAULT_NODES,
         replicas=args.replicas,
         data_root=Path(args.data_root) if args.data_root else run_dir / "data",
         bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
+        accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
     )
+    remember(run_dir)
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    cluster.down(_run_dir(args))
+    cluster.down(run_dir_of(args))
     return 0
 
 
@@ -56,8 +55,12 @@ def _follow(info: cluster.ClusterInfo, job_id: str, timeout_s: float) -> dict[st
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    info = _info(args)
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    refused = None if args.no_check else client.check(raw)
+    if refused is not None:
+        print(render.refusal(refused), file=sys.stderr)
+        return 2
+    info = _info(args)
     submitted = client.submit(info.bootstrap, raw)
     print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
     if not args.wait:
@@ -186,9 +189,11 @@ def _job_ended(args: argparse.Namespace, job_id: str) -> bool:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from shardyard.events.submission import JOB_ID_PATTERN
+
     if not re.fullmatch(JOB_ID_PATTERN, args.job):
         return _fail(f"{args.job!r} is not a job id")
-    log_dir = Path(args.log_dir) if args.log_dir else _run_dir(args) / "logs" / "shards"
+    log_dir = Path(args.log_dir) if args.log_dir else run_dir_of(args) / "logs" / "shards"
     tail = client.LogTail(log_dir, args.job, shard=args.shard, attempt=args.attempt)
     if not client.shard_logs(log_dir, args.job, shard=args.shard, attempt=args.attempt):
         which = "".join(f" {k} {v}" for k, v in (("shard", args.shard), ("attempt", args.attempt)) if v is not None)
@@ -214,7 +219,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from shardyard.training.artifacts import create_demo_artifacts
 
-    run_dir = _run_dir(args)
+    run_dir = run_dir_of(args)
     data_root = run_dir / "data"
     began = time.monotonic()
     print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
@@ -248,13 +253,16 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     # In the order `shardyard --help` lists them.
     _cluster_commands(sub)
-    ps_cli.add_parser(sub, _run_dir)
+    ps_cli.add_parser(sub, run_dir_of)
     _job_commands(sub)
     _node_commands(sub)
     _view_commands(sub)
+    history_cli.add_parser(sub, run_dir_of)
     _logs_command(sub)
     sim_cli.add_parser(sub)
     _demo_command(sub)
+    for command in sub.choices.values():  # `shardyard up --run-dir X` as well as `shardyard --run-dir X up`
+        command.add_argument("--run-dir", dest="sub_run_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return top
 
 
@@ -274,6 +282,11 @@ def _cluster_commands(sub: Commands) -> None:
         default=cluster.REPLICAS,
         help=f"processes per service (default {cluster.REPLICAS}; 1: no failover, a lighter cluster)",
     )
+    up.add_argument(
+        "--accounting-url",
+        help="the job accounting database: sqlite:///PATH or postgresql://... (env SHARDYARD_ACCOUNTING_URL; "
+        "default RUN_DIR/accounting.db)",
+    )
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
@@ -284,6 +297,11 @@ def _job_commands(sub: Commands) -> None:
     submit.add_argument("file", help="the job's JSON file, or - for standard input")
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
+    submit.add_argument(
+        "--no-check",
+        action="store_true",
+        help="produce it even when the queue's admission rules reject the document (to see the cluster's answer)",
+    )
     submit.set_defaults(func=cmd_submit)
 
     status = sub.add_parser("status", help="every job, or one job with its reason and timeline")
@@ -355,6 +373,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``shardyard status | head``): say nothing more, as cat or ls would.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
 """Plain-text rendering of jobs, nodes and timelines for the terminal."""
 
+from __future__ import annotations
+
 import sys
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from shardyard.text_table import table
+
+if TYPE_CHECKING:
+    from shardyard.admission import Refused
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -363,3 +368,10 @@ def worst_links(measured: list[dict[str, Any]], live: int) -> str:
 def _trimmed(text: str) -> str:
     """Without the padding that ends a table's lines (its last column is mostly blank here)."""
     return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def refusal(refused: Refused) -> str:
+    """Why ``submit`` produced nothing: the rejection the queue would give, with each field's error."""
+    lines = [f"not submitted: {refused.job_id} would be REJECTED {refused.reason.value}: {refused.message}"]
+    lines += [f"  {error.field}: {error.problem}" for error in refused.errors]
+    return "\n".join(lines)

@@ -30,7 +30,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.cli.children import alive, exit_text
+from shardyard.cli.children import CLUSTER_FILE, alive, exit_text
 
 SPECS_FILE = "supervise.json"
 CHECK_S = 0.5
@@ -95,13 +95,11 @@ def fresh_instance(argv: list[str], name: str) -> list[str]:
 
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
-        from shardyard.cli.cluster import ClusterInfo  # the cluster file's format lives beside ``up``
-
         self.run_dir = run_dir
         self.specs = Specs.load(run_dir)
-        info = ClusterInfo.load(run_dir)
+        pids = json.loads((run_dir / CLUSTER_FILE).read_text())["pids"]
         now = time.monotonic()
-        self.watched = {s.name: Watched(s, info.pids[s.name], now) for s in self.specs.processes if s.name in info.pids}
+        self.watched = {s.name: Watched(s, pids[s.name], now) for s in self.specs.processes if s.name in pids}
         self.registry = CollectorRegistry()
         self.restarts = Counter(
             "shardyard_process_restarts",
@@ -168,14 +166,16 @@ class Supervisor:
             return
 
     def _record(self, name: str, pid: int) -> None:
-        from shardyard.cli.cluster import ClusterInfo
-
-        with contextlib.suppress(Exception):  # ``down`` removed the file: nothing to keep true any more
-            info = ClusterInfo.load(self.run_dir)
-            info.pids[name] = pid
-            info.restarts[name] = info.restarts.get(name, 0) + 1
-            info.started[name] = time.time()
-            info.save()
+        """The restart in the cluster file (``ClusterInfo``'s fields ``pids``, ``restarts``, ``started``)."""
+        path = self.run_dir / CLUSTER_FILE
+        with contextlib.suppress(OSError, ValueError):  # ``down`` removed the file: nothing to keep true any more
+            info = json.loads(path.read_text())
+            info["pids"][name] = pid
+            info.setdefault("restarts", {})[name] = info.get("restarts", {}).get(name, 0) + 1
+            info.setdefault("started", {})[name] = time.time()
+            tmp = path.with_suffix(".supervisor.tmp")
+            tmp.write_text(json.dumps(info, indent=2))
+            tmp.replace(path)
 
 
 def main(argv: list[str]) -> int:

@@ -40,6 +40,9 @@ class AlertRule(StrEnum):
     SLOW_LINK = "SLOW_LINK"
     """The measured link between two nodes is out of line with the cluster's (``shardyard.links.slow_links``): its
     RTT far above, or its bandwidth far below, what the nodes' best links show. Per node pair, ``a|b`` sorted."""
+    DISK_FULL = "DISK_FULL"
+    """A node's output disk (where checkpoints go) has less free space than the placement floor, or a shard failed
+    DISK_FULL there recently: no new shards go there until it is cleaned up. Per node."""
 
 
 class AlertSeverity(StrEnum):

@@ -173,6 +173,9 @@ class PendingReason(StrEnum):
     RESERVED_FOR_HIGHER_PRIORITY = "RESERVED_FOR_HIGHER_PRIORITY"
     PREEMPTING = "PREEMPTING"
     RETRY_BACKOFF = "RETRY_BACKOFF"
+    DISK_FULL = "DISK_FULL"
+    """Every node that could take the job has less free space on its output disk (where checkpoints and outputs go)
+    than the floor: the message names them. The job starts once a disk has room."""
 
 
 class FailureCause(StrEnum):
@@ -201,6 +204,14 @@ class FailureCause(StrEnum):
     INVALID_SPEC = "INVALID_SPEC"
     """Reported by the scheduler on a job it could not decide for: its spec breaks placement (a value no admission
     accepts, e.g. a ready job produced straight to the lifecycle topic). The job fails; the other jobs are placed."""
+    DISK_FULL = "DISK_FULL"
+    """A write failed for want of space (``ENOSPC``, ``EDQUOT``), or the shard failed while its node's output disk
+    was full: the message names the path and the free space left. The job moves to a node with room outside its
+    retry budget, or waits until a disk has room (``shardyard.fault_manager.recovery.free_move``): never retried on
+    the same full disk."""
+    IO_ERROR = "IO_ERROR"
+    """The disk failed a read or write (``EIO``, or ``EROFS``: a filesystem remounted read-only after errors): the
+    message names the path. The node is kept out of the job's retries, as for a GPU fault."""
 
 
 class ShardPlacement(Model):
@@ -285,7 +296,9 @@ class ShardCause(Model):
 
 class JobRecovering(Event):
     """The fault manager's recovery plan for a failed gang: re-form it (new attempt, new rendezvous) from the last
-    checkpoint, on other nodes than ``exclude_nodes``, not before ``retry_at``."""
+    checkpoint, on other nodes than ``exclude_nodes`` (and, for its next attempt only, ``avoid_nodes``), not before
+    ``retry_at``. A plan that moves the job off a full disk to a node with room does not use the retry budget
+    (``counted`` False)."""
 
     type: Literal["job.recovering"] = "job.recovering"
     job_id: str
@@ -294,9 +307,13 @@ class JobRecovering(Event):
     message: str
     causes: tuple[ShardCause, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
+    avoid_nodes: tuple[str, ...] = Field(
+        default=(), description="kept off for the next attempt only: a disk that filled may be cleaned up"
+    )
     retry_at: AwareDatetime
-    retries_used: int = Field(ge=1)
+    retries_used: int = Field(ge=0, description="of the retry budget, this plan included when it counts")
     retries_left: int = Field(ge=0)
+    counted: bool = Field(default=True, description="False: a move off a full disk, not charged to the retry budget")
 
 
 class JobPreempting(Event):

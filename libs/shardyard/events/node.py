@@ -1,7 +1,8 @@
 """Node events: agent heartbeats, the resource pool's node state (compacted, keyed by node) and node loss."""
 
+import math
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -50,6 +51,32 @@ class ArtifactError(Model):
     message: str = Field(max_length=MAX_ARTIFACT_ERROR_CHARS, description="e.g. 'ENAMETOOLONG: File name too long'")
 
 
+class DiskSpace(Model):
+    """The filesystem behind a node's output path (where job outputs and checkpoints go): its free and total bytes,
+    as ``statvfs`` gives them to an unprivileged writer (``f_bavail``)."""
+
+    path: str = Field(description="the job path measured (the node's output path, e.g. /data/checkpoints)")
+    free_bytes: int = Field(ge=0)
+    total_bytes: int = Field(ge=0)
+
+
+DISK_STEP: Final = 1.1
+"""Free space moves the inventory (and sends a full heartbeat) when it crosses a step of this ratio: 10 %."""
+DISK_STEP_MIN_BYTES: Final = 1 << 20
+"""Below this much free space, one step: a full disk's last bytes do not send a heartbeat each."""
+
+
+def disk_step(disk: DiskSpace | None) -> int | None:
+    """Which step of free space ``disk`` is in: 0 under 1 MiB, then one more per 10 % more. What the inventory holds
+    of it, so that a disk filling or emptying sends a full heartbeat (and a new node state) per 10 %, not per beat,
+    and a drop to a floor is seen within a step of it."""
+    if disk is None:
+        return None
+    if disk.free_bytes < DISK_STEP_MIN_BYTES:
+        return 0
+    return 1 + int(math.log(disk.free_bytes / DISK_STEP_MIN_BYTES, DISK_STEP))
+
+
 class RunningShard(Model):
     job_id: str
     shard_index: int
@@ -83,6 +110,9 @@ class Heartbeat(Event):
         max_length=MAX_ARTIFACT_ERRORS,
         description="watched job paths this node could not look at, and why (they are not in artifacts)",
     )
+    output_disk: DiskSpace | None = Field(
+        default=None, description="free space of the filesystem job outputs and checkpoints map to (None: unknown)"
+    )
 
 
 class NodeLease(Event):
@@ -103,8 +133,9 @@ class NodeLease(Event):
 
 def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
     """What a heartbeat says that is not telemetry (a lease carries the telemetry): who and where the node is, its
-    GPUs and their health, cores, memory, mounts, running shards, artifacts (and artifact errors) and topology. An
-    agent sends a full heartbeat when this changes; the pool publishes the node's state when it does."""
+    GPUs and their health, cores, memory, mounts, running shards, artifacts (and artifact errors), topology and the
+    10 % step of its output disk's free space (:func:`disk_step`). An agent sends a full heartbeat when this changes;
+    the pool publishes the node's state when it does."""
     gpus = tuple(
         (g.index, g.model, g.tflops, g.memory_bytes, g.simulated, g.tflops_source, g.healthy, g.fault)
         for g in heartbeat.gpus
@@ -123,6 +154,7 @@ def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
         heartbeat.artifacts,
         heartbeat.topology,
         heartbeat.artifact_errors,
+        disk_step(heartbeat.output_disk),
     )
 
 
@@ -173,6 +205,7 @@ class NodeState(Event):
     artifacts: dict[str, ArtifactPlace] = Field(default_factory=dict)
     topology: dict[str, str] = Field(default_factory=dict)
     draining: bool = False
+    output_disk: DiskSpace | None = Field(default=None, description="as its last full heartbeat said (None: unknown)")
 
 
 class NodeLost(Event):

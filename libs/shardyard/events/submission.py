@@ -6,7 +6,7 @@ error, not a silently ignored option), and lenient where the documented JSON is:
 Every field is bounded (the limits are in the JSON Schema, ``schemas/job-submission.json``, and the README): numbers
 are finite and within their ranges, strings have lengths, and job paths are absolute and normalised, free of ``.``
 and ``..``, at most ``MAX_PATH_BYTES`` long with components of at most ``MAX_COMPONENT_BYTES``. Which prefixes a path
-may lie under, and which environment variables a job may set, is the operator's (``shardyard.queue.admission``).
+may lie under, and which environment variables a job may set, is the operator's (``shardyard.admission``).
 """
 
 from typing import Annotated, Final, Literal

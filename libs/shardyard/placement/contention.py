@@ -16,6 +16,7 @@ from shardyard.placement.filters import (
     BY_NAME,
     CAPACITY,
     CAPPED,
+    DISK,
     GANG_FILTERS,
     GROUP_FILTERS,
     IDENTITY,
@@ -31,6 +32,7 @@ from shardyard.placement.filters import (
 )
 from shardyard.placement.index import ClusterIndex, Group, Slot
 from shardyard.placement.model import NodeView, Policy, RunningJob, Unschedulable, epoch_us
+from shardyard.units import format_bytes
 
 
 @dataclass
@@ -124,7 +126,28 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
     if spec.min_match is not None and not job.degraded:
         wait = spec.max_wait_s - (now - job.pending.ready_at).total_seconds()
         message += f"; degraded placement (match >= {spec.min_match:g}) allowed in {max(0.0, wait):.0f}s"
-    return Unschedulable(spec.job_id, _reason(counted, job.k), message, shown), counted.shards
+    reason = _reason(counted, job.k)
+    if reason is PendingReason.DISK_FULL:
+        message += f"; {full_disks(index, job)}"
+    return Unschedulable(spec.job_id, reason, message, shown), counted.shards
+
+
+MAX_NAMED = 8
+"""Nodes a DISK_FULL message names at most (the count says how many there are)."""
+
+
+def full_disks(index: ClusterIndex, job: Candidate) -> str:
+    """``output disks too full: node-a (12MiB free), node-b (0B free)``: the nodes of the job's kind that the disk
+    filter holds out. Worked out only for a job that waits for it (a scan of the nodes), so that whoever reads the
+    reason knows which disks to clean up."""
+    full = sorted(
+        (slot.node_id, slot.view.disk_free_bytes or 0)
+        for slot in index.slots.values()
+        if slot.held_by == DISK and (slot.group.model, slot.group.tflops) in job.eligible
+    )
+    named = ", ".join(f"{node} ({format_bytes(free)} free)" for node, free in full[:MAX_NAMED])
+    more = f" and {len(full) - MAX_NAMED} more" if len(full) > MAX_NAMED else ""
+    return f"output disks below {index.policy.disk_floor} free: {named}{more}"
 
 
 def _by_count(labelled: tuple[str, int]) -> tuple[int, str]:

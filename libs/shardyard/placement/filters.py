@@ -153,6 +153,11 @@ def _has_artifacts(node: Node, job: Wants) -> bool:
     return job.model_path in artifacts and job.dataset_path in artifacts
 
 
+def _disk_has_room(node: Node, policy: Policy) -> bool:
+    free = node.view.disk_free_bytes
+    return free is None or free >= policy.disk_floor_bytes
+
+
 def _holds_the_gang(members: Sequence[tuple[Node, int]], job: Wants) -> bool:
     return sum(count for _node, count in members) >= job.k
 
@@ -167,6 +172,7 @@ MODEL: Final = "GPU model mismatch"
 TFLOPS: Final = "TFLOPS below minimum"
 MATCH: Final = "match below min_match"
 LOAD: Final = "load above {policy.load_threshold:.0%}"
+DISK: Final = "output disk below {policy.disk_floor} free"
 RESERVED: Final = "reserved for a higher-priority job"
 NO_GPU: Final = "no free GPU"
 EXCLUDED: Final = "excluded after a failure"
@@ -190,6 +196,9 @@ FILTERS: Final = (
     GroupFilter(MATCH, PendingReason.GPU_MODEL_MISMATCH, _match_above_floor, Match.DEGRADED),
     # S16: a node at or above the load threshold takes no new shards (the job waits for the load to drop).
     StateFilter(LOAD, PendingReason.LOAD_TOO_HIGH, lambda node, policy: node.load < policy.load_threshold),
+    # Its output disk (checkpoints, the final model) has less room than the floor: a shard would fail DISK_FULL
+    # there, so the job goes to a disk with room or waits for one. A node that reports no disk is not judged.
+    StateFilter(DISK, PendingReason.DISK_FULL, _disk_has_room),
     # Held this cycle for a blocked higher-priority job (``ClusterIndex.reserve``): lower jobs backfill elsewhere.
     StateFilter(RESERVED, PendingReason.RESERVED_FOR_HIGHER_PRIORITY, lambda node, policy: node.reserved_for is None),
     BucketFilter(NO_GPU, PendingReason.INSUFFICIENT_GPUS, lambda free: free > 0, resource=True),

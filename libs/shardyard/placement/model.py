@@ -8,6 +8,7 @@ from typing import Literal
 
 from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
 from shardyard.events.job import CoordinatorSource
+from shardyard.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,14 @@ class Policy:
     start_estimates: int = 100
     """How many jobs waiting on capacity, in queue order, get an estimated start from the plan (``plan``); 0: only
     a job holding a reservation, from its reservation."""
+    disk_floor_bytes: int = 1 << 30
+    """A node whose output disk (where checkpoints go) has less free space than this takes no new shards: a job
+    placed there would fail DISK_FULL at its first checkpoint. 1 GiB."""
+
+    @property
+    def disk_floor(self) -> str:
+        """The floor as people read it (``1GiB``): the disk filter's label names it."""
+        return format_bytes(self.disk_floor_bytes)
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,8 @@ class NodeView:
     """Job paths present on the node: path -> "local" (its own disk) or "shared" (a network path)."""
     zone: str = ""
     rack: str = ""
+    disk_free_bytes: int | None = None
+    """Free space of the node's output disk (None: not reported; the disk filter passes it)."""
 
     @property
     def gpu_total(self) -> int:

@@ -116,6 +116,7 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
         artifacts=node.artifacts,
         zone=node.topology.get("zone", ""),
         rack=node.topology.get("rack", ""),
+        disk_free_bytes=None if node.output_disk is None else node.output_disk.free_bytes,
     )
 
 

@@ -19,10 +19,8 @@ from pathlib import Path
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
-from shardyard.sim.engine import DEFAULT_CHECKPOINT_S, simulate
+from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S, POLICY_NAMES
 from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate
-from shardyard.sim.policies import POLICY_NAMES, policy_named, policy_with
-from shardyard.sim.report import as_json, render_table, summarize
 from shardyard.sim.trace import read_trace, write_trace
 
 CORE_NOTE = (
@@ -98,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("simulate needs a TRACE.csv (or --generate N to write one)")
     if not args.checkpoint_s >= 0:
         raise ConfigError("--checkpoint-s must be at least 0")
+    from shardyard.sim.engine import simulate  # the engine and the policies: loaded when a replay runs
+    from shardyard.sim.policies import policy_named, policy_with
+    from shardyard.sim.report import as_json, render_table, summarize
+
     path = Path(args.trace)
     trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
     core = policy_with(args.policy_option)

@@ -22,11 +22,11 @@ from enum import IntEnum
 from shardyard.errors import ShardyardError
 from shardyard.gpus import match_score
 from shardyard.sim.cluster import NodeSpec
+from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S
 from shardyard.sim.trace import TraceJob
 
 US = 1_000_000
 """Simulated microseconds per second."""
-DEFAULT_CHECKPOINT_S = 10.0
 
 Shards = tuple[tuple[str, tuple[int, ...]], ...]
 """(node id, GPU indices) per node of a gang."""

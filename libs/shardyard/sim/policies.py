@@ -26,6 +26,7 @@ from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preem
 from shardyard.placement.standing import StandingIndex
 from shardyard.sim.baselines import fifo, first_fit, priority_first, sjf_oracle
 from shardyard.sim.cluster import NodeSpec
+from shardyard.sim.defaults import POLICY_NAMES
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
 from shardyard.sim.trace import TraceJob
 
@@ -243,7 +244,6 @@ def _shards(place: Place) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((node_id, tuple(gpus)) for node_id, gpus in by_node.items())
 
 
-POLICY_NAMES = ("shardyard", "fifo", "priority", "first-fit", "sjf-oracle")
 BASELINES: Mapping[str, PolicyFn] = MappingProxyType(
     {"fifo": fifo, "priority": priority_first, "first-fit": first_fit, "sjf-oracle": sjf_oracle}
 )

@@ -50,6 +50,7 @@ from shardyard.training.model import (
     tensor_bytes,
     write_dir_atomic,
 )
+from shardyard.training.storage import fault_of
 
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -160,8 +161,11 @@ class CheckpointWriter:
 
     The training thread takes the snapshot (:func:`checkpoint_files`, the CPU part) and hands the bytes over; the
     writer does the part that waits on the disk (fsyncs, the swap) while training goes on. A new checkpoint waits
-    for the one before it. A write that fails is reported on stderr and training goes on: the previous checkpoint
-    stays in place. Leftovers of a writer that died mid-write are tidied up first.
+    for the one before it. A write that fails is reported on stderr and the previous checkpoint stays in place.
+    Training goes on, unless the disk is full or failing (:mod:`shardyard.training.storage`): then :meth:`check`
+    raises that error on the training thread, at its next step. Steps trained on such a disk could never be saved,
+    the final model neither, so the shard fails DISK_FULL or IO_ERROR at once, and its job moves to a disk with
+    room and resumes from the checkpoint in place. Leftovers of a writer that died mid-write are tidied up first.
     """
 
     def __init__(self, directory: Path, on_written: Written) -> None:
@@ -171,6 +175,8 @@ class CheckpointWriter:
             recover_leftovers(directory)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future[None] | None = None
+        self.fault: OSError | CheckpointError | None = None
+        """The full or failing disk a write met (set on the writer's thread, raised by :meth:`check`)."""
 
     def submit(self, step: int, files: Mapping[str, bytes]) -> None:
         self.wait()
@@ -186,12 +192,20 @@ class CheckpointWriter:
         self.wait()
         self._pool.shutdown()
 
+    def check(self) -> None:
+        """Raise the storage fault a write met, if any (see the class's docstring)."""
+        if self.fault is not None:
+            raise self.fault
+
     def _write(self, step: int, files: dict[str, bytes]) -> None:
         t0 = time.perf_counter()
         try:
             written = write_if_newer(self.directory, files, step)
         except (OSError, CheckpointError) as exc:
-            print(f"shardyard.training: checkpoint of step {step} not written: {exc}", file=sys.stderr)
+            if fault_of(exc) is not None:
+                self.fault = exc
+            with contextlib.suppress(OSError):  # stderr may be on the disk that filled
+                print(f"shardyard.training: checkpoint of step {step} not written: {exc}", file=sys.stderr)
             return
         if written:
             self._on_written(step, self.directory, (time.perf_counter() - t0) * 1000.0)

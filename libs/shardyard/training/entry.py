@@ -24,9 +24,10 @@ single-threaded, it costs a few tens of milliseconds and a few MiB. It
   ================================================  ==========================================================
   exits 0                                           0: OK
   exits ``USER_ERROR`` (3) or ``PREEMPTED`` (75)    the same: the exit codes of :mod:`shardyard.train`
-  exits 4, 6, 7, 8 or 9                             ``INTERNAL_ERROR`` (5): the runtime reserves these codes
-                                                    (COMM_ERROR ... FENCED); from a script they are a plain
-                                                    process exit
+  exits 4, 6, 7, 8, 9, 10 or 11                     ``INTERNAL_ERROR`` (5): the runtime reserves these codes
+                                                    (COMM_ERROR ... IO_ERROR); from a script they are a plain
+                                                    process exit (the agent reads a full disk or an I/O error
+                                                    from the script's last log lines instead)
   exits with any other status n                     n: a process exit (retried), or KILLED for 129..192
   dies of signal n                                  128 + n: KILLED
   cannot be started: not found, not executable,     ``USER_ERROR`` (not retried), the reason on stderr

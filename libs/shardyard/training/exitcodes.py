@@ -23,6 +23,11 @@ SYNC_TIMEOUT: Final = 8
 """A parameter AllReduce did not complete within ``SHARDYARD_SYNC_TIMEOUT_S``: a peer hangs (or is unreachable)."""
 FENCED: Final = 9
 """The shard stopped itself: its agent stopped renewing the shard lease (see :mod:`shardyard.training.lease`)."""
+DISK_FULL: Final = 10
+"""A write failed for want of space (ENOSPC, EDQUOT): a checkpoint, the final model, anything on the shard's disks.
+The runner's last report names the path and the space left (:mod:`shardyard.training.storage`)."""
+IO_ERROR: Final = 11
+"""A read or write failed on the device (EIO), or its filesystem went read-only (EROFS)."""
 PREEMPTED: Final = 75
 """Stopped on request (preemption) after the gang checkpointed; not a failure. 75 is ``EX_TEMPFAIL`` of
 ``sysexits.h``: "try again later", which is what a preempted shard's job does."""
@@ -56,6 +61,8 @@ class ExitCause(StrEnum):
     GPU_FAULT = "gpu_fault"
     SYNC_TIMEOUT = "sync_timeout"
     FENCED = "fenced"
+    DISK_FULL = "disk_full"
+    IO_ERROR = "io_error"
 
 
 _BY_CODE: Final = {
@@ -67,6 +74,8 @@ _BY_CODE: Final = {
     GPU_FAULT: ExitCause.GPU_FAULT,
     SYNC_TIMEOUT: ExitCause.SYNC_TIMEOUT,
     FENCED: ExitCause.FENCED,
+    DISK_FULL: ExitCause.DISK_FULL,
+    IO_ERROR: ExitCause.IO_ERROR,
 }
 
 

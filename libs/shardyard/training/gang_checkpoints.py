@@ -69,6 +69,11 @@ class GangCheckpoints:
             self.writer.wait()
             save_checkpoint(self.directory, model, optimizer, self._state(step, loss), ranks)
 
+    def check(self) -> None:
+        """Raise the full or failing disk a periodic checkpoint met (``CheckpointWriter.check``): rank 0 fails."""
+        if self.writer is not None:
+            self.writer.check()
+
     def close(self) -> None:
         """Waits for the checkpoint being written: a failing rank 0 still leaves its last sync behind."""
         if self.writer is not None:

@@ -21,6 +21,7 @@ Anything else (another ``model_type``, ``pytorch_model.bin`` only, missing or mi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -30,7 +31,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -331,8 +332,20 @@ def _renameat2() -> Any:
     return fn
 
 
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError raised inside names ``path``: a write or fsync that fails (``ENOSPC``, ``EIO``) names no file,
+    and the shard's failure must say which (``shardyard.training.storage``)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), os.fspath(path)) from exc
+        raise
+
+
 def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "xb") as fh:  # plain open(): the file mode follows the umask
+    with _naming(path), open(path, "xb") as fh:  # plain open(): the file mode follows the umask
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -341,6 +354,7 @@ def _write_synced(path: Path, data: bytes) -> None:
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with _naming(path):
+            os.fsync(fd)
     finally:
         os.close(fd)

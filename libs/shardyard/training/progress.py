@@ -14,6 +14,8 @@ from typing import Any
 
 Clock = Callable[[], float]
 
+MAX_FAILED_CHARS = 2000
+"""A ``failed`` report's message is cut here: a line stays within one pipe write (PIPE_BUF, 4 KiB)."""
 MIN_INTERVAL_S = 1.0
 """At most one (unforced) progress line a second per shard: each becomes an event that about six consumers read, and
 the control plane shares the node with training (``bench/training.py`` counts what that costs)."""
@@ -124,6 +126,11 @@ class ProgressReporter:
                 "write_ms": round(write_ms, 3),
             }
         )
+
+    def failed(self, cause: str, message: str) -> None:
+        """Why the shard is about to fail, where its exit code cannot say it all: a storage fault's path and the space
+        left there. It goes over the progress pipe, not only the log: the log may be on the disk that filled."""
+        self._emit({"kind": "failed", "cause": cause, "message": message[:MAX_FAILED_CHARS]})
 
     def close(self) -> None:
         """Close the descriptor (the reader then sees EOF); later reports go nowhere."""

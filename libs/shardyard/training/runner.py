@@ -3,7 +3,8 @@
 Exit codes are those of :mod:`shardyard.training.exitcodes`: OK, USER_ERROR (bad config, model, dataset or resume
 checkpoint), COMM_ERROR (torch.distributed init/AllReduce/barrier failures), SYNC_TIMEOUT (a sync past
 ``SHARDYARD_SYNC_TIMEOUT_S``), OOM and GPU_FAULT (out of memory; a CUDA error that points at the device, or the GPU
-``LOCAL_RANK`` names is not there), PREEMPTED (stopped on request after checkpointing, see
+``LOCAL_RANK`` names is not there), DISK_FULL and IO_ERROR (a checkpoint or the final model could not be written:
+no space, or the disk failed; :mod:`shardyard.training.storage`), PREEMPTED (stopped on request after checkpointing, see
 :mod:`shardyard.training.preemption`), INTERNAL_ERROR (anything else); see :mod:`shardyard.training.errors`.
 
 With ``SHARDYARD_SYNC_INTERVAL`` 1 the gang averages gradients at every step (synchronous data parallelism), above
@@ -32,6 +33,7 @@ first: R steps/s``. ``bench/training.py`` reads it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -44,7 +46,7 @@ import numpy as np
 import torch
 
 from shardyard import tracing
-from shardyard.training import exitcodes
+from shardyard.training import exitcodes, storage
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.errors import (
     CommError,
@@ -59,6 +61,7 @@ from shardyard.training.lease import start_watchdog
 from shardyard.training.preemption import StopFlag
 from shardyard.training.progress import ProgressReporter
 from shardyard.training.steps import PREFIX, Outcome, Steps, finish, join_gang
+from shardyard.training.storage import StorageFault, fault_of, free_space, path_of
 
 __all__ = ["TERMINATED_EXIT", "CommError", "Outcome", "SyncTimeoutError", "TermFlag", "UserError", "main", "train"]
 
@@ -175,7 +178,7 @@ def _run(env: Mapping[str, str] | None, stop: StopFlag | None) -> int:
         reporter.close()
         _exit_now(TERMINATED_EXIT)
     except Exception as exc:
-        return _failure(where, exc)
+        return _failure(where, exc, reporter)
     finally:
         reporter.close()
     if outcome.preempted:
@@ -189,15 +192,20 @@ def _exit_now(code: int) -> NoReturn:
     group's teardown at exit can wait on them indefinitely (seen with gloo), and a shard told to end must end. Spans
     and output are flushed first."""
     tracing.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a log on a full disk must not turn the exit code into a traceback's 1
+            stream.flush()
     os._exit(code)
 
 
-def _failure(where: str, exc: Exception) -> int:
+def _failure(where: str, exc: Exception, reporter: ProgressReporter) -> int:
     """The exit code of a run that raised ``exc``, its reason on stderr: out of memory and GPU faults first (they
-    may surface inside a collective), then timed-out syncs and other communication errors, else an internal error."""
+    may surface inside a collective), then a full or failing disk, then timed-out syncs and other communication
+    errors, else an internal error."""
     fault = exitcodes.GPU_FAULT if isinstance(exc, DeviceError) else exitcodes.fault_exit_code(exc)
+    disk = None if fault is not None or isinstance(exc, CommError) else fault_of(exc)  # a socket's EIO is comm's
+    if disk is not None:
+        return _storage_failure(where, *disk, reporter)
     if fault == exitcodes.OOM:
         print(f"{where}: out of memory: {describe(exc)}", file=sys.stderr)
     elif fault == exitcodes.GPU_FAULT:
@@ -212,6 +220,17 @@ def _failure(where: str, exc: Exception) -> int:
         print(f"{where}: internal error:\n{traceback.format_exc()}", file=sys.stderr)
         return exitcodes.INTERNAL_ERROR
     return fault
+
+
+def _storage_failure(where: str, fault: StorageFault, error: OSError, reporter: ProgressReporter) -> int:
+    """A write or read that a full or failing disk refused: DISK_FULL or IO_ERROR, told to the agent with the path
+    and the space left there over the progress pipe (the log may be on the disk that filled)."""
+    path = path_of(error)
+    message = storage.describe(fault, error, path, None if path is None else free_space(path))
+    reporter.failed(fault.value, message)
+    with contextlib.suppress(OSError):
+        print(f"{where}: {message}", file=sys.stderr)
+    return exitcodes.DISK_FULL if fault is StorageFault.DISK_FULL else exitcodes.IO_ERROR
 
 
 if __name__ == "__main__":

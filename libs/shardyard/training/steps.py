@@ -171,7 +171,9 @@ class Steps:
 
     def step(self, step: int, stop: StopFlag) -> bool:
         """Train step ``step``: forward, backward, the gradient or parameter sync, a checkpoint when one is due, the
-        progress line. True when the gang stops here (a stop request met at a sync; rank 0 has checkpointed)."""
+        progress line. True when the gang stops here (a stop request met at a sync; rank 0 has checkpointed). A disk
+        that filled under the last checkpoint fails the step first (``GangCheckpoints.check``)."""
+        self.checkpoints.check()
         self.last = step
         inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.stream))
         logits = self.model(inputs)

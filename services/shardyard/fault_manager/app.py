@@ -35,6 +35,12 @@ class FaultSettings(ReplicatedSettings):
         ge=0,
         description="the same wait while a training shard of the gang has reported nothing (its node may be down)",
     )
+    disk_floor_bytes: int = Field(
+        default=RetryPolicy.disk_floor_bytes, ge=0, description="a node has room for a job off a full disk above this"
+    )
+    disk_full_moves: int = Field(
+        default=RetryPolicy.disk_full_moves, ge=0, description="moves off a full disk a job gets outside its budget"
+    )
     tick_interval_s: float = Field(default=0.25, gt=0, description="how often due decisions and the ratio are checked")
     redundancy_window_s: float = Field(default=600.0, gt=0, description="window of the shard failure rate")
     redundancy_min_ratio: float = Field(default=0.0, ge=0, le=1, description="lowest spare ratio")
@@ -54,6 +60,8 @@ class FaultSettings(ReplicatedSettings):
             backoff_max_s=self.retry_backoff_max_s,
             comm_grace_s=self.comm_grace_s,
             silent_grace_s=self.silent_grace_s,
+            disk_floor_bytes=self.disk_floor_bytes,
+            disk_full_moves=self.disk_full_moves,
         )
 
     def redundancy_policy(self) -> RedundancyPolicy:

@@ -43,6 +43,8 @@ from shardyard.fault_manager.recovery import (
     FailedAttempt,
     RetryPolicy,
     disposition,
+    exclusions,
+    full_disks,
     is_due,
     outcome,
 )
@@ -89,6 +91,10 @@ class JobRecord:
     open: OpenFailure | None = None
     fence: int = 0
     """The highest scheduler term of a placement read for the job: placements under lower ones are stale."""
+    excluded: set[str] = field(default_factory=set)
+    """Nodes its recovery plans excluded (the scheduler keeps the job off them for good)."""
+    moves: set[int] = field(default_factory=set)
+    """Attempts recovered by a move off a full disk, outside the retry budget."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,14 @@ class NodeView:
     status: NodeStatus
     as_of: datetime
     silent_s: float
+    disk_free_bytes: int | None = None
+    """Free space of its output disk, as its last state said (None: not reported)."""
+    draining: bool = False
+
+    def has_room(self, floor: int) -> bool:
+        """Whether a job moved off a full disk can go here: ALIVE, not draining, and room reported on its disk."""
+        free = self.disk_free_bytes
+        return self.status is NodeStatus.ALIVE and not self.draining and free is not None and free >= floor
 
 
 @dataclass
@@ -145,6 +159,9 @@ class FaultBook:
                 if record is not None:
                     record.retries_used = max(record.retries_used, event.retries_used)
                     record.history[event.attempt] = event.causes
+                    record.excluded.update(event.exclude_nodes)
+                    if not event.counted:
+                        record.moves.add(event.attempt)
                     self._close(event.job_id, record, event.attempt)
             case JobPreempting() | JobPreempted():
                 # The gang is being stopped on purpose: its shards' failures (REVOKED, the peers' COMM_ERRORs) are
@@ -159,9 +176,12 @@ class FaultBook:
                 self._undecided.discard(event.job_id)
             case NodeState():
                 silent = (event.occurred_at - event.last_heartbeat_at).total_seconds()
-                self._observe(event.node_id, event.status, event.occurred_at, silent)
+                disk = None if event.output_disk is None else event.output_disk.free_bytes
+                self._observe(event.node_id, NodeView(event.status, event.occurred_at, silent, disk, event.draining))
             case NodeLost():
-                self._observe(event.node_id, NodeStatus.LOST, event.occurred_at, event.silent_for_s)
+                known = self.nodes.get(event.node_id)
+                disk = None if known is None else known.disk_free_bytes
+                self._observe(event.node_id, NodeView(NodeStatus.LOST, event.occurred_at, event.silent_for_s, disk))
             case _:
                 pass
 
@@ -227,12 +247,12 @@ class FaultBook:
             record.open.causes.setdefault(cause.shard_index, cause)
         self._undecided.add(job_id)
 
-    def _observe(self, node_id: str, status: NodeStatus, as_of: datetime, silent_s: float) -> None:
+    def _observe(self, node_id: str, view: NodeView) -> None:
         known = self.nodes.get(node_id)
-        if known is not None and as_of <= known.as_of:
+        if known is not None and view.as_of <= known.as_of:
             return  # older news (a replayed or redelivered state) than what we have
-        self.nodes[node_id] = NodeView(status, as_of, silent_s)
-        if status in BAD_NODE:
+        self.nodes[node_id] = view
+        if view.status in BAD_NODE:
             self._turned_bad.add(node_id)
         else:
             self._turned_bad.discard(node_id)
@@ -266,6 +286,8 @@ class FaultBook:
                     bad_nodes=bad,
                     retries_used=record.retries_used,
                     earlier_causes=tuple(c for _, cs in sorted(record.history.items()) for c in cs),
+                    room=self._room(record, causes, bad),
+                    moves_used=len(record.moves),
                 ),
                 self.policy,
                 now,
@@ -296,6 +318,17 @@ class FaultBook:
                 )
             if causes:
                 self._fail(job_id, record, gang.attempt, min(self.nodes[c.node_id].as_of for c in causes), causes)
+
+    def _room(self, record: JobRecord, causes: tuple[ShardCause, ...], bad: frozenset[str]) -> tuple[str, ...]:
+        """For an attempt that failed DISK_FULL: the nodes a move off the full disk can go to (``NodeView.has_room``),
+        off the job's exclusions, this attempt's and the full disks. Not worked out for other failures (it reads
+        every node)."""
+        full = full_disks(causes)
+        if not full:
+            return ()
+        off = record.excluded | set(exclusions(causes, bad)) | set(full)
+        floor = self.policy.disk_floor_bytes
+        return tuple(sorted(n for n, view in self.nodes.items() if n not in off and view.has_room(floor)))
 
     def _bad_nodes(self, gang: Gang | None, causes: tuple[ShardCause, ...]) -> frozenset[str]:
         candidates = (gang.nodes() if gang is not None else set()) | {c.node_id for c in causes}

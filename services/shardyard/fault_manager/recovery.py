@@ -1,5 +1,6 @@
 """Recovery rules: what each failure cause means for the job, which nodes a recovery avoids, how long a retry waits,
-and the outcome of one failed attempt: a recovery plan, or the job's end. Pure: time comes in, events go out.
+which recoveries the retry budget pays for (not a move off a full disk, :func:`free_move`), and the outcome of one
+failed attempt: a recovery plan, or the job's end. Pure: time comes in, events go out.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,6 +60,11 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         FailureCause.ORPHANED: Disposition.RETRY,
         # The scheduler could not decide for the job at all (its spec breaks placement): it would break it anywhere.
         FailureCause.INVALID_SPEC: Disposition.FAIL,
+        # The node's disk filled (ENOSPC, EDQUOT): the job is fine, the disk is not. Moved to a disk with room (see
+        # ``free_move``), or held by the placement's disk filter until one has room.
+        FailureCause.DISK_FULL: Disposition.RETRY,
+        # The node's disk failed (EIO, or went read-only): retried elsewhere.
+        FailureCause.IO_ERROR: Disposition.RETRY,
     }
 )
 
@@ -69,10 +75,13 @@ EXCLUDES_NODE: Final = frozenset(
         FailureCause.OOM,  # the node's memory (other tenants, a smaller GPU) would likely run out again
         FailureCause.NODE_LOST,  # the node is gone
         FailureCause.START_TIMEOUT,  # the node took the shard and never started it: its agent is dead or stuck
+        FailureCause.IO_ERROR,  # a failing disk stays failing
     }
 )
 """Causes that keep the recovered gang off the node the shard failed on. PROCESS_EXIT and KILLED say nothing about
-the node; COMM_ERROR and SYNC_TIMEOUT are reported by the victims, not the culprit."""
+the node; COMM_ERROR and SYNC_TIMEOUT are reported by the victims, not the culprit. DISK_FULL keeps the next attempt
+off the node only when it moves the job elsewhere (``avoid_nodes``): a full disk is cleaned up, and while it is full
+the placement's disk filter keeps every job off it."""
 
 BAD_NODE: Final = frozenset({NodeStatus.SUSPECT, NodeStatus.LOST})
 
@@ -92,6 +101,12 @@ class RetryPolicy:
     nothing itself is most likely on a dead node, whose SUSPECT verdict the resource pool gives within
     ``suspect_after_s`` (3 s) of its last heartbeat, later on a loaded or failing-over control plane: the plan waits
     for that verdict, which keeps the recovered gang off the node, rather than race it."""
+    disk_floor_bytes: int = 1 << 30
+    """A node has room for a job moved off a full disk when its output disk reports this much free (the scheduler's
+    disk filter takes the same floor)."""
+    disk_full_moves: int = 3
+    """Moves off a full disk a job gets outside its retry budget; past them a DISK_FULL counts like any failure, so
+    that disks filling one after another still end the job."""
 
     def backoff(self, retry: int) -> timedelta:
         """The wait before the ``retry``-th retry (1-based): 0, then backoff_s, doubling, capped."""
@@ -114,6 +129,11 @@ class FailedAttempt:
     """Recoveries the job already had."""
     earlier_causes: tuple[ShardCause, ...] = ()
     """Every cause of the job's earlier failed attempts, oldest first."""
+    room: tuple[str, ...] = ()
+    """Only for a DISK_FULL attempt: the ALIVE, undrained nodes outside the job's exclusions whose output disk
+    reports at least ``disk_floor_bytes`` free, where the job can move."""
+    moves_used: int = 0
+    """Moves off a full disk the job already had (``free_move``)."""
 
 
 def disposition(cause: FailureCause) -> Disposition:
@@ -132,6 +152,22 @@ def fatal_cause(causes: Iterable[ShardCause]) -> ShardCause | None:
 def root_cause(causes: Sequence[ShardCause]) -> ShardCause:
     """The failure that most likely brought the gang down: the first that is not a peer's COMM_ERROR."""
     return next((c for c in causes if c.cause is not FailureCause.COMM_ERROR), causes[0])
+
+
+def full_disks(causes: Iterable[ShardCause]) -> tuple[str, ...]:
+    """The nodes where a shard of the attempt failed DISK_FULL."""
+    return tuple(sorted({c.node_id for c in causes if c.cause is FailureCause.DISK_FULL}))
+
+
+def free_move(failed: FailedAttempt, policy: RetryPolicy) -> bool:
+    """Whether the attempt is recovered by a move off a full disk, outside the retry budget: its failures are
+    DISK_FULL (and the peers' COMM_ERRORs that follow), another node has room (``failed.room``), and the job has
+    moves left. A crash says the job may fail again anywhere; a full disk says nothing against the job, and spending
+    its retries on it, seconds apart, would end it FAILED on a cluster with room."""
+    causes = failed.causes
+    disk_full = any(c.cause is FailureCause.DISK_FULL for c in causes)
+    echoes_only = all(c.cause in (FailureCause.DISK_FULL, FailureCause.COMM_ERROR) for c in causes)
+    return disk_full and echoes_only and bool(failed.room) and failed.moves_used < policy.disk_full_moves
 
 
 def exclusions(causes: Iterable[ShardCause], bad_nodes: Iterable[str]) -> tuple[str, ...]:
@@ -182,6 +218,8 @@ def outcome(failed: FailedAttempt, policy: RetryPolicy, now: datetime) -> JobRec
             causes=failed.earlier_causes + causes,
         )
     root = root_cause(causes)
+    if free_move(failed, policy):
+        return _move(failed, policy, root, now)
     if failed.retries_used >= policy.max_retries:
         attempts = failed.retries_used + 1
         return JobFailed(
@@ -207,4 +245,26 @@ def outcome(failed: FailedAttempt, policy: RetryPolicy, now: datetime) -> JobRec
         retry_at=now + wait,
         retries_used=retry,
         retries_left=policy.max_retries - retry,
+    )
+
+
+def _move(failed: FailedAttempt, policy: RetryPolicy, root: ShardCause, now: datetime) -> JobRecovering:
+    """The plan that moves a job off a full disk at once, to the nodes with room: the full ones are avoided for the
+    next attempt, no backoff applies and the retry budget is untouched."""
+    shown = ", ".join(failed.room[:3]) + (f" and {len(failed.room) - 3} more" if len(failed.room) > 3 else "")
+    move = failed.moves_used + 1
+    return JobRecovering(
+        occurred_at=now,
+        job_id=failed.job_id,
+        attempt=failed.attempt,
+        cause=root.cause,
+        message=f"attempt {failed.attempt} failed: {_summary(failed.causes, root)}; moving off the full disk at once "
+        f"(room on {shown}), not counted against the retry budget (move {move} of {policy.disk_full_moves})",
+        causes=failed.causes,
+        exclude_nodes=exclusions(failed.causes, failed.bad_nodes),
+        avoid_nodes=full_disks(failed.causes),
+        retry_at=now,
+        retries_used=failed.retries_used,
+        retries_left=max(0, policy.max_retries - failed.retries_used),
+        counted=False,
     )

@@ -85,6 +85,12 @@ class MonitorSettings(ServiceSettings):
     alert_slow_link_for_s: float = Field(
         default=RULES.slow_link_for_s, ge=0, description="SLOW_LINK: a link judged slow for this long"
     )
+    alert_disk_floor_bytes: int = Field(
+        default=RULES.disk_floor_bytes, ge=0, description="DISK_FULL: a node's output disk has less free space"
+    )
+    alert_disk_full_window_s: float = Field(
+        default=RULES.disk_full_window_s, gt=0, description="DISK_FULL: fires this long after a DISK_FULL failure"
+    )
     link_max_age_s: float = Field(
         default=LinkTable.max_age_s, gt=0, description="a link measurement older than this is stale (s)"
     )
@@ -93,6 +99,9 @@ class MonitorSettings(ServiceSettings):
     )
     link_slow_min_excess_ms: float = Field(
         default=SLOW_MIN_EXCESS_MS, ge=0, description="and at least this far above it (ms)"
+    )
+    accounting_url: str | None = Field(
+        default=None, description="the job accounting database /api/history reads (sqlite:///PATH, postgresql://...)"
     )
 
     def alert_policy(self) -> AlertPolicy:
@@ -158,7 +167,8 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
         from_end=[HEARTBEATS],
     )
     tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
-    runner = web.AppRunner(build_http(view, exported, clock=clock), access_log=None)
+    http = build_http(view, exported, clock=clock, accounting_url=settings.accounting_url)
+    runner = web.AppRunner(http, access_log=None)
     app = FastStream(broker)
 
     @app.on_startup

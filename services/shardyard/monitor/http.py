@@ -5,6 +5,7 @@ changes (``ClusterView.revision``): a second dashboard or scraper asking before 
 rendering the view again. Answers are serialized by pydantic-core, in Rust.
 """
 
+import asyncio
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -15,11 +16,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 
 from shardyard.clock import Clock
+from shardyard.monitor.history import HistoryApi
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.views import ClusterView
 
-DASHBOARD_FILES = {"dashboard.html": "text/html", "dom.js": "text/javascript", "dashboard.js": "text/javascript"}
-"""The dashboard: one page and its two scripts, shipped in the package (``static/``), no build step and no CDN."""
+DASHBOARD_FILES = {
+    "dashboard.html": "text/html",
+    "dom.js": "text/javascript",
+    "dashboard.js": "text/javascript",
+    "history.js": "text/javascript",
+}
+"""The dashboard: one page and its scripts, shipped in the package (``static/``), no build step and no CDN."""
 
 
 def dashboard_files() -> dict[str, bytes]:
@@ -112,9 +119,13 @@ def _answer(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-def build_http(view: ClusterView, metrics: MonitorMetrics, *, clock: Clock | None = None) -> web.Application:
-    """The API over ``view``; ``clock`` (the metrics' unless given) tells which link measurements are fresh."""
+def build_http(
+    view: ClusterView, metrics: MonitorMetrics, *, clock: Clock | None = None, accounting_url: str | None = None
+) -> web.Application:
+    """The API over ``view``; ``clock`` (the metrics' unless given) tells which link measurements are fresh;
+    ``/api/history`` reads ``accounting_url`` (see monitor/history.py)."""
     api = StatusApi(view, metrics, clock if clock is not None else metrics.clock)
+    history = HistoryApi(accounting_url, api.clock)
     app = web.Application()
     app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
     app.router.add_get("/api/jobs/{job_id}", api.job)
@@ -126,6 +137,9 @@ def build_http(view: ClusterView, metrics: MonitorMetrics, *, clock: Clock | Non
     app.router.add_get("/api/services", api.services)
     # The live nodes' measured links, worst first, slow ones marked (see monitor/network.py).
     app.router.add_get("/api/links", api.kept("links", lambda: view.links_json(api.clock.now())))
+    # Jobs as the accounting database keeps them: what the log has forgotten too (see monitor/history.py).
+    app.router.add_get("/api/history", history.serve)
+    app.on_cleanup.append(lambda _app: asyncio.to_thread(history.close))
     app.router.add_get("/metrics", api.exposition)
     app.router.add_get("/healthz", api.health)
     app.router.add_get("/", api.static("dashboard.html"))

@@ -192,12 +192,14 @@ class JobView:
     def _recovering(self, event: JobRecovering) -> None:
         self.recoveries += 1
         self.preempting = None
-        excluded = f"; avoiding {', '.join(event.exclude_nodes)}" if event.exclude_nodes else ""
+        avoided = (*event.exclude_nodes, *event.avoid_nodes)
+        excluded = f"; avoiding {', '.join(avoided)}" if avoided else ""
         self.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
+        retry = f"retry {event.retries_used}" if event.counted else "moved off a full disk, no retry used"
         self.note(
             event.occurred_at,
             "recovering",
-            f"attempt {event.attempt} failed ({event.cause}: {event.message}); retry {event.retries_used}, "
+            f"attempt {event.attempt} failed ({event.cause}: {event.message}); {retry}, "
             f"{event.retries_left} left{excluded}",
         )
 

@@ -307,7 +307,7 @@ def alert_families(view: ClusterView) -> Iterator[Family]:
     for topic, seen in sorted(view.dead_lettered.items()):
         if seen.last_at is not None:
             dead.add((topic,), seen.last_at.timestamp())
-    yield from (firing, lag, dead, *_node_liveness(view), *_job_progress(view))
+    yield from (firing, lag, dead, *_node_liveness(view), *_job_progress(view), *_node_disks(view))
 
 
 def _node_liveness(view: ClusterView) -> Iterator[Family]:
@@ -358,3 +358,21 @@ def _job_progress(view: ClusterView) -> Iterator[Family]:
         if job.sync_timeout is not None:
             timeout.add((job.job_id,), job.sync_timeout.occurred_at.timestamp())
     yield from (waiting, progress, ratio, timeout)
+
+
+def _node_disks(view: ClusterView) -> Iterator[Family]:
+    """What the DISK_FULL rule judges: each node's output disk, and its newest DISK_FULL shard failure."""
+    free = Family("shardyard_node_disk_free_bytes", "Free space of a node's output disk (checkpoints)", ["node"])
+    total = Family("shardyard_node_disk_total_bytes", "Size of a node's output disk (checkpoints)", ["node"])
+    failed = Family(
+        "shardyard_node_disk_full_timestamp_seconds",
+        "Unix time of a node's newest shard failure by DISK_FULL",
+        ["node"],
+    )
+    for node_id, node in sorted(view.nodes.items()):
+        if node.output_disk is not None:
+            free.add((node_id,), node.output_disk.free_bytes)
+            total.add((node_id,), node.output_disk.total_bytes)
+    for node_id, event in sorted(view.disk_full.items()):
+        failed.add((node_id,), event.occurred_at.timestamp())
+    yield from (free, total, failed)

@@ -17,6 +17,7 @@ from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import gang_nodes
 from shardyard.monitor.views import ClusterView
+from shardyard.units import format_bytes
 
 SHORTAGE: frozenset[str] = frozenset(
     {
@@ -50,10 +51,18 @@ class AlertPolicy:
     no_progress_s: float = 120.0
     dead_letter_window_s: float = 300.0
     slow_link_for_s: float = 30.0
+    disk_floor_bytes: int = 1 << 30
+    """DISK_FULL: an output disk with less free space than this (the scheduler's disk filter floor)."""
+    disk_full_window_s: float = 300.0
+    """DISK_FULL: fires this long after a shard failed DISK_FULL on the node, whatever its disk says now."""
 
     @property
     def lag_subject(self) -> str:
         return f"monitor/{self.instance}"
+
+    @property
+    def disk_floor(self) -> str:
+        return format_bytes(self.disk_floor_bytes)
 
 
 @dataclass(frozen=True)
@@ -318,6 +327,32 @@ def dead_letters(view: ClusterView, now: datetime, policy: AlertPolicy) -> Itera
             )
 
 
+def disk_full(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+    """A node's output disk is below the floor (no new shards go there), or a shard failed DISK_FULL there within the
+    window: a disk can fill past the floor in one write and empty again when the failed write is cleaned up, and the
+    failure is what needs looking at. A lost node's figures are stale: NODE_LOST says what matters."""
+    floor = policy.disk_floor_bytes
+    for node_id, node in view.nodes.items():
+        disk, failed = node.output_disk, view.disk_full.get(node_id)
+        recent = failed is not None and _age(now, failed.occurred_at) < policy.disk_full_window_s
+        low = disk is not None and disk.free_bytes < floor
+        if not (low or recent) or node.status is NodeStatus.LOST:
+            continue
+        space = "free space unknown" if disk is None else f"({disk.path}): {format_bytes(disk.free_bytes)} free"
+        summary = f"{node_id}'s output disk {space}, floor {policy.disk_floor}"
+        if recent and failed is not None:
+            summary += f"; {failed.job_id} shard {failed.shard_index} failed DISK_FULL there: {failed.message}"
+        yield Condition(
+            AlertRule.DISK_FULL,
+            node_id,
+            AlertSeverity.WARNING,
+            summary,
+            float(disk.free_bytes) if disk is not None else 0.0,
+            float(floor),
+            failed.occurred_at if recent and failed is not None else None,
+        )
+
+
 RULES: Mapping[AlertRule, Rule] = {
     AlertRule.RESOURCE_SHORTAGE: resource_shortage,
     AlertRule.SYNC_TIMEOUT: sync_timeout,
@@ -330,6 +365,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.NO_PROGRESS: no_progress,
     AlertRule.DEAD_LETTERS: dead_letters,
     AlertRule.SLOW_LINK: slow_link,
+    AlertRule.DISK_FULL: disk_full,
 }
 
 

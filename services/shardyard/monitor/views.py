@@ -16,6 +16,7 @@ from shardyard.events import (
     AlertFiring,
     AlertResolved,
     CapacityRequested,
+    FailureCause,
     Heartbeat,
     JobCancelled,
     JobPreempted,
@@ -54,6 +55,7 @@ NODE_FIELDS: set[str] = {
     "cpu_cores",
     "memory_bytes",
     "running",
+    "output_disk",
 }
 """What ``/api/nodes`` shows of a node's state (GPUs with tflops and tflops_source), beside its artifact count and its
 newest sign of life as ``last_heartbeat_at``."""
@@ -103,6 +105,8 @@ class ClusterView:
     _dead_letters: int = field(default=0, repr=False)
     dead_lettered: dict[str, "DeadLettered"] = field(default_factory=dict)
     """Per topic the dead letters came from: how many, and the newest (what the DEAD_LETTERS rule judges)."""
+    disk_full: dict[str, ShardFailed] = field(default_factory=dict)
+    """Per node, its newest shard failure for want of space (DISK_FULL; what the DISK_FULL rule judges)."""
 
     @property
     def consumer_lag(self) -> dict[str, int]:
@@ -171,6 +175,11 @@ class ClusterView:
                 view.last_checkpoint = {"step": event.step, "dir": event.checkpoint_dir, "attempt": event.attempt}
             case ShardPreempted() | CapacityRequested() | ReclaimCandidate():
                 pass  # shown through the job's preemption events; elasticity signals are for autoscalers
+            case ShardFailed() if event.cause is FailureCause.DISK_FULL:
+                last = self.disk_full.get(event.node_id)
+                if last is None or event.occurred_at >= last.occurred_at:
+                    self.disk_full[event.node_id] = event
+                self.job(event.job_id).fold_shard(event)
             case ShardStarted() | ShardProgress() | ShardCompleted() | ShardFailed():
                 self.job(event.job_id).fold_shard(event)
             case AlertFiring() | AlertResolved():

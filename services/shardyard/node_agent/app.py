@@ -32,6 +32,7 @@ from shardyard.node_agent.benchmark import (
     calibrate,
 )
 from shardyard.node_agent.book import AgentBook
+from shardyard.node_agent.disk import DEFAULT_OUTPUT_PATH
 from shardyard.node_agent.environment import RunnerOptions
 from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers
@@ -88,6 +89,9 @@ class AgentSettings(ServiceSettings):
         default_factory=list, description="job path prefixes on network filesystems all nodes share, e.g. /data/shared"
     )
     artifact_poll_s: float = Field(default=0.25, gt=0, description="how often absent watched artifacts are looked for")
+    output_path: str = Field(
+        default=DEFAULT_OUTPUT_PATH, description="job path of outputs and checkpoints: heartbeats report its free space"
+    )
     zone: str = Field(default="", description="topology label: availability zone")
     rack: str = Field(default="", description="topology label: rack")
     address: str = "127.0.0.1"
@@ -265,6 +269,7 @@ def _identity(settings: AgentSettings, probe: GpuProbe) -> NodeIdentity:
         status_refresh_s=settings.status_refresh_s,
         shard_users=_shard_users(settings),
         scratch_dir=(settings.scratch_dir or settings.log_dir / "scratch" / settings.node_id).resolve(),
+        output_path=settings.output_path,
     )
 
 

@@ -30,6 +30,7 @@ from shardyard.events import (
 from shardyard.node_agent import reports
 from shardyard.node_agent.environment import ShardPaths, shard_paths
 from shardyard.node_agent.reports import ShardKey
+from shardyard.training.storage import Space
 
 log = logging.getLogger(__name__)
 
@@ -289,10 +290,12 @@ class AgentBook:
         final: Mapping[str, object] | None,
         message: str,
         cause: FailureCause | None = None,
+        space: Space | None = None,
     ) -> Event | None:
         """The event that reports a shard's end; None when it was revoked (its job already ended).
 
-        ``final`` is the shard's last report: ``finished`` (after a normal end) or ``preempted`` (after a stop).
+        ``final`` is the shard's last report: ``finished`` (after a normal end), ``preempted`` (after a stop) or
+        ``failed`` (why, beside the exit code); ``space`` the free space of its output disk as it exited.
         """
         revoked = self.states.get(key) is ShardAttempt.REVOKED
         if not self._move(key, ShardAttempt.ENDED):
@@ -315,4 +318,5 @@ class AgentBook:
             cause=cause,
             fenced=fenced,
             gpu_fault=gpu_fault,
+            space=space,
         )

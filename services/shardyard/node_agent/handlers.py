@@ -9,7 +9,7 @@ event of its end. A job's end ends its standbys and removes what the node kept f
 
 Every publish has a deadline (:class:`Outbox`). The lease is renewed by each heartbeat the bus acknowledges; when
 it runs out the agent stops its shards (self-fencing) and reports their end once the bus is back. A heartbeat that
-finds a GPU faulted stops the shards on it.
+finds a GPU faulted stops the shards on it; each says how much room the node's output disk has left (:mod:`.disk`).
 """
 
 import asyncio
@@ -35,6 +35,7 @@ from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
 from shardyard.node_agent.artifact_poller import ArtifactPoller
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.book import AgentBook, ShardKey, Verdict, key_of
+from shardyard.node_agent.disk import measure, resume_here
 from shardyard.node_agent.fencing import DEFAULT_LEASE_S
 from shardyard.node_agent.heartbeat import Heartbeats, heartbeat_of
 from shardyard.node_agent.identity import NodeIdentity
@@ -47,6 +48,7 @@ from shardyard.node_agent.private_files import ShardFiles
 from shardyard.node_agent.standbys import Standbys
 from shardyard.node_agent.supervisor import Refused, Supervisor
 from shardyard.training.preemption import STOP_SIGNAL
+from shardyard.training.storage import Space, free_space
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,11 @@ class AgentHandlers:
 
     async def _launch(self, assignment: ShardAssignment) -> None:
         key = key_of(assignment)
-        paths = self.book.paths(assignment, self.me.mounts)
+        paths, fresh = resume_here(
+            assignment, self.book.paths(assignment, self.me.mounts), self.artifacts.watch.shared_prefixes
+        )
+        if fresh is not None:
+            log.warning("%s: %s", key, fresh)
         spec = self.supervisor.plan(assignment, paths)
         if isinstance(spec, Refused):
             await self._finish(key, None, spec.message, spec.cause)
@@ -187,7 +193,12 @@ class AgentHandlers:
             await self.outbox.deliver(event)
 
     async def exited(self, key: ShardKey, code: int, message: str, final: Mapping[str, Any] | None) -> None:
-        await self._finish(key, code, message, None, final)
+        assignment = self.book.live(key)
+        space = None
+        if code != 0 and assignment is not None:  # a failure on a full disk is DISK_FULL, whatever it exited with
+            output = self.book.paths(assignment, self.me.mounts).output
+            space = await asyncio.to_thread(free_space, output)
+        await self._finish(key, code, message, None, final, space)
 
     async def _finish(
         self,
@@ -196,9 +207,11 @@ class AgentHandlers:
         message: str,
         cause: FailureCause | None,
         final: Mapping[str, object] | None = None,
+        space: Space | None = None,
     ) -> None:
         assignment = self.book.live(key)
-        event = self.book.finished(key, code, now=self.clock.now(), final=final, message=message, cause=cause)
+        now = self.clock.now()
+        event = self.book.finished(key, code, now=now, final=final, message=message, cause=cause, space=space)
         self.standbys.shard_ended(key, assignment, event)
         if event is not None:
             await self.outbox.deliver(event)
@@ -245,6 +258,7 @@ class AgentHandlers:
         pids = self.supervisor.pids()
         gpus = self.gpus.probe(self.book.gpu_utilization())
         self._stop_gpu_faulted(gpus)
+        disk = await asyncio.to_thread(measure, self.me.output_path, self.me.mounts)  # statvfs may block (NFS)
         return heartbeat_of(
             self.me,
             seq=seq,
@@ -253,6 +267,7 @@ class AgentHandlers:
             cpu_load=self._load(),
             running=self.book.running_shards(pids),
             watch=self.artifacts.watch,
+            output_disk=disk,
         )
 
     def _stop_gpu_faulted(self, gpus: Iterable[GpuStatus]) -> None:

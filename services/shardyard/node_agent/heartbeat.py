@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from shardyard.clock import Clock
-from shardyard.events import GpuStatus, Heartbeat, RunningShard
+from shardyard.events import DiskSpace, GpuStatus, Heartbeat, RunningShard
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.beats import Beats
 from shardyard.node_agent.fencing import fence_message, lease_expired
@@ -28,8 +28,10 @@ def heartbeat_of(
     cpu_load: float,
     running: tuple[RunningShard, ...],
     watch: ArtifactWatch,
+    output_disk: DiskSpace | None = None,
 ) -> Heartbeat:
-    """What the node says of itself at beat ``seq``: who, where, its GPUs, load, shards and artifacts."""
+    """What the node says of itself at beat ``seq``: who, where, its GPUs, load, shards, artifacts and the free
+    space of its output disk."""
     return Heartbeat(
         occurred_at=now,
         node_id=me.node_id,
@@ -48,6 +50,7 @@ def heartbeat_of(
         artifacts=watch.report(),
         topology=dict(me.topology),
         artifact_errors=watch.report_errors(),
+        output_disk=output_disk,
     )
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardyard.node_agent.beats import DEFAULT_REFRESH_S
+from shardyard.node_agent.disk import DEFAULT_OUTPUT_PATH
 from shardyard.node_agent.environment import RunnerOptions
 from shardyard.node_agent.load import LoadSource
 from shardyard.node_agent.shard_users import ShardUsers
@@ -39,4 +40,6 @@ class NodeIdentity:
     scratch_dir: Path | None = None
     probe_port: int | None = None
     """Where peers probe this node's links: the last port of the configured rendezvous range (None: no probing)."""
+    output_path: str = DEFAULT_OUTPUT_PATH
+    """The job path job outputs and checkpoints go under: the heartbeat reports the free space of its disk here."""
     """Where a shard under a user of its own gets its private HOME and TMPDIR, one directory per job."""

@@ -16,9 +16,11 @@ from shardyard.events import (
     ShardProgress,
     ShardStarted,
 )
+from shardyard.node_agent.disk import storage_failure
 from shardyard.node_agent.redaction import redact, secrets_of
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.preemption import checkpoint_job_path
+from shardyard.training.storage import Space
 
 ShardKey = tuple[str, int, int]
 """(job id, shard index, attempt): a shard attempt runs at most once."""
@@ -32,6 +34,8 @@ _CAUSE = {
     ExitCause.GPU_FAULT: FailureCause.GPU_FAULT,
     ExitCause.SYNC_TIMEOUT: FailureCause.SYNC_TIMEOUT,
     ExitCause.FENCED: FailureCause.FENCED,
+    ExitCause.DISK_FULL: FailureCause.DISK_FULL,
+    ExitCause.IO_ERROR: FailureCause.IO_ERROR,
 }
 
 
@@ -103,10 +107,13 @@ def ended(
     cause: FailureCause | None = None,
     fenced: str | None = None,
     gpu_fault: str | None = None,
+    space: Space | None = None,
 ) -> Event:
     """The event that reports a shard's end. ``cause`` is the agent's own (the shard never started); else the exit
     code says it, unless the agent stopped the shard: for a lost lease (``fenced``) or a faulted GPU (``gpu_fault``,
-    which wins), the shard is reported failed for that, with that message, whatever it died of."""
+    which wins), the shard is reported failed for that, with that message, whatever it died of. A full or failing
+    disk is read from the exit code, the shard's last report, its log and ``space``, the free space of its output
+    disk as it exited (:func:`~shardyard.node_agent.disk.storage_failure`)."""
     entrypoint = assignment.workload.entrypoint
     message = message if entrypoint is None else redact(message, secrets_of(entrypoint.env))
     if cause is not None or returncode is None:
@@ -120,6 +127,9 @@ def ended(
         return _failed(node_id, key, now, FailureCause.GPU_FAULT, returncode, gpu_fault)
     if fenced is not None:  # whatever it died of, we stopped it
         return _failed(node_id, key, now, FailureCause.FENCED, returncode, fenced)
+    storage = storage_failure(exit_cause, returncode, message, final, space)
+    if storage is not None:
+        return _failed(node_id, key, now, storage[0], returncode, storage[1])
     return _failed(node_id, key, now, _CAUSE[exit_cause], returncode, message)
 
 

@@ -39,7 +39,7 @@ class ShardReports(Protocol):
     async def checkpointed(self, key: ShardKey, report: Mapping[str, Any]) -> None: ...
 
     async def exited(self, key: ShardKey, code: int, message: str, final: Mapping[str, Any] | None) -> None:
-        """``final``: its last ``finished`` or ``preempted`` report, if any."""
+        """``final``: its last ``finished``, ``preempted`` or ``failed`` report, if any."""
         ...
 
 
@@ -136,7 +136,7 @@ class Supervisor:
                 await self.reports.progressed(key, report)
             elif kind == "checkpointed":
                 await self.reports.checkpointed(key, report)
-            elif kind in ("finished", "preempted"):
+            elif kind in ("finished", "preempted", "failed"):
                 final = report
         code = await process.wait()
         self.processes.pop(key, None)

@@ -3,11 +3,11 @@
 from faststream import FastStream
 from pydantic import Field
 
+from shardyard.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
-from shardyard.queue.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.service import Follow, Split, partitioned_app, replica_bus

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Final
 from uuid import NAMESPACE_URL, uuid5
 
+from shardyard.admission import Admitted, Policy, admit, named_job, rejection_id
 from shardyard.bus.topics import SUBMISSIONS, partition_of
 from shardyard.events import (
     Event,
@@ -43,7 +44,6 @@ from shardyard.events import (
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
-from shardyard.queue.admission import Admitted, Policy, admit, named_job
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
@@ -152,11 +152,13 @@ class QueueBook:
             return None
         return Forward(job_id, target)
 
-    def on_submission(self, raw: bytes, *, source: str, now: datetime) -> list[Event]:
-        """Admit or refuse one submission. ``source`` (topic/partition/offset) makes redelivery a no-op."""
+    def on_submission(self, raw: bytes, *, source: str, now: datetime, key: bytes | None = None) -> list[Event]:
+        """Admit or refuse one submission. ``source`` (topic/partition/offset) makes redelivery a no-op. A rejection
+        is filed under the job the bytes or the message ``key`` name (``rejection_id``)."""
         if source in self.sources:
             return []
-        fallback_id = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
+        anonymous = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
+        fallback_id = rejection_id(raw, key, anonymous, self.policy.limits)
         result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
         if not isinstance(result, Admitted):
             rejection = JobRejected(

@@ -57,7 +57,8 @@ class QueueHandlers:
                     headers={**carried, FORWARDED_FROM: source},
                 )
             ]
-        events = self.book.on_submission(raw, source=source, now=self.clock.now())
+        key = record.key if not isinstance(record.key, str) else record.key.encode()
+        events = self.book.on_submission(raw, source=source, now=self.clock.now(), key=key)
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
             metrics.SUBMISSIONS_ANSWERED.labels("redelivered", "").inc()

@@ -21,7 +21,8 @@ finds it was not running for a while (:attr:`PoolBook.pause_after_s`), suspects 
 :attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them.
 
 Node state is published when it changes, not per heartbeat: its status, drain mark or reservations; its inventory
-(GPUs and their health, cores, memory, address, running shards, artifacts, topology); its CPU load or a GPU's use by
+(GPUs and their health, cores, memory, address, running shards, artifacts, topology, its output disk's free space by
+10 % steps); its CPU load or a GPU's use by
 a :class:`~shardyard.resource_pool.telemetry.Tolerance` step. Unchanged, a node's state is still republished every
 :attr:`PoolBook.refresh_s` (its last heartbeat's receipt stays fresh on the compacted topic), and once after each
 takeover or restart of a replica. A heartbeat that changes nothing costs one comparison.
@@ -180,6 +181,7 @@ class PoolBook:
             artifacts=hb.artifacts,
             topology=hb.topology,
             draining=record.draining,
+            output_disk=hb.output_disk,
         )
 
     def on_heartbeat(self, heartbeat: Heartbeat, now: datetime) -> list[Event]:
@@ -257,6 +259,7 @@ class PoolBook:
             running=state.running,
             artifacts=state.artifacts,
             topology=state.topology,
+            output_disk=state.output_disk,
         )
         self.nodes[state.node_id] = NodeRecord(hb, state.last_heartbeat_at, state.status, state.draining)
         self.ledger.reported(state.node_id, keys_of(state.running), state.occurred_at)

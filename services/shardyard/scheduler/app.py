@@ -36,6 +36,9 @@ class SchedulerSettings(ReplicatedSettings):
     checkpoint_root: str = "/data/checkpoints"
     cycle_interval_s: float = Field(default=1.0, gt=0)
     load_threshold: float = Field(default=0.5, gt=0, description="nodes at or above this CPU load take no shards")
+    disk_floor_bytes: int = Field(
+        default=Policy.disk_floor_bytes, ge=0, description="nodes whose output disk has less free space take no shards"
+    )
     order: Literal["las", "aging"] = Field(
         default="las",
         description="queue order: las (priority, then least attained GPU-time, then oldest) or aging (priority plus "
@@ -83,6 +86,7 @@ class SchedulerSettings(ReplicatedSettings):
             reservations=self.reservations,
             preemption=self.preemption,
             start_estimates=self.start_estimates,
+            disk_floor_bytes=self.disk_floor_bytes,
         )
 
     def new_book(self) -> SchedulerBook:

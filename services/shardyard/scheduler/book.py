@@ -206,7 +206,8 @@ class SchedulerBook(BookFacts):
             return out
         views = {view.node_id: view for view in self.snapshot().nodes}
         ground = Ground(self.nodes, before, views, lambda view: self._free_port(view, plan.job_id), self.policy)
-        reformed = reform(gang, frozenset(self.excluded.get(plan.job_id, ())), ground, now)
+        avoided = frozenset(self.excluded.get(plan.job_id, ())) | set(plan.avoid_nodes)  # no survivor on a full disk
+        reformed = reform(gang, avoided, ground, now)
         if reformed is not None:
             out.extend(self._admit(reformed, views, now))
         return out

@@ -3,6 +3,7 @@ placed, running, preempted, recovering and ended, node states, link measurements
 decides here: ``SchedulerBook`` (``book``) adds the decisions on top of this state."""
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 
 from shardyard.events import (
@@ -141,8 +142,8 @@ class BookFacts:
                 pass
 
     def _requeue_recovering(self, plan: JobRecovering) -> None:
-        """The failed attempt ends: the job waits for its next one, off the plan's excluded nodes, not before its
-        backoff."""
+        """The failed attempt ends: the job waits for its next one, off the plan's excluded nodes (for good) and its
+        avoided ones (a disk that filled: for this next attempt only), not before its backoff."""
         gang = self.gangs.get(plan.job_id)
         if gang is not None and gang.scheduled.attempt > plan.attempt:
             return  # a plan for an attempt already replaced
@@ -150,7 +151,10 @@ class BookFacts:
         self.excluded[plan.job_id] = self.excluded.get(plan.job_id, frozenset()) | set(plan.exclude_nodes)
         spec = self.specs.get(plan.job_id)
         if spec is not None:
-            self.pending[plan.job_id] = self._pending(spec, plan.occurred_at, not_before=plan.retry_at)
+            pending = self._pending(spec, plan.occurred_at, not_before=plan.retry_at)
+            if plan.avoid_nodes:
+                pending = replace(pending, excluded_nodes=pending.excluded_nodes | set(plan.avoid_nodes))
+            self.pending[plan.job_id] = pending
 
     def _requeue_preempted(self, event: JobPreempted) -> None:
         ended = self.gangs.pop(event.job_id, None)

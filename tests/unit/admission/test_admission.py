@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
+from shardyard.admission import Admitted, Refused, admit
 from shardyard.events import RejectReason
 from shardyard.gpus import DEFAULT_TFLOPS
-from shardyard.queue.admission import Admitted, Refused, admit
 from tests.unit.builders import EXAMPLE, GIB, T0, raw, submission
 
 FALLBACK = "invalid-0-7"

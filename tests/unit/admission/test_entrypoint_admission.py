@@ -10,12 +10,12 @@ from typing import Any
 import jsonschema
 import pytest
 
+from shardyard.admission import Admitted, Refused, admit
 from shardyard.events import JobAccepted, RejectReason
 from shardyard.events.job import Entrypoint
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.monitor.jobs import REDACTED
 from shardyard.monitor.views import ClusterView
-from shardyard.queue.admission import Admitted, Refused, admit
 from shardyard.schemas import generate
 from tests.unit.builders import T0, raw, submission
 

@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from shardyard.events import JobRejected, RejectReason
-from shardyard.events.submission import MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES, MAX_PATH_BYTES, MAX_SEED, job_path
-from shardyard.gpus import DEFAULT_TFLOPS
-from shardyard.queue.admission import (
+from shardyard.admission import (
     ANY_PATH,
     MAX_DEPTH,
     MAX_FIELD_ERRORS,
@@ -27,6 +24,9 @@ from shardyard.queue.admission import (
     named_job,
     over_limits,
 )
+from shardyard.events import JobRejected, RejectReason
+from shardyard.events.submission import MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES, MAX_PATH_BYTES, MAX_SEED, job_path
+from shardyard.gpus import DEFAULT_TFLOPS
 from tests.unit.builders import T0, raw, submission
 
 OPERATOR = Policy()  # what the queue runs with by default: job paths under /data

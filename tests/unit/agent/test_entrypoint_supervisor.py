@@ -36,6 +36,7 @@ PY = sys.executable
         pytest.param(exitcodes.INTERNAL_ERROR, exitcodes.INTERNAL_ERROR, ExitCause.PROCESS_EXIT, id="5"),
         pytest.param(exitcodes.OOM, exitcodes.INTERNAL_ERROR, ExitCause.PROCESS_EXIT, id="reserved-oom"),
         pytest.param(exitcodes.FENCED, exitcodes.INTERNAL_ERROR, ExitCause.PROCESS_EXIT, id="reserved-fenced"),
+        pytest.param(exitcodes.DISK_FULL, exitcodes.INTERNAL_ERROR, ExitCause.PROCESS_EXIT, id="reserved-disk-full"),
         pytest.param(137, 137, ExitCause.KILLED, id="shell-killed"),
         pytest.param(255, 255, ExitCause.PROCESS_EXIT, id="255"),
         pytest.param(-signal.SIGKILL, 137, ExitCause.KILLED, id="sigkill"),

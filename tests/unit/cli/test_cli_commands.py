@@ -351,3 +351,66 @@ def test_new_commands_parse() -> None:
     assert (args.job, args.shard, args.attempt, args.follow, args.log_dir) == ("j1", 2, 3, True, None)
     assert main.parser().parse_args(["top", "--once"]).once is True
     assert main.parser().parse_args(["alerts", "--json"]).json is True
+
+
+def test_the_run_dir_comes_after_the_subcommand_too_and_up_remembers_the_cluster_for_every_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardyard.cli.main import parser
+    from shardyard.cli.rundir import remember, run_dir_of
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("SHARDYARD_RUN_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert run_dir_of(parser().parse_args(["up", "--run-dir", "x"])) == Path("x")
+    assert run_dir_of(parser().parse_args(["--run-dir", "y", "status"])) == Path("y")
+    assert run_dir_of(parser().parse_args(["status"])) == Path(".shardyard")  # nothing recorded yet
+    elsewhere = tmp_path / "cluster-a"
+    elsewhere.mkdir()
+    (elsewhere / "cluster.json").write_text("{}")
+    remember(elsewhere)
+    assert run_dir_of(parser().parse_args(["status"])) == elsewhere.resolve()
+    (tmp_path / ".shardyard").mkdir()
+    (tmp_path / ".shardyard" / "cluster.json").write_text("{}")
+    assert run_dir_of(parser().parse_args(["status"])) == Path(".shardyard")  # one running here wins
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    info = ClusterInfo(
+        str(tmp_path), "127.0.0.1:1", "", str(tmp_path), True, 0.0, pids={f"node-{i}": 1 for i in range(5000)}
+    )
+    info.save()
+    piped = subprocess.run(
+        f"{sys.executable} -m shardyard.cli.main --run-dir {tmp_path} ps | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.stdout.startswith("PROCESS")
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr, piped.stderr
+
+
+def test_the_cli_starts_without_the_heavy_libraries() -> None:
+    """A command that reads the monitor answers in well under 300 ms: building the parser loads neither pydantic
+    (the event models), nor Kafka's client, nor torch; the commands that need them import them when they run."""
+    import subprocess
+    import sys
+
+    heavy = ("pydantic", "aiokafka", "torch", "psycopg", "prometheus_client", "faststream", "numpy")
+    probe = (
+        "import sys, shardyard.cli.main as m; m.parser(); "
+        f"print(sorted({{n.split('.')[0] for n in sys.modules}} & {set(heavy)!r}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_history_shows_the_limit_the_query_applies() -> None:
+    from shardyard.cli import history
+    from shardyard.jobdb import query
+
+    assert history.DEFAULT_LIMIT == query.DEFAULT_LIMIT

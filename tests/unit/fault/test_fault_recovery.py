@@ -57,6 +57,8 @@ def test_every_cause_has_a_disposition() -> None:
         pytest.param(C.NODE_LOST, JobRecovering, ("node-b",), id="node-lost-retried-node-excluded"),
         pytest.param(C.START_TIMEOUT, JobRecovering, ("node-b",), id="start-timeout-retried-node-excluded"),
         pytest.param(C.ORPHANED, JobRecovering, (), id="orphaned-retried-node-kept"),
+        pytest.param(C.IO_ERROR, JobRecovering, ("node-b",), id="io-error-retried-node-excluded"),
+        pytest.param(C.DISK_FULL, JobRecovering, (), id="disk-full-with-no-room-elsewhere-counted-node-kept"),
         pytest.param(C.USER_ERROR, JobFailed, None, id="user-error-fails"),
         pytest.param(C.MISSING_ARTIFACT, JobFailed, None, id="missing-artifact-fails"),
         pytest.param(C.DEPENDENCY_FAILED, JobFailed, None, id="dependency-failed-fails"),

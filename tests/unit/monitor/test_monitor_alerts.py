@@ -13,6 +13,7 @@ from shardyard.events import (
     AlertResolved,
     AlertRule,
     AlertSeverity,
+    DiskSpace,
     FailureCause,
     GpuStatus,
     JobAccepted,
@@ -96,7 +97,17 @@ SUBJECT = {
     AlertRule.NODE_SUSPECT: "node-a",
     AlertRule.NODE_LOST: "node-a",
 }
-SUBJECT |= {AlertRule.HEARTBEAT_LAG: "node-a"}
+SUBJECT |= {AlertRule.HEARTBEAT_LAG: "node-a", AlertRule.DISK_FULL: "node-a"}
+
+
+def disk(free_gib: float, t: float = 0, status: NodeStatus = NodeStatus.ALIVE) -> object:
+    """node-a's state at ``t``, its output disk ``free_gib`` free of 100 GiB (the floor: 1 GiB)."""
+    space = DiskSpace(path="/data/checkpoints", free_bytes=int(free_gib * GIB), total_bytes=100 * GIB)
+    return node_state(status=status, output_disk=space, occurred_at=at(t), last_heartbeat_at=at(t))
+
+
+def disk_full(t: float) -> object:
+    return failed(cause=FailureCause.DISK_FULL, node_id="node-a", occurred_at=at(t), message="no space left")
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,17 @@ CASES = {
     "no-progress-resolves": Case(
         R.NO_PROGRESS, [*running()], (121, 130), RESOLVE, later=[progress(occurred_at=at(129))]
     ),
+    # DISK_FULL: a node's output disk below 1 GiB free, or a shard failed DISK_FULL there within 300 s.
+    "disk-below-the-floor-fires": Case(R.DISK_FULL, [disk(0.5)], (1,), FIRE),
+    "disk-with-room": Case(R.DISK_FULL, [disk(1.0)], (1,), None),
+    "disk-not-reported": Case(R.DISK_FULL, [node_state()], (1,), None),
+    "disk-of-lost-node": Case(R.DISK_FULL, [disk(0, status=NodeStatus.LOST)], (1,), None),
+    "disk-full-failure-fires-above-the-floor": Case(R.DISK_FULL, [disk(5), disk_full(5)], (6,), FIRE),
+    "disk-full-failure-on-another-node": Case(
+        R.DISK_FULL, [disk(5), failed(cause=FailureCause.DISK_FULL, node_id="node-b")], (6,), None
+    ),
+    "disk-full-failure-resolves-after-window": Case(R.DISK_FULL, [disk(5), disk_full(5)], (6, 306), RESOLVE),
+    "disk-resolves-when-cleaned-up": Case(R.DISK_FULL, [disk(0)], (1, 2), RESOLVE, later=[disk(50, t=2)]),
 }
 
 
@@ -380,3 +402,25 @@ def test_metrics_export_alerts_and_what_the_rules_judge() -> None:
     assert float(values['shardyard_node_last_heartbeat_timestamp_seconds{node="node-a"}']) == at(0).timestamp()
     waiting = 'shardyard_job_capacity_wait_since_timestamp_seconds{job="job-1",reason="NO_FIT"}'
     assert float(values[waiting]) == at(10).timestamp()
+
+
+def test_a_full_disk_says_how_full_and_what_failed_there() -> None:
+    view = view_of(disk(0.25), disk_full(5))
+
+    (firing,) = [e for e in judge(AlertBook(QUIET), view, 6) if isinstance(e, AlertFiring)]
+
+    assert (firing.rule, firing.subject, firing.value, firing.threshold) == (R.DISK_FULL, "node-a", GIB / 4, GIB)
+    assert firing.since == at(5)
+    assert firing.summary == (
+        "node-a's output disk (/data/checkpoints): 256MiB free, floor 1GiB; "
+        "job-1 shard 0 failed DISK_FULL there: no space left"
+    )
+
+
+def test_metrics_export_the_disks_the_disk_full_rule_judges() -> None:
+    scraped = generate_latest(make_registry(view_of(disk(0.25), disk_full(5)))[0]).decode().splitlines()
+
+    values = dict(line.rsplit(" ", 1) for line in scraped if not line.startswith("#"))
+    assert float(values['shardyard_node_disk_free_bytes{node="node-a"}']) == GIB / 4
+    assert float(values['shardyard_node_disk_total_bytes{node="node-a"}']) == 100 * GIB
+    assert float(values['shardyard_node_disk_full_timestamp_seconds{node="node-a"}']) == at(5).timestamp()

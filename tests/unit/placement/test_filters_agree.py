@@ -46,6 +46,7 @@ def failing_each_filter() -> tuple[NodeView, ...]:
         node("v100", "V100"),
         node("slow", tflops=20.0),
         node("hot", cpu_load=0.7),
+        node("full", disk_free_bytes=GIB // 2),
         node("held"),
         node("busy", free_gpus=()),
         node("lost-before"),
@@ -61,6 +62,7 @@ MIXED_STOPS = {
     "v100": filters.MODEL,
     "slow": filters.TFLOPS,
     "hot": filters.LOAD,
+    "full": filters.DISK,
     "held": filters.RESERVED,
     "busy": filters.NO_GPU,
     "lost-before": filters.EXCLUDED,
@@ -79,6 +81,9 @@ CASES = {
         (node("v1", "V100", 4),), {"v1": filters.MATCH}, filters.TOO_FEW, pending(min_match=0.5, max_wait_s=0)
     ),
     "load": Case((node("a1", cpu_load=0.5), node("a2")), {"a1": filters.LOAD}),
+    "disk-below-the-floor": Case(
+        (node("a1", disk_free_bytes=GIB - 1), node("a2", disk_free_bytes=GIB), node("a3")), {"a1": filters.DISK}
+    ),
     "reserved": Case((node("a1"), node("a2")), {"a1": filters.RESERVED}, reserved=frozenset({"a1"})),
     "no-free-gpu": Case((node("a1", free_gpus=()), node("a2")), {"a1": filters.NO_GPU}),
     "excluded": Case((node("a1"), node("a2")), {"a1": filters.EXCLUDED}, job=pending(excluded_nodes={"a1"})),

@@ -25,6 +25,12 @@ V100S = [node("v1", "V100", 4), node("v2", "V100", 4)]
         ),
         pytest.param([node("a1", draining=True), node("a2")], ["a2", "a2"], id="not-draining"),
         pytest.param([node("a1", cpu_load=0.5), node("a2", cpu_load=0.45)], ["a2", "a2"], id="load-below-50pct"),
+        pytest.param(
+            [node("a1", cpu_load=0.0, disk_free_bytes=GIB // 2), node("a2", disk_free_bytes=GIB)],
+            ["a2", "a2"],
+            id="output-disk-above-the-floor",
+        ),
+        pytest.param([node("a1", disk_free_bytes=None)], ["a1", "a1"], id="output-disk-not-reported"),
         pytest.param([node("a1", free_memory_bytes=16 * GIB), node("a2")], ["a2", "a2"], id="memory-filter"),
         pytest.param([node("a1", free_memory_bytes=32 * GIB), node("a2", gpus=1)], ["a1", "a2"], id="memory-caps"),
         pytest.param([node("a1", free_cpu_cores=2.0), node("a2")], ["a2", "a2"], id="cpu-filter"),
@@ -112,6 +118,12 @@ REASONS = [
         {"GPU model mismatch": 2, "model or dataset absent": 1},
         id="artifact",
     ),
+    pytest.param(
+        [node("a1", disk_free_bytes=0), node("a2", gpus=1, free_gpus=())],
+        PendingReason.DISK_FULL,
+        {"output disk below 1GiB free": 1, "no free GPU": 1},
+        id="disk",
+    ),
 ]
 
 
@@ -133,6 +145,22 @@ def test_reason_message_lists_counts_largest_first() -> None:
     assert decision.reason is PendingReason.LOAD_TOO_HIGH
     assert decision.message.endswith(": 25 GPU model mismatch, 10 no free GPU, 5 load above 50%")
     assert decision.message.startswith("0/40 nodes can take the gang of 2 x A100 (>= 35 TFLOPS)")
+
+
+def test_a_job_that_waits_for_disk_space_hears_which_disks_are_full() -> None:
+    nodes = [node("a2", disk_free_bytes=3 * 2**20), node("a1", disk_free_bytes=0), node("v1", "V100", 4)]
+    nodes.append(node("v2", "V100", 4, disk_free_bytes=0))  # not the job's kind: not named
+
+    decision = blocked(only(nodes))
+
+    assert decision.reason is PendingReason.DISK_FULL
+    assert decision.message.endswith("; output disks below 1GiB free: a1 (0B free), a2 (3MiB free)")
+
+
+def test_the_disk_floor_is_a_policy_knob() -> None:
+    decision = only([node("a1", disk_free_bytes=64 * 2**20)], policy=Policy(disk_floor_bytes=16 * 2**20))
+
+    assert placed_on(decision) == ["a1", "a1"]
 
 
 def test_load_threshold_is_a_policy_knob() -> None:

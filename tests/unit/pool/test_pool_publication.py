@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from shardyard.events import GpuStatus, NodeLease, NodeState, NodeStatus, RunningShard
+from shardyard.events import DiskSpace, GpuStatus, NodeLease, NodeState, NodeStatus, RunningShard
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.telemetry import Tolerance
 from tests.unit.builders import GIB, at, gpus, heartbeat, node_state
@@ -191,3 +191,31 @@ def test_a_lease_with_figures_for_other_gpus_keeps_the_known_ones() -> None:
 
     assert isinstance(state, NodeState)
     assert (state.cpu_load, [g.utilization for g in state.gpus]) == (0.5, [0.0, 0.0])
+
+
+def output_disk(free: int) -> DiskSpace:
+    return DiskSpace(path="/data/checkpoints", free_bytes=free, total_bytes=100 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("free", "publishes"),
+    [
+        pytest.param(10 * GIB - 2**20, False, id="within-a-10pct-step"),
+        pytest.param(8 * GIB, True, id="by-a-10pct-step"),
+        pytest.param(0, True, id="full"),
+    ],
+)
+def test_the_output_disk_publishes_the_state_by_10pct_steps_of_free_space(free: int, publishes: bool) -> None:
+    book = a_book()
+    assert published(book, 1, output_disk=output_disk(10 * GIB)) == [NodeStatus.ALIVE]  # reported at last
+
+    states = book.on_heartbeat(heartbeat("node-a", seq=20, occurred_at=at(2), output_disk=output_disk(free)), at(2))
+
+    assert [s.output_disk for s in states if isinstance(s, NodeState)] == ([output_disk(free)] if publishes else [])
+
+
+def test_the_output_disk_comes_back_from_the_node_state_topic() -> None:
+    book = PoolBook()
+    book.restore(node_state("node-a", output_disk=output_disk(GIB)))
+
+    assert book.state_of("node-a", at(1)).output_disk == output_disk(GIB)

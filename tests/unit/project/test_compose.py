@@ -25,6 +25,7 @@ SETTINGS = {
     "shardyard.scheduler": "shardyard.scheduler.app:SchedulerSettings",
     "shardyard.resource_pool": "shardyard.resource_pool.app:PoolSettings",
     "shardyard.fault_manager": "shardyard.fault_manager.app:FaultSettings",
+    "shardyard.accounting": "shardyard.accounting.app:AccountingSettings",
     "shardyard.monitor": "shardyard.monitor.app:MonitorSettings",
     "shardyard.node_agent": "shardyard.node_agent.app:AgentSettings",
 }

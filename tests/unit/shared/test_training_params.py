@@ -4,11 +4,11 @@ same fields: a parameter added to ``TrainingParams`` reaches the runner or a tes
 from pathlib import Path
 from typing import get_type_hints
 
+from shardyard.admission import Admitted, admit
 from shardyard.events import JobSpec, Workload
 from shardyard.events.job import TRAINING_FIELDS, TrainingParams
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.node_agent.environment import ShardPaths, shard_env
-from shardyard.queue.admission import Admitted, admit
 from shardyard.scheduler.admission import workload
 from shardyard.training.config import TRAINING_ENV, RunConfig, training_env
 from tests.unit.builders import T0, assignment, raw, submission

@@ -17,6 +17,8 @@ from shardyard.training.exitcodes import ExitCause, classify_exit, fault_exit_co
         pytest.param(7, ExitCause.GPU_FAULT, id="gpu-fault"),
         pytest.param(8, ExitCause.SYNC_TIMEOUT, id="sync-timeout"),
         pytest.param(9, ExitCause.FENCED, id="fenced"),
+        pytest.param(10, ExitCause.DISK_FULL, id="disk-full"),
+        pytest.param(11, ExitCause.IO_ERROR, id="io-error"),
         pytest.param(5, ExitCause.PROCESS_EXIT, id="internal-error"),
         pytest.param(1, ExitCause.PROCESS_EXIT, id="python-traceback"),
         pytest.param(2, ExitCause.PROCESS_EXIT, id="usage"),
@@ -43,12 +45,14 @@ def test_exit_code_values_are_stable() -> None:
         exitcodes.GPU_FAULT,
         exitcodes.SYNC_TIMEOUT,
         exitcodes.FENCED,
+        exitcodes.DISK_FULL,
+        exitcodes.IO_ERROR,
         exitcodes.PREEMPTED,
     )
-    assert codes == (0, 3, 4, 5, 6, 7, 8, 9, 75)
+    assert codes == (0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 75)
     assert [str(c) for c in ExitCause] == [
         *("ok", "user_error", "comm_error", "killed", "process_exit", "preempted"),
-        *("oom", "gpu_fault", "sync_timeout", "fenced"),
+        *("oom", "gpu_fault", "sync_timeout", "fenced", "disk_full", "io_error"),
     ]
 
 

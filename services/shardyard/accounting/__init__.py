@@ -1,0 +1,1 @@
+"""The accounting service: every job's record, folded from the lifecycle log, in the accounting database."""

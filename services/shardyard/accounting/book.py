@@ -1,0 +1,169 @@
+"""Job records folded from the lifecycle topic. Pure: events in, ``JobRecord`` rows out; no clock, no database.
+
+A job is accounted from its acceptance (a rejected submission is answered, not run, and has no record). The
+transition table (``shardyard.lifecycle``) decides which facts count, as it does for every other consumer: a late or
+duplicated event, or a placement under an older scheduler term than the job's newest, changes nothing. So the same
+log, read once or twice, in one process or two, gives the same records, each with the same revision.
+
+Each placement (``job.scheduled``) opens an attempt; the move back to READY (``job.recovering``,
+``job.preempted``) or the job's end closes it. GPU-hours and run time add up the attempts that closed.
+"""
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shardyard.events import (
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobPreempted,
+    JobRecovering,
+    JobScheduled,
+    JobSpec,
+    JobSucceeded,
+)
+from shardyard.jobdb.record import JobRecord
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass
+class Attempt:
+    number: int
+    gpus: int
+    """Training GPUs of the gang (its spares left out)."""
+    models: tuple[str, ...]
+    placed_at: datetime
+    closed_at: datetime | None = None
+
+    @property
+    def held_s(self) -> float:
+        return 0.0 if self.closed_at is None else max(0.0, (self.closed_at - self.placed_at).total_seconds())
+
+
+@dataclass
+class JobFold:
+    """One job's facts so far, as the record needs them."""
+
+    spec: JobSpec
+    state: JobState = JobState.ACCEPTED
+    placed_term: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    ended_at: datetime | None = None
+    reason: str | None = None
+    message: str = ""
+    final_loss: float | None = None
+    revision: int = 1
+
+    def apply(self, event: LifecycleFact) -> bool:
+        """Fold one fact; False when it changes nothing (refused by the table, or a fact the record does not keep)."""
+        target = target_state(event)
+        if target is None or not can_move(self.state, target):
+            return False
+        if isinstance(event, JobScheduled):
+            if event.term < self.placed_term:
+                return False  # a deposed leader's placement, fenced as the scheduler fences it
+            self.placed_term = event.term
+            self.attempts.append(_attempt(event))
+        self.state = target
+        if target is JobState.READY or target in TERMINAL:
+            self._close_attempt(event.occurred_at)
+        match event:
+            case JobSucceeded():
+                self.final_loss = event.final_loss if _finite(event.final_loss) else None
+            case JobFailed():
+                self.reason, self.message = event.cause.value, event.message
+            case JobCancelled():
+                self.message = event.message
+            case JobRecovering() | JobPreempted():
+                pass  # the attempt closed above; the job waits for its next placement
+        if target in TERMINAL:
+            self.ended_at = event.occurred_at
+        self.revision += 1
+        return True
+
+    def _close_attempt(self, at: datetime) -> None:
+        if self.attempts and self.attempts[-1].closed_at is None:
+            self.attempts[-1].closed_at = at
+
+    def record(self) -> JobRecord:
+        spec, attempts = self.spec, self.attempts
+        started = attempts[0].placed_at if attempts else None
+        began_wait = started or self.ended_at
+        models = sorted({model for attempt in attempts for model in attempt.models})
+        team, queue = team_and_queue(spec)
+        return JobRecord(
+            job_id=spec.job_id,
+            submitted_at=spec.submitted_at,
+            state=self.state,
+            gpus=spec.gpu_count,
+            gpu_model="+".join(models) if models else spec.gpu_model,
+            attempts=len(attempts),
+            gpu_hours=sum(a.gpus * a.held_s for a in attempts) / SECONDS_PER_HOUR,
+            revision=self.revision,
+            team=team,
+            queue=queue,
+            reason=self.reason,
+            message=self.message,
+            started_at=started,
+            ended_at=self.ended_at,
+            wait_s=(began_wait - spec.submitted_at).total_seconds() if began_wait is not None else None,
+            run_s=sum(a.held_s for a in attempts) if started is not None and self.ended_at is not None else None,
+            final_loss=self.final_loss,
+        )
+
+
+def team_and_queue(spec: JobSpec) -> tuple[str | None, str | None]:
+    """The submission's optional ``user`` (the team) and ``queue``, as the spec carries them. The spec of this
+    version has neither: both are read by name, so records fill them once the spec does, and are None until then."""
+    team, queue = getattr(spec, "user", None), getattr(spec, "queue", None)
+    return (team if isinstance(team, str) else None, queue if isinstance(queue, str) else None)
+
+
+def _attempt(event: JobScheduled) -> Attempt:
+    training = [p for p in event.placements if not p.spare]
+    return Attempt(
+        number=event.attempt,
+        gpus=sum(len(p.gpu_indices) for p in training),
+        models=tuple(sorted({p.gpu_model for p in training})),
+        placed_at=event.occurred_at,
+    )
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+class AccountingBook:
+    """Every job's fold, and which records changed since they were last taken."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobFold] = {}
+        self._changed: dict[str, None] = {}  # insertion-ordered set
+
+    def apply(self, event: LifecycleFact) -> None:
+        if isinstance(event, JobAccepted):
+            if event.job_id not in self.jobs:  # else the same acceptance again, or one the queue would refuse
+                self.jobs[event.job_id] = JobFold(spec=event.spec)
+                self._changed[event.job_id] = None
+            return
+        fold = self.jobs.get(event.job_id)
+        if fold is not None and fold.apply(event):
+            self._changed[event.job_id] = None
+
+    def take_changed(self) -> list[JobRecord]:
+        """The records that changed since the last call, each once, in the order they first changed."""
+        records = [self.jobs[job_id].record() for job_id in self._changed]
+        self._changed.clear()
+        return records
+
+    def changed_again(self, records: list[JobRecord]) -> None:
+        """Records that could not be written: taken again with the next changes (as they are then)."""
+        for record in records:
+            self._changed.setdefault(record.job_id, None)
+
+    @property
+    def pending(self) -> int:
+        return len(self._changed)

@@ -1,0 +1,52 @@
+"""Accounting handlers: each lifecycle fact to the book; after each fetch, the records it changed to the database.
+
+The database is written once per batch of facts, in one transaction, not once per fact. A write that fails (the
+database is down or locked past its timeout) leaves its records to be written again, as they are by then, with the
+next batch or the next retry tick: nothing the log said is lost while the service runs, and a restart rebuilds
+every record anyway.
+"""
+
+import asyncio
+import logging
+
+from shardyard.accounting.book import AccountingBook
+from shardyard.bus.topics import Topic
+from shardyard.errors import AccountingError
+from shardyard.jobdb.store import Store
+from shardyard.jobdb.urls import redacted
+
+log = logging.getLogger(__name__)
+
+
+class AccountingHandlers:
+    def __init__(self, book: AccountingBook, store: Store, *, url: str) -> None:
+        self.book = book
+        self.store = store
+        self.where = redacted(url)
+        self.written = 0
+        """Rows written since start (a row rewritten counts again)."""
+        self.failing = False
+
+    async def on_followed(self, _topic: Topic, event: object) -> None:
+        self.book.apply(event)  # type: ignore[arg-type]  # the follower reads the lifecycle topic only
+
+    async def flush(self) -> None:
+        """Write the records that changed since the last write."""
+        records = self.book.take_changed()
+        if not records:
+            return
+        try:
+            await asyncio.to_thread(self.store.upsert, records)
+        except AccountingError as exc:
+            self.book.changed_again(records)
+            if not self.failing:  # said once per outage, not once per retry
+                log.warning("accounting: %s; %d records wait to be written", exc, self.book.pending)
+            self.failing = True
+            return
+        if self.failing:
+            log.info("accounting: writing to %s again", self.where)
+        self.failing = False
+        self.written += len(records)
+
+    def close(self) -> None:
+        self.store.close()
