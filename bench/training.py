@@ -30,14 +30,31 @@ not weigh), each first in turn (``--iterations`` times up to 8 MiB, a quarter of
 time per call. ``ratio`` = sync GB/s / raw GB/s of the medians (target >= 0.80); ``best_ratio`` the same of
 the fastest iterations (what is left when the machine's other load does not interfere).
 
-    python bench/training.py [--runs 5] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth]
+``probing`` (with ``--only probing`` only): what the agents' link probing costs a training job. The same 2-rank job on
+a local cluster as in ``throughput``, on a fresh cluster for every run (probing is an agent start-up setting, given
+through ``SHARDYARD_PROBE_LINKS`` and ``SHARDYARD_PROBE_INTERVAL_S``; the agents' rendezvous ranges, whose last port
+is the probe endpoint, start at a free base, ``SHARDYARD_RENDEZVOUS_PORT_BASE``), with its agents probing
+(``--probe-links true``, a round every ``--probe-interval-s``: 1 s by default against the agent's 5 s, so that rounds
+run while the job trains) or not (``--probe-links false``), ``--runs`` of each, interleaved (on, off, then the other
+way round). A run's ``links`` counts the measurements on the links topic, and those made while the gang was training
+(``shared_with_sync``): what probing did beside the job, and ``agents_cpu_s_per_s`` the CPU the two agents used
+(themselves, not their shards) a second from the job's submission to its end. ``probing_ratio`` = median steps/s
+probing / median steps/s not (target >= 0.98); ``paired_ratios`` divide each probing run by the run next to it,
+``paired_ratio_median`` is their median; ``probing_cpu_share_of_machine`` is the agents' median CPU a second probing
+less not, over the machine's cores: what probing took from the job's cores, however noisy the rates are. Without
+``--only``, ``throughput`` and ``bandwidth`` run, as before.
+
+    python bench/training.py [--runs 5] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth|probing]
+        [--probe-interval-s 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -46,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +182,145 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --- probing -------------------------------------------------------------------------------------------------------
+PROBE_ENV = ("SHARDYARD_PROBE_LINKS", "SHARDYARD_PROBE_INTERVAL_S")
+PORTS_PER_CLUSTER = 100
+"""``cluster.up``'s rendezvous ranges for 2 agents (the probe endpoint takes the last port of each)."""
+
+
+def _free_port_base(count: int = PORTS_PER_CLUSTER) -> int:
+    """A base with ``count`` ports free after it on 127.0.0.1 (another local cluster may hold the default's)."""
+    for base in random.Random().sample(range(30_000, 60_000, count), 50):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise SystemExit(f"no {count} free ports in a row found for the agents' rendezvous ranges")
+
+
+@contextlib.contextmanager
+def _agent_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in the environment ``cluster.up`` hands its processes (settings: ``SHARDYARD_<FIELD>``)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def _links_measured(bootstrap: str) -> dict[str, int]:
+    """The link measurements on the cluster's links topic up to now (the agents go on probing): all, and those made
+    while a gang was training."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from shardyard.bus.topics import LINKS
+
+    now_ms, deadline = time.time() * 1000, time.monotonic() + 15.0
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    counts = {"measurements": 0, "during_training": 0}
+    try:
+        reading = {TopicPartition(LINKS.name, p) for p in range(LINKS.partitions)}
+        consumer.assign(list(reading))
+        await consumer.seek_to_beginning(*reading)
+        while reading and time.monotonic() < deadline:
+            got = await consumer.getmany(*reading, timeout_ms=1500, max_records=10_000)
+            if not got:
+                break  # nothing more: every partition is read to its end
+            for tp, records in got.items():
+                for record in records:
+                    if record.timestamp > now_ms:
+                        reading.discard(tp)  # read up to now
+                        break
+                    counts["measurements"] += 1
+                    counts["during_training"] += bool(json.loads(record.value or b"{}").get("shared_with_sync"))
+    finally:
+        await consumer.stop()
+    return counts
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its children not counted)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def probing_run(root: Path, data: Path, index: int, args: argparse.Namespace, *, probe: bool) -> dict[str, Any]:
+    """One job on a cluster of its own, whose agents probe their links (every ``--probe-interval-s``) or not."""
+    import asyncio
+
+    from shardyard.cli import cluster
+
+    knobs = {PROBE_ENV[0]: "true" if probe else "false", PROBE_ENV[1]: repr(args.probe_interval_s)}
+    knobs[cluster.RENDEZVOUS_BASE_ENV] = str(_free_port_base())
+    with _agent_env(knobs):
+        info = cluster.up(root, nodes=["A100:1"] * 2, data_root=data, say=lambda _m: None)
+    try:
+        agents = [pid for name, pid in info.pids.items() if name.startswith("node-")]
+        cpu_before, began = [_cpu_seconds(pid) for pid in agents], time.monotonic()
+        result = shardyard_run(info, index, args)
+        took = time.monotonic() - began
+        used = sum(_cpu_seconds(pid) - before for pid, before in zip(agents, cpu_before, strict=True))
+        result["agents_cpu_s_per_s"] = round(used / took, 4)  # the agents' own CPU (not their shards')
+        result["links"] = asyncio.run(_links_measured(info.bootstrap))
+    finally:
+        cluster.down(root, say=lambda _m: None)
+    return result
+
+
+def probing(args: argparse.Namespace) -> dict[str, Any]:
+    """The same job with the agents probing their links and without, interleaved (each on a fresh cluster: an
+    agent's probing is a start-up setting)."""
+    from shardyard.training.artifacts import create_demo_artifacts
+
+    with tempfile.TemporaryDirectory(prefix="shardyard-bench-") as tmp:
+        root = Path(tmp)
+        data = root / "data"
+        create_demo_artifacts(data)
+        on: list[dict[str, Any]] = []
+        off: list[dict[str, Any]] = []
+        for i in range(args.runs):
+            order: list[Callable[[], None]] = [
+                lambda i=i: on.append(probing_run(root / f"on-{i}", data, 2 * i, args, probe=True)),
+                lambda i=i: off.append(probing_run(root / f"off-{i}", data, 2 * i + 1, args, probe=False)),
+            ]
+            for run in order if i % 2 == 0 else order[::-1]:
+                run()
+    medians = {name: statistics.median(r["steps_per_s"] for r in runs) for name, runs in (("on", on), ("off", off))}
+    agents_cpu = {
+        name: statistics.median(r["agents_cpu_s_per_s"] for r in runs) for name, runs in (("on", on), ("off", off))
+    }
+    # Run i of each kind ran back to back, so they shared the machine's state of the moment.
+    paired = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(on, off, strict=True)]
+    return {
+        "workload": {**_workload(args), "sync_interval": args.sync_interval, "ranks": 2, "device": "cpu/gloo"},
+        "window": "per rank: end of its first step .. end of its last step; a run's rate is its slowest rank's",
+        "agents": {
+            "probing_on": f"--probe-links true --probe-interval-s {args.probe_interval_s} (other probe settings:"
+            " the agent's defaults)",
+            "probing_off": "--probe-links false",
+            "cluster": "a fresh local cluster per run (2 agents, 1 simulated A100 each), on then off, then the other"
+            " way round",
+        },
+        "runs": {"probing_on": on, "probing_off": off},
+        "median_steps_per_s": {f"probing_{k}": round(v, 3) for k, v in medians.items()},
+        "probing_ratio": round(medians["on"] / medians["off"], 4),
+        "paired_ratios": [round(r, 4) for r in paired],
+        "paired_ratio_median": round(statistics.median(paired), 4),
+        "agents_cpu_s_per_s": {f"probing_{k}": round(v, 4) for k, v in agents_cpu.items()},
+        "probing_cpu_share_of_machine": round((agents_cpu["on"] - agents_cpu["off"]) / (os.cpu_count() or 1), 5),
+        "target": 0.98,
+    }
+
+
 # --- bandwidth -----------------------------------------------------------------------------------------------------
 def _synthetic(total_bytes: int) -> list[Any]:
     """Parameters shaped like a transformer's: 1 MiB matrices, each followed by a small bias."""
@@ -273,14 +429,15 @@ def bandwidth(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="runs of each kind (throughput)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each kind (throughput, probing)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--sync-interval", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=100, help="timed syncs per size (bandwidth)")
     parser.add_argument("--sizes-mib", type=int, nargs="*", default=[4, 64], help="synthetic models (bandwidth)")
-    parser.add_argument("--only", choices=("throughput", "bandwidth"))
+    parser.add_argument("--probe-interval-s", type=float, default=1.0, help="agents' probe rounds (probing)")
+    parser.add_argument("--only", choices=("throughput", "bandwidth", "probing"))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -288,9 +445,11 @@ def main() -> None:
         bandwidth_worker(args.worker, args.port, args.iterations, args.sizes_mib)
         return
     out: dict[str, Any] = {"bench": "training", "load_before": os.getloadavg()}
-    if args.only != "bandwidth":
+    if args.only == "probing":  # only when asked for: two clusters a run
+        out["probing"] = probing(args)
+    elif args.only != "bandwidth":
         out["throughput"] = throughput(args)
-    if args.only != "throughput":
+    if args.only not in ("throughput", "probing"):
         out["bandwidth"] = bandwidth(args)
     out["load_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))

@@ -84,8 +84,19 @@ class LinkTable:
         for key in [k for k in self.bandwidth if node_id in k]:
             del self.bandwidth[key]
 
+    def evict(self, now: datetime) -> None:
+        """Forget the measurements too old to be used (their bandwidth figures after five times that): the table
+        holds the fresh links, not every pair the rotating samples ever met."""
+        old = [key for key, event in self.latest.items() if (now - event.occurred_at).total_seconds() > self.max_age_s]
+        for key in old:
+            del self.latest[key]
+        gone = [k for k, (_w, at) in self.bandwidth.items() if (now - at).total_seconds() > self.max_age_s * 5]
+        for key in gone:
+            del self.bandwidth[key]
+
     def links(self, now: datetime, among: set[str] | None = None) -> dict[tuple[str, str], Link]:
         """One ``Link`` per pair with a fresh measurement (of nodes in ``among`` only, if given)."""
+        self.evict(now)
         ends: dict[tuple[str, str], list[LinkMeasured]] = {}
         for (node, peer), event in self.latest.items():
             if among is not None and (node not in among or peer not in among):

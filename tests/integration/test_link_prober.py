@@ -112,3 +112,31 @@ async def test_an_unreachable_peer_is_counted_and_measured_again_next_round(boot
         assert await prober.probe_round() == [] and prober.counters.failed == 2
     finally:
         await broker.stop()
+
+
+async def test_a_node_sends_one_sampled_burst_an_interval_and_no_owed_probe_repeats(
+    bootstrap: str, endpoints: dict[str, ProbeServer]
+) -> None:
+    """Whatever the sample brings, one burst a node per ``burst_every_s``; and a new gang's peers are probed once
+    at once, bursts or not (with bursts off, they were probed every 0.25 s for ever)."""
+    await ensure_topics(bootstrap)
+    broker = make_broker(bootstrap, client_id="prober-test-3")
+    await broker.start()
+    try:
+        bus = Bus(broker, service="node-agent")
+        sampling = LinkProber("node-a", bus, SystemClock(), ProbeSettings(sample=3, pings=2, burst_bytes=BURST))
+        no_bursts = LinkProber("node-a", bus, SystemClock(), ProbeSettings(sample=0, pings=2, burst_bytes=0))
+        for prober in (sampling, no_bursts):
+            for name, server in endpoints.items():
+                prober.on_node_state(node_state(name, address="127.0.0.1", probe_port=server.port))
+        measured = await sampling.probe_round()
+        assert len(measured) == 3 and sum(1 for m in measured if m.burst_bytes) == 1
+        assert not any(m.burst_bytes for m in await sampling.probe_round())
+
+        no_bursts.on_assignment(assignment("job-2", 0, node_id="node-a"))
+        no_bursts.on_assignment(assignment("job-2", 1, node_id="node-c"))
+        (formed,) = await no_bursts.probe_owed()
+        assert formed.peer_id == "node-c" and formed.burst_bytes == 0
+        assert not no_bursts.owed()
+    finally:
+        await broker.stop()

@@ -6,9 +6,10 @@ probes a node a round, however large the cluster. Each probe is ``pings`` round 
 peer's probe endpoint (``shardyard.netprobe``), 9 bytes each way.
 
 Throughput is measured with one burst of ``burst_bytes``: to every gang peer as soon as a gang is formed (before
-its shards have loaded their model, so before its first sync), and to the other peers at most every
-``burst_every_s``. No burst is sent on a link that carries a running gang of this node's: the burst would compete
-with its syncs. Pings still run there (they are 9 bytes), and those rounds say ``shared_with_sync``.
+its shards have loaded their model, so before its first sync), and otherwise at most one burst a node every
+``burst_every_s``, to a sampled peer in no gang. No burst is sent on a link that carries a running gang of this
+node's, nor to a peer in any gang: the burst would compete with their syncs. Pings still run there (they are 9
+bytes), and those rounds say ``shared_with_sync``.
 
 Peers come from the node-state topic (every agent reads it whole): the ALIVE nodes that advertise a probe port."""
 
@@ -68,7 +69,8 @@ class LinkProber:
     running: Callable[[], Iterable[str]] = tuple
     """The jobs with a live shard on this node (the agent's book): their links carry syncs."""
     counters: ProbeCounters = field(default_factory=ProbeCounters)
-    _bursts: dict[str, float] = field(default_factory=dict)
+    _sampled_burst_at: float | None = None
+    """When this node last sent a burst to a sampled peer (a new gang's bursts are not counted)."""
     _owed: set[str] = field(default_factory=set)
     """Gang peers owed a burst: their gang was formed since the last round."""
     _round: int = 0
@@ -128,10 +130,15 @@ class LinkProber:
         chosen = [p for p in peers if p in self.peers]
         busy = self.busy_peers()
         gate = asyncio.Semaphore(self.settings.concurrency)
+        bursts = {}
+        for peer in chosen:  # decided before any probe runs: the probes run side by side
+            bursts[peer] = self._burst_due(peer, busy)
+            if bursts[peer] and peer not in self._owed:
+                self._sampled_burst_at = time.monotonic()  # this round's sampled burst: the next waits its interval
 
         async def one(peer: str) -> LinkMeasured | None:
             async with gate:
-                return await self._measure(peer, peer in busy, self._burst_due(peer, busy))
+                return await self._measure(peer, peer in busy, bursts[peer])
 
         found = [m for m in await asyncio.gather(*(one(p) for p in chosen)) if m is not None]
         if found:
@@ -145,13 +152,16 @@ class LinkProber:
         return found
 
     def _burst_due(self, peer: str, busy: set[str]) -> bool:
+        """A new gang's peer gets its burst at once; another peer only when it is in no gang (its links may carry
+        a sync) and this node sent no burst to anyone for ``burst_every_s``: one burst a node per interval, however
+        many peers the rotating sample brings."""
         if self.settings.burst_bytes <= 0:
             return False
         if peer in self._owed:
             return True
-        if peer in busy:
+        if peer in busy or any(peer in members.values() for members in self.gangs.values()):
             return False
-        last = self._bursts.get(peer)
+        last = self._sampled_burst_at
         return last is None or time.monotonic() - last >= self.settings.burst_every_s
 
     async def _measure(self, peer: str, shared: bool, burst: bool) -> LinkMeasured | None:
@@ -164,11 +174,10 @@ class LinkProber:
                 self.counters.bytes_sent += client.bytes_out
         except (OSError, TimeoutError, ConnectionError, EOFError, asyncio.IncompleteReadError) as exc:
             self.counters.failed += 1
+            self._owed.discard(peer)  # measured again by the rounds, not every 0.25 s
             log.info("probe of %s at %s:%d failed: %s", peer, address, port, exc)
             return None
-        if burst:
-            self._bursts[peer] = time.monotonic()
-            self._owed.discard(peer)
+        self._owed.discard(peer)
         return LinkMeasured(
             occurred_at=self.clock.now(),
             node_id=self.node_id,
