@@ -7,6 +7,7 @@ status and the last lines of its log. ``Popen.poll`` sees a dead child whether o
 answers ``kill(pid, 0)`` as if it lived.
 """
 
+import json
 import os
 import subprocess
 import time
@@ -30,6 +31,14 @@ Ports = dict[str, int]
 """A child's ports by role: ``metrics`` (every process), ``http`` (a monitor's status API)."""
 PortPicker = Callable[[str, str], int]
 """(process name, port role) -> a port to give it. Tests pick taken ones."""
+
+
+def save_json(path: Path, data: object) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a reader never sees half a file): the cluster file, the
+    supervisor's specs."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
 
 
 def pick_free_port(_name: str, _role: str) -> int:

@@ -17,7 +17,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shardyard.cli.children import CLUSTER_FILE, Child, Children, PortPicker, Ports, alive, pick_free_port, wait_ready
+from shardyard.cli.children import (
+    CLUSTER_FILE,
+    Child,
+    Children,
+    PortPicker,
+    Ports,
+    alive,
+    pick_free_port,
+    save_json,
+    wait_ready,
+)
 from shardyard.embedded import EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
@@ -83,10 +93,7 @@ class ClusterInfo:
         return self
 
     def save(self) -> None:
-        path = Path(self.run_dir) / CLUSTER_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        save_json(Path(self.run_dir) / CLUSTER_FILE, asdict(self))
 
     @classmethod
     def load(cls, run_dir: Path) -> "ClusterInfo":

@@ -30,7 +30,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.cli.children import CLUSTER_FILE, alive, exit_text
+from shardyard.cli.children import CLUSTER_FILE, alive, exit_text, save_json
 
 SPECS_FILE = "supervise.json"
 CHECK_S = 0.5
@@ -57,10 +57,7 @@ class Specs:
     processes: list[Spec] = field(default_factory=list)
 
     def save(self) -> None:
-        path = Path(self.run_dir) / SPECS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        save_json(Path(self.run_dir) / SPECS_FILE, asdict(self))
 
     @classmethod
     def load(cls, run_dir: Path) -> "Specs":
@@ -173,9 +170,7 @@ class Supervisor:
             info["pids"][name] = pid
             info.setdefault("restarts", {})[name] = info.get("restarts", {}).get(name, 0) + 1
             info.setdefault("started", {})[name] = time.time()
-            tmp = path.with_suffix(".supervisor.tmp")
-            tmp.write_text(json.dumps(info, indent=2))
-            tmp.replace(path)
+            save_json(path, info)
 
 
 def main(argv: list[str]) -> int:
