@@ -12,7 +12,7 @@
   0.05 ms link against a 0.02 ms baseline is not "slow", nor a 4 ms one measured by agents on a busy host). A
   node on the far end of a slow access link has no good link at all, so its own best link does not raise the
   baseline while most nodes are healthy. Bandwidth likewise: slow when below the nodes' median best bandwidth over
-  ``ratio``.
+  ``width_ratio``.
 """
 
 import hashlib
@@ -23,7 +23,10 @@ from datetime import datetime
 
 from shardyard.events import LinkMeasured
 
-SLOW_RATIO = 3.0
+SLOW_RATIO = 2.0
+"""A slow link's RTT is above this many times the baseline (and ``SLOW_MIN_EXCESS_MS`` above it)."""
+SLOW_WIDTH_RATIO = 3.0
+"""A slow link's bandwidth is below the baseline over this (one short burst is a noisy figure)."""
 SLOW_MIN_EXCESS_MS = 5.0
 """A slow link is this much above the baseline at least: on a loaded host, loopback probes measure a few ms."""
 
@@ -136,7 +139,10 @@ class SlowLink:
 
 
 def slow_links(
-    links: Sequence[Link], ratio: float = SLOW_RATIO, min_excess_ms: float = SLOW_MIN_EXCESS_MS
+    links: Sequence[Link],
+    ratio: float = SLOW_RATIO,
+    min_excess_ms: float = SLOW_MIN_EXCESS_MS,
+    width_ratio: float = SLOW_WIDTH_RATIO,
 ) -> list[SlowLink]:
     """The links out of line with the cluster's (see the module's doc), slowest first."""
     best_rtt: dict[str, float] = {}
@@ -162,7 +168,7 @@ def slow_links(
         elif (
             width_base is not None
             and link.bandwidth_bytes_per_s is not None
-            and link.bandwidth_bytes_per_s < width_base / ratio
+            and link.bandwidth_bytes_per_s < width_base / width_ratio
         ):
             found.append(
                 (

@@ -45,18 +45,43 @@ class RoundTrips:
         return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
 
 
-class ProbeServer:
-    """The endpoint peers probe this node at: started with ``start()``, stopped with ``stop()``."""
+def bind_endpoint(host: str, port: int) -> socket.socket:
+    """A listening socket for the probe endpoint: on ``port``, or on a free one when another process holds it (two
+    local clusters on one host, both on the default rendezvous ports): the node advertises the port it got, and a
+    clash costs nothing but a warning in the agent's log."""
+    for wanted in (port, 0):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, wanted))
+        except OSError:
+            sock.close()
+            if wanted == 0:
+                raise
+            continue
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock
+    raise AssertionError("unreachable")
 
-    def __init__(self, host: str, port: int) -> None:
+
+class ProbeServer:
+    """The endpoint peers probe this node at: started with ``start()``, stopped with ``stop()``; on ``sock`` when
+    given (``bind_endpoint``), else bound to ``host:port`` at start."""
+
+    def __init__(self, host: str, port: int, sock: socket.socket | None = None) -> None:
         self.host = host
-        self.port = port
+        self.port = port if sock is None else sock.getsockname()[1]
         self.requests = 0
         self.bytes_in = 0
+        self._sock = sock
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port, reuse_address=True)
+        if self._sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=self._sock)
+        else:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, reuse_address=True)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
 

@@ -161,7 +161,7 @@ def test_the_coordinator_is_the_low_latency_node_and_the_slow_links_are_named(
     slow = wait.until(
         lambda: {a.subject for a in firing(info, AlertRule.SLOW_LINK)} >= {"node-a|node-b", "node-b|node-c"} or None,
         "SLOW_LINK on node-b's links",
-        60,
+        90,
         every_s=1.0,
         describe=lambda: [a.summary for a in firing(info, AlertRule.SLOW_LINK)],
     )

@@ -4,6 +4,7 @@ import asyncio
 import logging
 import os
 import pwd
+import socket
 import sys
 from pathlib import Path
 from typing import Self
@@ -20,7 +21,7 @@ from shardyard.errors import ConfigError
 from shardyard.events import NodeState
 from shardyard.gpus import catalogue_with
 from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
-from shardyard.netprobe import MAX_BURST_BYTES
+from shardyard.netprobe import MAX_BURST_BYTES, bind_endpoint
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.benchmark import (
     DEFAULT_SECONDS,
@@ -239,13 +240,13 @@ def topology(zone: str, rack: str) -> dict[str, str]:
     return {name: value for name, value in labels.items() if value}
 
 
-def _identity(settings: AgentSettings, probe: GpuProbe) -> NodeIdentity:
+def _identity(settings: AgentSettings, probe: GpuProbe, probe_port: int | None) -> NodeIdentity:
     return NodeIdentity(
         node_id=settings.node_id,
         instance=settings.instance,
         address=settings.address,
         rendezvous_ports=(settings.rendezvous_port_base, settings.rendezvous_port_count - settings.probe_links),
-        probe_port=settings.rendezvous_port_base + settings.rendezvous_port_count - 1 if settings.probe_links else None,
+        probe_port=probe_port,
         cpu_cores=settings.cpu_cores,
         memory_bytes=int(settings.memory_gib * 1024**3),
         mounts=parse_mounts(settings.mounts),
@@ -322,9 +323,11 @@ def _periodic_work(
         await handlers.stop_all()
 
 
-def _probing(settings: AgentSettings, identity: NodeIdentity, bus: Bus, clock: Clock, book: AgentBook) -> Probing:
+def _probing(
+    settings: AgentSettings, endpoint: socket.socket | None, bus: Bus, clock: Clock, book: AgentBook
+) -> Probing:
     """The link prober, its periodic rounds and its endpoint; no prober with ``--probe-links false``."""
-    if identity.probe_port is None:
+    if endpoint is None:
         return None, [], None
     knobs = ProbeSettings(
         interval_s=settings.probe_interval_s,
@@ -333,9 +336,7 @@ def _probing(settings: AgentSettings, identity: NodeIdentity, bus: Bus, clock: C
         burst_every_s=settings.probe_burst_every_s,
     )
     running = lambda: {job for job, _shard, _attempt in book.running}  # noqa: E731 - the book's jobs, when asked
-    return probing_parts(
-        LinkProber(settings.node_id, bus, clock, knobs, running=running), identity.address, identity.probe_port
-    )
+    return probing_parts(LinkProber(settings.node_id, bus, clock, knobs, running=running), endpoint)
 
 
 def build_app(
@@ -354,10 +355,12 @@ def build_app(
     bench = bench or SubprocessBench(
         sys.executable, size=settings.tflops_size, dtype=settings.tflops_dtype, seconds=settings.tflops_seconds
     )
-    identity = _identity(settings, probe)
+    last_port = settings.rendezvous_port_base + settings.rendezvous_port_count - 1  # the probe's, documented
+    bound = bind_endpoint(settings.address, last_port) if settings.probe_links else None
+    identity = _identity(settings, probe, bound.getsockname()[1] if bound is not None else None)
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
     book = AgentBook(settings.node_id)
-    prober, probing, endpoint = _probing(settings, identity, bus, clock, book)
+    prober, probing, endpoint = _probing(settings, bound, bus, clock, book)
     handlers = AgentHandlers(
         identity,
         book,

@@ -15,6 +15,7 @@ Peers come from the node-state topic (every agent reads it whole): the ALIVE nod
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -195,7 +196,7 @@ Probing = tuple[LinkProber | None, list[Periodic], ProbeServer | None]
 """The prober, its periodic work and the endpoint peers probe this node at (all empty when probing is off)."""
 
 
-def probing_parts(prober: LinkProber, address: str, port: int) -> Probing:
+def probing_parts(prober: LinkProber, endpoint: socket.socket) -> Probing:
     """The prober's rounds, the quick check for newly formed gangs, and this node's probe endpoint."""
 
     async def round_() -> None:
@@ -207,4 +208,5 @@ def probing_parts(prober: LinkProber, address: str, port: int) -> Probing:
 
     rounds = Periodic("link-probe", prober.settings.interval_s, round_)
     formed = Periodic("link-probe-formed", 0.25, owed)  # a new gang's links, before its first sync
-    return prober, [rounds, formed], ProbeServer(address, port)
+    host, port = endpoint.getsockname()[:2]
+    return prober, [rounds, formed], ProbeServer(host, port, endpoint)

@@ -161,3 +161,24 @@ def test_measurements_older_than_the_tables_age_are_not_used() -> None:
     table = LinkTable(max_age_s=30)
     table.apply(measured("a", "b", 2.0))
     assert table.rtt_ms(at(0) + timedelta(seconds=31)) == {}
+
+
+def test_a_probe_port_another_process_holds_gives_way_to_a_free_one() -> None:
+    import socket
+
+    from shardyard.netprobe import bind_endpoint
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        endpoint = bind_endpoint("127.0.0.1", taken)
+        try:
+            assert endpoint.getsockname()[1] not in (taken, 0)
+        finally:
+            endpoint.close()
+    free = bind_endpoint("127.0.0.1", taken)  # free again: the port asked for
+    try:
+        assert free.getsockname()[1] == taken
+    finally:
+        free.close()
