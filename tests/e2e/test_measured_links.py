@@ -163,7 +163,11 @@ def test_the_coordinator_is_the_low_latency_node_and_the_slow_links_are_named(
         "SLOW_LINK on node-b's links",
         90,
         every_s=1.0,
-        describe=lambda: [a.summary for a in firing(info, AlertRule.SLOW_LINK)],
+        describe=lambda: {
+            "firing": [a.summary for a in firing(info, AlertRule.SLOW_LINK)],
+            "links": links_of(info),
+            "alerts": get_json(f"{info.monitor_url}/api/alerts"),
+        },
     )
     assert slow
     assert "node-a|node-c" not in {a.subject for a in firing(info, AlertRule.SLOW_LINK)}

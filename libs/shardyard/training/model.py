@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +93,16 @@ class CheckpointError(ShardyardError):
 
 
 def save_pretrained(
-    model: TinyGPT, directory: str | os.PathLike[str], *, extra_files: Mapping[str, bytes] | None = None
+    model: TinyGPT,
+    directory: str | os.PathLike[str],
+    *,
+    extra_files: Mapping[str, bytes] | None = None,
+    keep: Sequence[str] = (),
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` into ``directory`` atomically, replacing what is there.
 
-    ``extra_files`` (plain file names -> contents) are written alongside, inside the same atomic swap; see
-    :func:`write_dir_atomic`.
+    ``extra_files`` (plain file names -> contents) are written alongside, and the subdirectories ``keep`` of what is
+    there now are carried over, inside the same atomic swap; see :func:`write_dir_atomic`.
     """
     extra = dict(extra_files or {})
     for name in extra:
@@ -109,7 +113,7 @@ def save_pretrained(
             or name.startswith(".")
         ):
             raise ValueError(f"extra checkpoint file name {name!r} is not a plain, free file name")
-    return write_dir_atomic(directory, {**pretrained_files(model), **extra})
+    return write_dir_atomic(directory, {**pretrained_files(model), **extra}, keep=keep)
 
 
 def pretrained_files(model: TinyGPT) -> dict[str, bytes]:
@@ -133,8 +137,14 @@ def tensor_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str
     return safetensors_bytes(dict(tensors), metadata=dict(metadata))
 
 
-def write_dir_atomic(directory: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
+def write_dir_atomic(
+    directory: str | os.PathLike[str], files: Mapping[str, bytes], *, keep: Sequence[str] = ()
+) -> Path:
     """Write ``files`` (plain names -> bytes) as the directory ``directory``, replacing what is there atomically.
+
+    The subdirectories named in ``keep`` that the target holds now are carried into the new one (hard links, a copy
+    where the filesystem has none), so a reader of ``directory/<kept>`` finds it complete at every instant: the
+    final model replaces an output directory whose ``checkpoint`` a re-formed gang may be about to resume from.
 
     The files are written and fsynced in a sibling temp directory which then takes the target's place: on Linux by
     one ``renameat2(RENAME_EXCHANGE)``, so the target always holds the old or the new checkpoint, complete, whenever
@@ -151,6 +161,9 @@ def write_dir_atomic(directory: str | os.PathLike[str], files: Mapping[str, byte
     try:
         for name, data in files.items():
             _write_synced(tmp / name, data)
+        for name in keep:
+            if (target / name).is_dir():
+                shutil.copytree(target / name, tmp / name, copy_function=_link_or_copy)
         _fsync_path(tmp)
         _swap_into_place(tmp, target)
     except BaseException:
@@ -289,6 +302,13 @@ def _model_state(
                 f"{where}: {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
             )
     return state
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
 
 
 def _swap_into_place(tmp: Path, target: Path) -> None:

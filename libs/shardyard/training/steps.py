@@ -5,7 +5,6 @@ step, keeping the gang's state when a step fails, and ending (the final model, o
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -245,14 +244,6 @@ def finish(cfg: RunConfig, steps: Steps, reporter: ProgressReporter) -> Outcome:
 def save_final(model: TinyGPT, output_dir: Path) -> None:
     """The final model replaces the output directory, and the last checkpoint is carried into the new one. A gang can
     be re-formed after this shard finished (its agent was paused or cut off before the end reached the bus, and the
-    node was suspected): the new attempt then resumes from that checkpoint instead of failing on a missing one."""
-    checkpoint = output_dir / CHECKPOINT_SUBDIR
-    parked = output_dir.with_name(f".{output_dir.name}.{CHECKPOINT_SUBDIR}-{os.getpid()}")
-    carried = checkpoint.is_dir()
-    if carried:
-        os.replace(checkpoint, parked)
-    try:
-        save_pretrained(model, output_dir)  # replaces the output directory atomically
-    finally:
-        if carried:
-            os.replace(parked, output_dir / CHECKPOINT_SUBDIR)
+    node was suspected): the new attempt then resumes from that checkpoint instead of failing on a missing one. It
+    is carried inside the one atomic swap, so it is there at every instant, also to an attempt starting meanwhile."""
+    save_pretrained(model, output_dir, keep=(CHECKPOINT_SUBDIR,))

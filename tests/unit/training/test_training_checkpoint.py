@@ -289,3 +289,36 @@ def test_a_checkpoint_of_an_earlier_version_resumes_with_its_moments_transposed(
     for saved, restored in zip(optimizer.state.values(), fresh.state.values(), strict=True):
         torch.testing.assert_close(restored["exp_avg"], saved["exp_avg"], rtol=0, atol=0)
         torch.testing.assert_close(restored["exp_avg_sq"], saved["exp_avg_sq"], rtol=0, atol=0)
+
+
+def test_the_final_model_keeps_the_checkpoint_in_place_at_every_instant(tmp_path: Path) -> None:
+    """A gang re-formed after its shard finished resumes from ``output/checkpoint``: the final model's save carries
+    it over inside its one swap, never moving it out for a moment (a new attempt checked it in that moment and
+    failed MISSING_ARTIFACT)."""
+    from shardyard.training.steps import save_final
+
+    model, optimizer = _trained()
+    output = tmp_path / "out"
+    save_checkpoint(output / "checkpoint", model, optimizer, STATE)
+    before = {p.name: p.read_bytes() for p in (output / "checkpoint").iterdir()}
+    missing: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if not (output / "checkpoint" / STATE_FILE).is_file():
+                missing.append(1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(20):
+            save_final(model, output)
+    finally:
+        done.set()
+        watcher.join()
+
+    assert not missing, f"the checkpoint was missing at {len(missing)} looks"
+    assert {p.name: p.read_bytes() for p in (output / "checkpoint").iterdir()} == before
+    assert (output / WEIGHTS_FILE).is_file() and (output / CONFIG_FILE).is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing parked beside it
