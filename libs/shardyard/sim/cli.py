@@ -20,6 +20,7 @@ from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
 from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S, POLICY_NAMES
+from shardyard.sim.fit import fit_warnings
 from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate
 from shardyard.sim.trace import read_trace, write_trace
 
@@ -102,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
     path = Path(args.trace)
     trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
+    misfit = fit_warnings(trace, nodes)
+    for warning in misfit:
+        print(f"warning: {warning}", file=sys.stderr)
     core = policy_with(args.policy_option)
     names = list(dict.fromkeys(args.policy or POLICY_NAMES))
     summaries = [
@@ -117,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             "nodes": len(nodes),
             "gpus": sum(node.gpus for node in nodes),
             "checkpoint_s": args.checkpoint_s,
+            "warnings": misfit,
         }
         print(json.dumps(as_json(summaries, **context), indent=2))
         return 0
