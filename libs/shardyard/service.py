@@ -2,7 +2,6 @@
 service whose replicas split the work by key."""
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from faststream import FastStream
 
 from shardyard import tracing
+from shardyard.bus import forgotten
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.batch import BatchHandler, RawBatchHandler
 from shardyard.bus.follow import Follower, FollowHandler
@@ -32,6 +32,8 @@ SHUTDOWN_GRACE_S = 5.0
 """How long a stopping service may take to let go of the bus once its own shutdown hooks have run (its work is
 stopped: an agent's shards, a replica's tickers). Committing offsets, leaving groups and flushing the producer take
 well under a second with a broker; without one, aiokafka waits on it for ever, and a service told to stop must stop."""
+STOP_GRACE_S = 5.0
+"""How long a ``Periodic`` tick gets to end once stopped."""
 
 
 def configure_logging(level: str) -> None:
@@ -65,11 +67,15 @@ class Periodic:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=self.name)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Cancel the task and wait for it, ``grace_s`` at most: a tick whose cancellation was lost (Python 3.11's
+        ``wait_for`` can swallow one) is cancelled again and left, so that the shutdown after it goes on."""
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait({self._task}, timeout=grace_s)
+            if not done:
+                log.warning("periodic task %s did not stop within %.0f s; cancelled again and left", self.name, grace_s)
+                self._task.cancel()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -96,6 +102,7 @@ def run_main(
     try:
         settings = load_settings(settings_class, sys.argv[1:] if argv is None else argv, os.environ, prog=prog)
         configure_logging(settings.log_level)
+        forgotten.react_with(forgotten.stop_to_start_over)
         serve_metrics(settings.metrics_port, host=settings.metrics_host)
         tracing.configure(prog, os.environ, instance=settings.instance)  # exports only when OTEL_* ask for it
         app = build_app(settings, clock=SystemClock())
@@ -104,7 +111,7 @@ def run_main(
         return 2
     bound_shutdown(app, SHUTDOWN_GRACE_S)
     asyncio.run(app.run())
-    return 0
+    return forgotten.exit_code()
 
 
 def bound_shutdown(app: FastStream, grace_s: float, *, give_up: Callable[[float], object] | None = None) -> None:
@@ -123,7 +130,7 @@ def exit_unclean(grace_s: float) -> None:
     log.error("the bus was not let go of %.0f s after the service stopped (is the broker reachable?); exiting", grace_s)
     tracing.flush()
     logging.shutdown()
-    os._exit(0)
+    os._exit(forgotten.exit_code())
 
 
 @dataclass(frozen=True)

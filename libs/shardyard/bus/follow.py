@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from shardyard import metrics, tracing
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
+from shardyard.bus.forgotten import LogWatch
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
@@ -52,6 +53,8 @@ class Follower:
         self._done: dict[TopicPartition, int] = {}
         """Per partition: the offset after the last record handed over."""
         self._progress = asyncio.Event()
+        self._watch = LogWatch(name)
+        """Whether the broker still holds what was followed (``shardyard.bus.forgotten``)."""
 
     async def start(self) -> None:
         consumer, partitions = await assigned_consumer(
@@ -100,6 +103,7 @@ class Follower:
         assert self._consumer is not None
         batches = await self._consumer.getmany(timeout_ms=200)
         for tp, records in batches.items():
+            self._watch.read(tp, (record.offset for record in records))  # a service exits on news of a lost log
             topic = self.topics[tp.topic]
             for record in records:
                 await self._hand_over(topic, tp, record.offset, record.value, record.headers)

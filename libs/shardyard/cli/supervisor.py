@@ -11,7 +11,9 @@ process (by pid: those ``up`` started are not its children). One that is gone is
 
 The embedded broker keeps its log in memory: one that is restarted comes back empty, on the same port. The
 supervisor then creates the catalogue's topics again at once, so that producers and the services' consumers find
-them; everything the old log held (jobs, their history, committed offsets) is gone, see the README.
+them, and stops every other process, to start it again: each rebuilds its state from the new log, as after any
+restart. Everything the old log held (jobs, their history, committed offsets) is gone, see the README; the shards
+of the jobs it held are stopped with their agents, and their checkpoints stay on disk.
 
 ``down`` stops the supervisor first (SIGTERM: it exits and starts nothing more), then the cluster."""
 
@@ -160,7 +162,20 @@ class Supervisor:
                 time.sleep(0.5)
                 continue
             log.warning("the broker came back empty (its log is in memory): the catalogue's topics were created again")
+            self._start_over()
             return
+
+    def _start_over(self) -> None:
+        """After the broker came back empty, every other process is stopped (SIGTERM: an agent stops its shards,
+        their checkpoints stay) and started again at once, to rebuild its state from the new log: what each held
+        (jobs, leases, terms, an agent's attempts) is of a log that is gone."""
+        for name, entry in self.watched.items():
+            if name == "broker" or entry.due is not None or not alive(entry.pid):
+                continue
+            entry.level = 0  # no backoff: nothing is wrong with it
+            log.warning("stopping %s (pid %d) to start it again on the empty broker", name, entry.pid)
+            with contextlib.suppress(OSError):
+                os.kill(entry.pid, signal.SIGTERM)
 
     def _record(self, name: str, pid: int) -> None:
         """The restart in the cluster file (``ClusterInfo``'s fields ``pids``, ``restarts``, ``started``)."""

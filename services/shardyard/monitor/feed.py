@@ -20,6 +20,7 @@ from typing import TypeAlias
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 from shardyard.bus.assigned import assigned_consumer
+from shardyard.bus.forgotten import LogWatch
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.topics import Topic
 
@@ -53,6 +54,7 @@ class Feed:
         self.max_records = max_records
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._watch = LogWatch(name)
 
     @property
     def consumer(self) -> AIOKafkaConsumer | None:
@@ -86,6 +88,7 @@ class Feed:
         while True:
             batches = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=self.max_records)
             for tp, records in batches.items():
+                self._watch.read(tp, (record.offset for record in records))  # news of a lost log: see forgotten
                 try:
                     await self.handle(self.topics[tp.topic], records)
                 except asyncio.CancelledError:

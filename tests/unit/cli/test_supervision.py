@@ -1,10 +1,14 @@
 """The supervisor's backoff and `shardyard ps`'s rows, pure (the restarts: tests/e2e/test_supervision.py)."""
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.cli.ps import render, rows
-from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Watched, fresh_instance
+from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Specs, Supervisor, Watched, fresh_instance
 
 
 def test_the_backoff_doubles_per_restart_up_to_its_cap() -> None:
@@ -62,3 +66,25 @@ def test_a_restarted_agent_is_a_new_instance_and_a_service_replica_keeps_its_nam
     assert again[6].startswith("node-1-")
     service = ["python", "-m", "shardyard.queue", "--instance", "queue-0"]
     assert fresh_instance(service, "queue-0") == service
+
+
+def test_after_the_broker_came_back_empty_every_other_process_is_stopped_to_start_over(tmp_path: Path) -> None:
+    """Real processes: the supervisor SIGTERMs each (the broker excepted) and will start it again without backoff."""
+    sleepers = {
+        name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        for name in ("broker", "queue-0", "node-0")
+    }
+    try:
+        specs = Specs(str(tmp_path), "127.0.0.1:1", [Spec(name, ["true"], {}, "/dev/null") for name in sleepers])
+        specs.save()
+        (tmp_path / "cluster.json").write_text(json.dumps({"pids": {n: p.pid for n, p in sleepers.items()}}))
+        supervisor = Supervisor(tmp_path)
+        supervisor.watched["queue-0"].level = 3
+        supervisor._start_over()
+        assert sleepers["queue-0"].wait(10) == -15 and sleepers["node-0"].wait(10) == -15  # SIGTERM
+        assert sleepers["broker"].poll() is None
+        assert supervisor.watched["queue-0"].level == 0
+    finally:
+        for process in sleepers.values():
+            process.kill()
+            process.wait()
