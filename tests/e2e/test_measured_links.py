@@ -143,6 +143,21 @@ def test_the_coordinator_is_the_low_latency_node_and_the_slow_links_are_named(
     )
     print(f"\nmeasured RTTs (ms): {json.dumps(measured)}")
 
+    # SLOW_LINK names node-b's two links, on the quiet cluster, before any sync shares them.
+    slow = wait.until(
+        lambda: {a.subject for a in firing(info, AlertRule.SLOW_LINK)} >= {"node-a|node-b", "node-b|node-c"} or None,
+        "SLOW_LINK on node-b's links",
+        90,
+        every_s=1.0,
+        describe=lambda: {
+            "firing": [a.summary for a in firing(info, AlertRule.SLOW_LINK)],
+            "links": links_of(info),
+            "alerts": get_json(f"{info.monitor_url}/api/alerts"),
+        },
+    )
+    assert slow
+    assert "node-a|node-c" not in {a.subject for a in firing(info, AlertRule.SLOW_LINK)}
+
     job = {
         "task_id": "links-1",
         "task_type": "micro_train",
@@ -157,20 +172,6 @@ def test_the_coordinator_is_the_low_latency_node_and_the_slow_links_are_named(
     placed = wait.until(lambda: scheduled(info, "links-1"), "links-1 scheduled", 60, every_s=0.5)
     assert placed.coordinator_node == "node-a", placed
     assert placed.coordinator_source == "measured", placed
-
-    slow = wait.until(
-        lambda: {a.subject for a in firing(info, AlertRule.SLOW_LINK)} >= {"node-a|node-b", "node-b|node-c"} or None,
-        "SLOW_LINK on node-b's links",
-        90,
-        every_s=1.0,
-        describe=lambda: {
-            "firing": [a.summary for a in firing(info, AlertRule.SLOW_LINK)],
-            "links": links_of(info),
-            "alerts": get_json(f"{info.monitor_url}/api/alerts"),
-        },
-    )
-    assert slow
-    assert "node-a|node-c" not in {a.subject for a in firing(info, AlertRule.SLOW_LINK)}
 
     def training() -> dict[str, Any] | None:
         view = client.job(info.monitor_url, "links-1") or {}
@@ -190,4 +191,5 @@ def test_the_coordinator_is_the_low_latency_node_and_the_slow_links_are_named(
     view = client.job(info.monitor_url, "links-1") or {}
     print(f"gang links: {json.dumps(view.get('links'))}")
     assert any(link["a"] == "node-a" and link["b"] == "node-b" for link in view.get("links") or []), view
+    assert "node-a|node-c" not in {a.subject for a in firing(info, AlertRule.SLOW_LINK)}  # not under load either
     client.request_cancel(info.bootstrap, "links-1", requested_by="test")
