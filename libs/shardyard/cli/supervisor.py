@@ -9,11 +9,12 @@ process (by pid: those ``up`` started are not its children). One that is gone is
 ``STEADY_S``. A restart is logged (``logs/supervisor.log``), counted in ``cluster.json`` (``restarts``, which
 ``shardyard ps`` shows) and on the supervisor's own metrics port as ``shardyard_process_restarts_total{process}``.
 
-The embedded broker keeps its log in memory: one that is restarted comes back empty, on the same port. The
-supervisor then creates the catalogue's topics again at once, so that producers and the services' consumers find
-them, and stops every other process, to start it again: each rebuilds its state from the new log, as after any
-restart. Everything the old log held (jobs, their history, committed offsets) is gone, see the README; the shards
-of the jobs it held are stopped with their agents, and their checkpoints stay on disk.
+The embedded broker keeps its log in memory: one that is restarted comes back empty, on the same port. So when it
+dies, the supervisor stops every other process first, starts the broker once they are gone, creates the catalogue's
+topics at once, and then starts the others again: the cluster starts over as ``up`` started it, each process
+rebuilding its state from the new log (see ``_broker_down``). Everything the old log held (jobs, their history,
+committed offsets) is gone, see the README; the shards of its jobs are stopped with their agents, and their
+checkpoints stay on disk.
 
 ``down`` stops the supervisor first (SIGTERM: it exits and starts nothing more), then the cluster."""
 
@@ -33,12 +34,15 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.cli.children import CLUSTER_FILE, alive, exit_text, save_json
+from shardyard.embedded import in_memory
 
 SPECS_FILE = "supervise.json"
 CHECK_S = 0.5
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 STEADY_S = 60.0
+STOP_OTHERS_S = 20.0
+"""How long the other processes get to stop once an in-memory broker died, before it is started again anyway."""
 log = logging.getLogger("shardyard.supervisor")
 
 
@@ -107,12 +111,15 @@ class Supervisor:
             registry=self.registry,
         )
         self.stopping = False
+        self.others_stop_by: float | None = None
+        """While an in-memory broker is down: when the others, stopped, are killed if still there."""
 
     def serve_metrics(self, port: int) -> None:
         start_http_server(port, addr="127.0.0.1", registry=self.registry)
 
     def tick(self) -> None:
-        """One look at every process: start the ones whose backoff ran out, note the ones that just died."""
+        """One look at every process: start the ones whose backoff ran out, note the ones that just died. While an
+        in-memory broker is down, the others are stopped and none is started (see ``_broker_down``)."""
         now = time.monotonic()
         for name, entry in self.watched.items():
             if self.stopping:
@@ -128,8 +135,43 @@ class Supervisor:
                 entry.due = now + wait
                 said = exit_text(code) if code is not None else "gone"
                 log.warning("%s (pid %d) died (%s): starting it again in %.1f s", name, entry.pid, said, wait)
-            elif now >= entry.due:
+                if name == "broker" and in_memory(entry.spec.argv):
+                    self._broker_down(now)
+            elif self.others_stop_by is not None and name != "broker":
+                continue  # started once the broker is back
+            elif now >= entry.due and (name != "broker" or self._others_stopped(now)):
                 self._restart(entry)
+
+    def _broker_down(self, now: float) -> None:
+        """An in-memory broker died: it comes back empty, and what every other process holds is of the log it lost
+        (jobs, leases, leadership terms, an agent's attempts; left in place, a forgotten job showed RUNNING for ever
+        and a new one reusing its id got no answer). So the whole cluster starts over, as ``up`` started it: the
+        others are stopped (SIGTERM: an agent stops its shards, their checkpoints stay), the broker is started once
+        they are gone (``SIGKILL`` after ``STOP_OTHERS_S``), then the others, without backoff. None of them meets
+        the new broker before it is empty and whole: an old consumer that joined a group of the new broker left it
+        stuck for the new one (the pool published no node state for minutes)."""
+        self.others_stop_by = now + STOP_OTHERS_S
+        for name, entry in self.watched.items():
+            if name == "broker" or entry.due is not None or not alive(entry.pid):
+                continue
+            log.warning(
+                "stopping %s (pid %d): the broker comes back empty, and the cluster starts over", name, entry.pid
+            )
+            with contextlib.suppress(OSError):
+                os.kill(entry.pid, signal.SIGTERM)
+
+    def _others_stopped(self, now: float) -> bool:
+        """Whether the broker may start: no other process is left from before it died."""
+        if self.others_stop_by is None:
+            return True
+        left = [e for n, e in self.watched.items() if n != "broker" and e.due is None and alive(e.pid)]
+        if left and now < self.others_stop_by:
+            return False
+        for entry in left:
+            log.warning("%s (pid %d) did not stop in %.0f s: killed", entry.spec.name, entry.pid, STOP_OTHERS_S)
+            with contextlib.suppress(OSError):
+                os.kill(entry.pid, signal.SIGKILL)
+        return True
 
     def _restart(self, entry: Watched) -> None:
         spec = entry.spec
@@ -148,8 +190,12 @@ class Supervisor:
         self.restarts.labels(spec.name).inc()
         self._record(spec.name, entry.pid)
         log.warning("started %s again: pid %d (restart %d)", spec.name, entry.pid, entry.restarts)
-        if spec.name == "broker":
-            self._topics_again()
+        if spec.name == "broker" and in_memory(spec.argv):
+            self._topics_again()  # a durable one (SHARDYARD_BROKER_STORAGE) comes back with its log
+            for other in self.watched.values():
+                if other is not entry and other.due is not None:
+                    other.due, other.level = time.monotonic(), 0  # the cluster starts over: nothing is wrong with it
+            self.others_stop_by = None
 
     def _topics_again(self) -> None:
         """A restarted embedded broker is empty: create the catalogue's topics at once (it listens within a second)."""
@@ -162,20 +208,7 @@ class Supervisor:
                 time.sleep(0.5)
                 continue
             log.warning("the broker came back empty (its log is in memory): the catalogue's topics were created again")
-            self._start_over()
             return
-
-    def _start_over(self) -> None:
-        """After the broker came back empty, every other process is stopped (SIGTERM: an agent stops its shards,
-        their checkpoints stay) and started again at once, to rebuild its state from the new log: what each held
-        (jobs, leases, terms, an agent's attempts) is of a log that is gone."""
-        for name, entry in self.watched.items():
-            if name == "broker" or entry.due is not None or not alive(entry.pid):
-                continue
-            entry.level = 0  # no backoff: nothing is wrong with it
-            log.warning("stopping %s (pid %d) to start it again on the empty broker", name, entry.pid)
-            with contextlib.suppress(OSError):
-                os.kill(entry.pid, signal.SIGTERM)
 
     def _record(self, name: str, pid: int) -> None:
         """The restart in the cluster file (``ClusterInfo``'s fields ``pids``, ``restarts``, ``started``)."""

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.cli.ps import render, rows
-from shardyard.cli.supervisor import BACKOFF_S, MAX_BACKOFF_S, Spec, Specs, Supervisor, Watched, fresh_instance
+from shardyard.cli.supervisor import (
+    BACKOFF_S,
+    MAX_BACKOFF_S,
+    STOP_OTHERS_S,
+    Spec,
+    Specs,
+    Supervisor,
+    Watched,
+    fresh_instance,
+)
 
 
 def test_the_backoff_doubles_per_restart_up_to_its_cap() -> None:
@@ -68,23 +77,31 @@ def test_a_restarted_agent_is_a_new_instance_and_a_service_replica_keeps_its_nam
     assert fresh_instance(service, "queue-0") == service
 
 
-def test_after_the_broker_came_back_empty_every_other_process_is_stopped_to_start_over(tmp_path: Path) -> None:
-    """Real processes: the supervisor SIGTERMs each (the broker excepted) and will start it again without backoff."""
-    sleepers = {
-        name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        for name in ("broker", "queue-0", "node-0")
+def test_when_the_broker_dies_the_others_are_stopped_and_none_starts_before_it(tmp_path: Path) -> None:
+    """Real processes: each other one gets SIGTERM (one that ignores it is killed at the deadline), the broker is
+    started only once they are gone, and the others are not started while it is down."""
+    code = {
+        "broker": "import time; time.sleep(60)",
+        "queue-0": "import time; time.sleep(60)",
+        "node-0": "import signal as s, time; s.signal(s.SIGTERM, s.SIG_IGN); print(flush=True); time.sleep(60)",
     }
+    running = {name: subprocess.Popen([sys.executable, "-c", c], stdout=subprocess.PIPE) for name, c in code.items()}
     try:
-        specs = Specs(str(tmp_path), "127.0.0.1:1", [Spec(name, ["true"], {}, "/dev/null") for name in sleepers])
+        assert running["node-0"].stdout is not None and running["node-0"].stdout.readline()  # it ignores SIGTERM now
+        specs = Specs(str(tmp_path), "127.0.0.1:1", [Spec(name, ["true"], {}, "/dev/null") for name in running])
         specs.save()
-        (tmp_path / "cluster.json").write_text(json.dumps({"pids": {n: p.pid for n, p in sleepers.items()}}))
+        (tmp_path / "cluster.json").write_text(json.dumps({"pids": {n: p.pid for n, p in running.items()}}))
         supervisor = Supervisor(tmp_path)
-        supervisor.watched["queue-0"].level = 3
-        supervisor._start_over()
-        assert sleepers["queue-0"].wait(10) == -15 and sleepers["node-0"].wait(10) == -15  # SIGTERM
-        assert sleepers["broker"].poll() is None
-        assert supervisor.watched["queue-0"].level == 0
+        supervisor._broker_down(now=100.0)
+        assert running["queue-0"].wait(10) == -15  # SIGTERM
+        assert running["broker"].poll() is None
+        supervisor.watched["queue-0"].due = 0.0  # found gone, its backoff over
+        supervisor.tick()
+        assert supervisor.watched["queue-0"].process is None  # not started while the broker is down
+        assert not supervisor._others_stopped(now=100.0 + STOP_OTHERS_S - 1)  # node-0 is still there
+        assert supervisor._others_stopped(now=100.0 + STOP_OTHERS_S)
+        assert running["node-0"].wait(10) == -9  # killed at the deadline
     finally:
-        for process in sleepers.values():
+        for process in running.values():
             process.kill()
             process.wait()
