@@ -148,8 +148,8 @@ class Supervisor:
         and a new one reusing its id got no answer). So the whole cluster starts over, as ``up`` started it: the
         others are stopped (SIGTERM: an agent stops its shards, their checkpoints stay), the broker is started once
         they are gone (``SIGKILL`` after ``STOP_OTHERS_S``), then the others, without backoff. None of them meets
-        the new broker before it is empty and whole: an old consumer that joined a group of the new broker left it
-        stuck for the new one (the pool published no node state for minutes)."""
+        the new broker before it is empty and whole. (Stopped after it instead, an old pool replica joined its group
+        on the new broker just before its SIGTERM, and twice the new one never joined: no node state for minutes.)"""
         self.others_stop_by = now + STOP_OTHERS_S
         for name, entry in self.watched.items():
             if name == "broker" or entry.due is not None or not alive(entry.pid):
