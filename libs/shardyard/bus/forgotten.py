@@ -7,8 +7,8 @@ deleted and created again, looks the same). What the process built from the old 
 placements) then describes a cluster that no longer exists, and a new submission reusing an old job id would meet it.
 
 (Comparing what was read with the partitions' end offsets would also tell a log that was lost and not written
-to since. Tansu does not allow it: right after its restart it answered ends below the offsets of records it had
-just served, again and again over the half minute watched, and a service must not start over for that.
+to since. Tansu does not allow it: its end offset of a partition is the first offset of its last produce batch plus
+one (18 records in three batches: 13), on a fresh broker too, and a service must not start over for that.
 ``shardyard up``'s supervisor, which restarts the broker, starts every other process over itself; see
 ``cli/supervisor.py``.)
 
