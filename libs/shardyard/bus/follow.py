@@ -53,6 +53,7 @@ class Follower:
         self._done: dict[TopicPartition, int] = {}
         """Per partition: the offset after the last record handed over."""
         self._progress = asyncio.Event()
+        self._stopped = False
         self._watch = LogWatch(name)
         """Whether the broker still holds what was followed (``shardyard.bus.forgotten``)."""
 
@@ -78,9 +79,13 @@ class Follower:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
+        self._stopped = True
 
     async def caught_up(self) -> None:
-        """Return once every record written to the followed topics before this call has been handled."""
+        """Return once every record written to the followed topics before this call has been handled (at once once
+        stopped: a group's rebalance can call this while its replica shuts down)."""
+        if self._consumer is None and self._stopped:
+            return
         assert self._consumer is not None, "start() first"
         ends: dict[TopicPartition, int] = await self._consumer.end_offsets(list(self._done))
         while any(self._done[tp] < end for tp, end in ends.items()):
