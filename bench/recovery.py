@@ -48,6 +48,7 @@ from aiokafka import AIOKafkaConsumer
 
 from shardyard.bus.topics import ASSIGNMENTS, NODE_STATE, Topic
 from shardyard.cli import client, cluster
+from shardyard.cli.rundir import shard_log_dir
 from shardyard.training.artifacts import create_demo_artifacts
 
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
@@ -162,7 +163,7 @@ def one_run(root: Path, *, spare: bool, checkpoint_every: int | None = None) -> 
         plans = [e for e in job["timeline"] if e["event"] == "recovering"]
         last = job.get("last_checkpoint") or {}
         checkpoint_step = last.get("step") if last.get("attempt") == 1 else None
-        resumed_step, from_peers = _resumed_step(root / "run" / "logs" / "shards")
+        resumed_step, from_peers = _resumed_step(shard_log_dir(root / "run", "victim"))
         widened = re.findall(r"\('victim', \d+, 1\): sync interval \d+ -> (\d+) steps", agent_logs)
         return {
             "spares_placed": len(spares),

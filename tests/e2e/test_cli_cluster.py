@@ -1,6 +1,8 @@
 """End to end through the CLI: a real local cluster of separate processes on a real broker."""
 
+import getpass
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -40,6 +42,18 @@ def test_the_s15_example_runs_to_success(cluster: Path) -> None:
     timeline = cli("status", EXAMPLE["task_id"], run_dir=cluster).stdout
     for event in ("accepted", "scheduled", "running", "parameter sync", "succeeded"):
         assert event in timeline
+    assert (view["owner"], view["queue"]) == (getpass.getuser(), "default")  # `submit` named the local user
+
+    listed = cli("jobs", run_dir=cluster).stdout.splitlines()
+    row = next(line.split() for line in listed if line.startswith(EXAMPLE["task_id"] + " "))
+    assert listed[0].split()[:4] == ["JOB", "STATE", "OWNER", "QUEUE"]
+    assert row[:4] == [EXAMPLE["task_id"], "SUCCEEDED", getpass.getuser(), "default"]
+    assert re.fullmatch(r"\d+s|\d+m\d\ds", row[-1]), row  # ELAPSED: its run time
+    summary = cli("status", run_dir=cluster).stdout
+    for line in (r"^nodes: +\d ALIVE", r"^scheduler leader: scheduler-\d", r"^  A100 +2 ", r"^jobs: +.*SUCCEEDED"):
+        assert re.search(line, summary, re.MULTILINE), summary
+    counts = json.loads(cli("status", "-o", "json", run_dir=cluster).stdout)["gpu_models"]
+    assert set(counts) == {"A100", "V100"} and counts["A100"]["gpus"] == 2
 
 
 BAD = {
@@ -84,7 +98,7 @@ def test_bad_input_is_rejected_with_a_reason_and_the_queue_goes_on(cluster: Path
         assert (view["state"], view["reason"]) == ("REJECTED", reason), view
         shown = cli("status", job_id, run_dir=cluster).stdout
         assert reason in shown
-    listing = cli("status", run_dir=cluster).stdout
+    listing = cli("jobs", run_dir=cluster).stdout
     assert "e2e-unknown-model" in listing and "UNKNOWN_GPU_MODEL" in listing
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.rundir import shard_log_dir
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
 from tests.e2e.test_placement_e2e import document, submit, until
@@ -70,7 +71,7 @@ def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(clus
     assert "recovering" in events
     assert victim not in {p["node_id"] for p in done["placements"] if not p.get("spare")}
     assert done["step"] == TRAINING["max_steps"]
-    logs = sorted((cluster / "logs" / "shards" / "faulty").glob("shard-*-attempt-2.log"))
+    logs = sorted((shard_log_dir(cluster, "faulty") / "faulty").glob("shard-*-attempt-2.log"))
     resumed = [re.search(r"resuming from its peers' state of step (\d+)", log.read_text()) for log in logs]
     assert len(logs) == 2 and all(resumed), ([log.read_text()[-2000:] for log in logs], done["timeline"][-12:])
     resumed_at = {int(found.group(1)) for found in resumed if found}

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.rundir import shard_log_dir
 from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, DEFAULT_UID_COUNT
 from tests.e2e.test_placement_e2e import submit, until
 from tests.support.cluster import ONE_REPLICA, ROOT, cli, searchable_namespace, wait_for
@@ -166,6 +167,6 @@ def test_a_failed_shards_message_never_carries_its_jobs_token(cluster: Path) -> 
     assert "connecting with token ***" in view["message"], view["message"]
     served = json.dumps(view) + json.dumps(get_json(f"{monitor}/api/jobs"))
     assert SECRET not in served
-    (log,) = (cluster / "logs" / "shards" / "iso-c").glob("shard-0-attempt-*.log")
+    (log,) = (shard_log_dir(cluster, "iso-c") / "iso-c").glob("shard-0-attempt-*.log")
     assert SECRET in log.read_text()  # the script did print it: the agent kept it off the bus
     assert owner_and_mode(log) == (os.geteuid(), 0o600)

@@ -1,8 +1,8 @@
 """``shardyard up`` supervises what it started: each service replica, and the embedded broker, killed in turn (each
 once the one before is ready again), is started again (``shardyard ps`` shows one restart each: nothing died
 twice), and a job submitted afterwards SUCCEEDED. A broker that comes
-back is empty (its log is in memory): the supervisor creates the topics again, and the services and agents carry on
-on it."""
+back is empty (its log is in memory): the supervisor creates the topics again and starts every other process over,
+so the job the old log held is forgotten (not shown RUNNING for ever) and the cluster carries on on the new log."""
 
 import json
 import os
@@ -41,7 +41,16 @@ def announced(run_dir: Path, name: str, pid: int) -> bool:
     return any(s["instance"] == name and s["pid"] == pid for s in services)
 
 
+def jobs(run_dir: Path) -> dict[str, str]:
+    """Job id -> state, as the monitor lists them."""
+    shown = cli("jobs", "-o", "json", run_dir=run_dir)
+    return {j["job_id"]: j["state"] for j in json.loads(shown.stdout)["jobs"]} if shown.returncode == 0 else {}
+
+
 def test_each_killed_process_is_restarted_and_a_job_submitted_afterwards_succeeds(cluster: Path) -> None:
+    started = cli("submit", "-", run_dir=cluster, stdin=job("before-restarts", max_steps=100_000))
+    assert started.returncode == 0, started.stdout + started.stderr
+    wait_for("before-restarts running", lambda: jobs(cluster).get("before-restarts") == "RUNNING" or None, 120)
     for name in KILLED:
         before = ps(cluster)[name]
         os.kill(before["pid"], signal.SIGKILL)
@@ -54,9 +63,19 @@ def test_each_killed_process_is_restarted_and_a_job_submitted_afterwards_succeed
         assert again["restarts"] == before["restarts"] + 1
         if name != "broker":  # the next kill finds it running, not half-started: it announced itself again
             wait_for(f"{name} ready again", partial(announced, cluster, name, again["pid"]), 60)
+    # The broker came back empty: every other process was stopped and started again, to rebuild from the new log,
+    # so the job the old log held is forgotten everywhere (not shown RUNNING for ever) and its shards are stopped.
+    started_over = [name for name in ps(cluster) if name not in ("broker", "supervisor")]
+    expected = {"broker": 1} | {name: 1 + (name in KILLED) for name in started_over}
+
+    def restarts() -> dict[str, int]:
+        return {name: row["restarts"] for name, row in ps(cluster).items() if name != "supervisor"}
+
+    wait_for("every process started over", lambda: restarts() == expected or None, 90, describe=restarts)
+    wait_for("every process running", lambda: all(r["running"] for r in ps(cluster).values()) or None, 60)
+    wait_for("the forgotten job gone from the monitor", lambda: "before-restarts" not in jobs(cluster) or None, 60)
     table = cli("ps", run_dir=cluster).stdout
     print(f"\n{table}")
-    assert all(ps(cluster)[name]["restarts"] == 1 for name in KILLED)
 
     done = cli("submit", "-", "--wait", run_dir=cluster, stdin=job("after-restarts", max_steps=30), timeout=300)
     status = cli("status", "after-restarts", "--json", run_dir=cluster)
@@ -65,3 +84,4 @@ def test_each_killed_process_is_restarted_and_a_job_submitted_afterwards_succeed
     log = (cluster / "logs" / "supervisor.log").read_text()
     assert all(f"started {name} again" in log for name in KILLED), log
     assert "topics were created again" in log
+    assert all(f"stopping {name} (pid" in log for name in started_over), log

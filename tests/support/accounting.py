@@ -116,7 +116,7 @@ STORIES: dict[str, Callable[[str, datetime], list[Event]]] = {
 def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
     """The record each story gives."""
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
-    common: dict[str, Any] = {"job_id": job_id, "submitted_at": t0, "gpus": 2}
+    common: dict[str, Any] = {"job_id": job_id, "submitted_at": t0, "gpus": 2, "queue": "default"}
     return {
         "succeeded": lambda: JobRecord(
             **common,

@@ -3,7 +3,7 @@ status API, and reading the shard logs the agents write."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import re
 import time
@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardyard import tracing
 from shardyard.cli.cluster import get_json
 from shardyard.errors import BrokerError, ClusterError
 
-if TYPE_CHECKING:  # imported where used: a command that only reads the monitor loads neither pydantic nor aiokafka
+# asyncio and the tracing (OpenTelemetry) are imported where used, as these are: a command that only reads the
+# monitor loads none of them, nor pydantic, nor aiokafka (tests/unit/cli/test_cli_show.py holds it to that).
+if TYPE_CHECKING:
     from shardyard.admission import Refused
     from shardyard.events import Event, JobCancelRequested, NodeDrain
 
@@ -89,9 +90,26 @@ async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] 
     return Submitted(job_id_of(raw, meta.partition, meta.offset), meta.partition, meta.offset)
 
 
+def with_owner(raw: bytes, owner: str | None) -> bytes:
+    """The submission with ``owner`` filled in where it names none (absent or null); any other bytes as they are
+    (one that names an owner, or one that is not a JSON object, which the queue answers for itself)."""
+    if owner is None:
+        return raw
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+    if not isinstance(document, dict) or document.get("owner") is not None:
+        return raw
+    return json.dumps({**document, "owner": owner}).encode()
+
+
 def submit(bootstrap: str, raw: bytes) -> Submitted:
     """Produce a submission. It starts the job's trace: its ``traceparent`` header makes everything the cluster does
     for the job (admission to the shards' last sync) one trace, exported when the ``OTEL_*`` variables ask for it."""
+    import asyncio
+
+    from shardyard import tracing
     from shardyard.bus.topics import SUBMISSIONS
 
     tracing.configure(CLI_SERVICE, os.environ)
@@ -120,6 +138,8 @@ async def _publish(bootstrap: str, event: Event) -> None:
 
 def publish(bootstrap: str, event: Event) -> None:
     """Produce one event to its topic under its key, as any service would."""
+    import asyncio
+
     asyncio.run(_publish(bootstrap, event))
 
 
@@ -216,7 +236,8 @@ def wait_node(
 
 # --- shard logs ---------------------------------------------------------------------------------------------------
 LOG_NAME = re.compile(r"^shard-(\d+)-attempt-(\d+)\.log$")
-"""How agents name a shard's log under ``<log-dir>/<job>/`` (``--log-dir``; ``RUN_DIR/logs/shards`` for ``up``)."""
+"""How agents name a shard's log under ``<log-dir>/<job>/`` (``--log-dir``; for ``up``, one per cluster run:
+``rundir.SHARD_LOGS/RUN_ID``)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
 """A local cluster as separate processes: the embedded broker (unless an outside Kafka is named), every service,
 and node agents with declared simulated GPUs. Its run folder holds ``cluster.json`` and every process's log."""
 
-import asyncio
 import contextlib
 import json
 import os
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shardyard.cli import demo_data as demo
 from shardyard.cli.children import (
     CLUSTER_FILE,
     Child,
@@ -28,7 +28,8 @@ from shardyard.cli.children import (
     save_json,
     wait_ready,
 )
-from shardyard.embedded import EmbeddedBroker
+from shardyard.cli.rundir import SHARD_LOGS, new_run_id
+from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
 
@@ -68,6 +69,7 @@ class ClusterInfo:
     data_root: str
     embedded_broker: bool
     started_at: float
+    run_id: str = field(default_factory=new_run_id)  # this cluster run's: its agents' logs are SHARD_LOGS/RUN_ID
     pids: dict[str, int] = field(default_factory=dict)
     monitor_urls: list[str] = field(default_factory=list)
     """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
@@ -99,7 +101,7 @@ class ClusterInfo:
     def load(cls, run_dir: Path) -> "ClusterInfo":
         path = run_dir / CLUSTER_FILE
         try:
-            return cls(**json.loads(path.read_text()))
+            return cls(**{"run_id": "", **json.loads(path.read_text())})  # written before run ids: none
         except FileNotFoundError as exc:
             raise ClusterError(f"no cluster is running from {run_dir} (start one with `shardyard up`)") from exc
 
@@ -153,7 +155,7 @@ def shard_user_fallback(env: Mapping[str, str], say: Callable[[str], None]) -> l
 
 
 def _agent_argv(
-    index: int, gpus: str, info: ClusterInfo, logs: Path, extra: Sequence[str] = (), *, port_base: int
+    index: int, gpus: str, info: ClusterInfo, extra: Sequence[str] = (), *, port_base: int
 ) -> Callable[[Ports], list[str]]:
     node_id = f"node-{index}"
     line = [
@@ -178,7 +180,7 @@ def _agent_argv(
         "--rendezvous-port-count",
         str(RENDEZVOUS_PER_NODE),
         "--log-dir",
-        str(logs / "shards"),
+        str(Path(info.run_dir) / SHARD_LOGS / info.run_id),
     ]
     for gpu in gpus.split("+"):
         line += ["--gpus", gpu]
@@ -198,18 +200,19 @@ def up(
     pick_port: PortPicker = pick_free_port,
     supervise: bool = True,
     accounting_url: str | None = None,
+    demo_data: bool = False,
 ) -> ClusterInfo:
     """Start a local cluster and return once every service announced itself and every node is ALIVE.
 
     A process that exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest
-    is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES``
-    times. Once the cluster is ready, ``supervise`` leaves a supervisor behind that restarts whatever dies
-    (``shardyard.cli.supervisor``). Jobs are accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``)."""
+    is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times.
+    Once ready, ``supervise`` leaves a supervisor behind that restarts whatever dies (``shardyard.cli.supervisor``).
+    Jobs are accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``); ``demo_data``: ``demo.data_root``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
-    data_root.mkdir(parents=True, exist_ok=True)
+    demo.data_root(data_root, with_demo=demo_data, say=say)
     started = time.monotonic()
     broker: EmbeddedBroker | None = None
     info = ClusterInfo(
@@ -224,6 +227,8 @@ def up(
     try:
         broker = _start_broker(info, logs, say) if bootstrap is None else None
         info.save()
+        import asyncio
+
         from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
 
         asyncio.run(ensure_topics(info.bootstrap))
@@ -246,11 +251,11 @@ def up(
 
 
 def _start_broker(info: ClusterInfo, logs: Path, say: Callable[[str], None]) -> EmbeddedBroker:
-    broker = EmbeddedBroker(log_path=logs / "broker.log").start()
+    broker = EmbeddedBroker(log_path=logs / "broker.log", storage=os.environ.get(STORAGE_ENV) or MEMORY).start()
     assert broker.pid is not None
     info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
     info.started["broker"] = time.time()
-    say(f"embedded broker on {broker.bootstrap}")
+    say(f"embedded broker on {broker.bootstrap}" + (f", its log in {broker.storage}" if broker.durable else ""))
     return broker
 
 
@@ -309,7 +314,7 @@ def _start_processes(
     shard_user = shard_user_fallback(env, say)
     port_base = rendezvous_base(env)
     for index, gpus in enumerate(nodes):
-        argv = _agent_argv(index, gpus, info, logs, shard_user, port_base=port_base)
+        argv = _agent_argv(index, gpus, info, shard_user, port_base=port_base)
         children.start(f"node-{index}", argv, ("metrics",))
     return children
 

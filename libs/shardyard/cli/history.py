@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeAlias
 
+from shardyard.cli import usage
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
@@ -58,8 +59,7 @@ def add_parser(sub: Commands, run_dir: Callable[[argparse.Namespace], Path]) -> 
     history = sub.add_parser(
         "history",
         help="jobs from the accounting database: times, wait, run time, GPU-hours, attempts, result, final loss",
-        description="Every job the accounting service recorded, newest submission first, read from the database "
-        "itself (it answers after `shardyard down`), e.g. `shardyard history --since 1d --state FAILED -o csv`.",
+        **usage.of("history"),
     )
     history.add_argument(
         "--since",

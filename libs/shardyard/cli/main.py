@@ -3,7 +3,6 @@
 import argparse
 import contextlib
 import getpass
-import json
 import os
 import re
 import sys
@@ -13,10 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeAlias
 
-from shardyard.cli import client, cluster, render
+from shardyard.cli import client, cluster, listing, render, show, usage
 from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
-from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of
+from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
 
@@ -36,6 +35,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         data_root=Path(args.data_root) if args.data_root else run_dir / "data",
         bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
         accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
+        demo_data=args.demo_data,
     )
     remember(run_dir)
     return 0
@@ -47,7 +47,9 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def _follow(info: cluster.ClusterInfo, job_id: str, timeout_s: float) -> dict[str, object]:
-    line = render.ProgressLine()
+    from shardyard.cli.progress import ProgressLine
+
+    line = ProgressLine()
     try:
         return client.wait(info.monitor_url, job_id, timeout_s=timeout_s, on_update=line.update)
     finally:
@@ -56,6 +58,7 @@ def _follow(info: cluster.ClusterInfo, job_id: str, timeout_s: float) -> dict[st
 
 def cmd_submit(args: argparse.Namespace) -> int:
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    raw = client.with_owner(raw, _user())  # the queue is never told who asked otherwise
     refused = None if args.no_check else client.check(raw)
     if refused is not None:
         print(render.refusal(refused), file=sys.stderr)
@@ -71,29 +74,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if final["state"] == "SUCCEEDED" else 1
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    info = _info(args)
-    if args.job is None:
-        print(render.jobs_table(client.listing(info.monitor_url, "jobs")["jobs"]))
-        return 0
-    found = client.job(info.monitor_url, args.job)
-    if found is None:
-        print(f"no job {args.job!r}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(found, indent=2))
-        return 0
-    print(render.job_detail(found))
-    print("timeline:")
-    print(render.timeline(found))
-    return 0
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in this environment (a bare container)
+        return None
 
 
 def _requester() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in this environment (a bare container)
-        return "cli"
+    user = _user()
+    return f"cli:{user}" if user else "cli"
 
 
 def _fail(message: str) -> int:
@@ -132,25 +122,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.wait:
         client.wait_node(info.monitor_url, args.node, draining=draining, timeout_s=args.timeout)
         print(f"node {args.node} is {'draining' if draining else 'no longer draining'}")
-    return 0
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    print(render.jobs_table(client.listing(_info(args).monitor_url, "jobs")["jobs"]))
-    return 0
-
-
-def cmd_nodes(args: argparse.Namespace) -> int:
-    if args.links:
-        print(render.links_report(client.links(_info(args).monitor_url)))
-    else:
-        print(render.nodes_table(client.listing(_info(args).monitor_url, "nodes")["nodes"]))
-    return 0
-
-
-def cmd_alerts(args: argparse.Namespace) -> int:
-    answer = client.listing(_info(args).monitor_url, "alerts")
-    print(json.dumps(answer, indent=2) if args.json else render.alerts_report(answer, datetime.now(UTC)))
     return 0
 
 
@@ -193,7 +164,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     if not re.fullmatch(JOB_ID_PATTERN, args.job):
         return _fail(f"{args.job!r} is not a job id")
-    log_dir = Path(args.log_dir) if args.log_dir else run_dir_of(args) / "logs" / "shards"
+    log_dir = Path(args.log_dir) if args.log_dir else shard_log_dir(run_dir_of(args), args.job)  # this run's
     tail = client.LogTail(log_dir, args.job, shard=args.shard, attempt=args.attempt)
     if not client.shard_logs(log_dir, args.job, shard=args.shard, attempt=args.attempt):
         which = "".join(f" {k} {v}" for k, v in (("shard", args.shard), ("attempt", args.attempt)) if v is not None)
@@ -228,7 +199,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         raw = EXAMPLE.read_bytes()
         print(f"submitting the example job (S15):\n{raw.decode().strip()}")
-        submitted = client.submit(info.bootstrap, raw)
+        submitted = client.submit(info.bootstrap, client.with_owner(raw, _user()))
         final = _follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
         print(render.job_detail(detail))
@@ -236,7 +207,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(render.timeline(detail))
         print("loss:")
         print(render.loss_curve(detail))
-        print(render.nodes_table(client.listing(info.monitor_url, "nodes")["nodes"]))
+        print(listing.nodes_table(client.listing(info.monitor_url, "nodes")["nodes"], datetime.now(UTC)))
     finally:
         if not args.keep:
             cluster.down(run_dir)
@@ -273,9 +244,12 @@ def _replicas(value: str) -> int:
 
 
 def _cluster_commands(sub: Commands) -> None:
-    up = sub.add_parser("up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)")
+    up = sub.add_parser(
+        "up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)", **usage.of("up")
+    )
     up.add_argument("--node", action="append", help="a node's simulated GPUs, e.g. A100:2 (repeat per node)")
     up.add_argument("--data-root", help="local folder the agents mount at /data (default RUN_DIR/data)")
+    up.add_argument("--demo-data", action="store_true", help="first make the example job's model and dataset there")
     up.add_argument(
         "--replicas",
         type=_replicas,
@@ -289,11 +263,11 @@ def _cluster_commands(sub: Commands) -> None:
     )
     up.set_defaults(func=cmd_up)
 
-    sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
+    sub.add_parser("down", help="stop the local cluster", **usage.of("down")).set_defaults(func=cmd_down)
 
 
 def _job_commands(sub: Commands) -> None:
-    submit = sub.add_parser("submit", help="produce a job's JSON to the submission topic")
+    submit = sub.add_parser("submit", help="produce a job's JSON to the submission topic", **usage.of("submit"))
     submit.add_argument("file", help="the job's JSON file, or - for standard input")
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
@@ -304,12 +278,9 @@ def _job_commands(sub: Commands) -> None:
     )
     submit.set_defaults(func=cmd_submit)
 
-    status = sub.add_parser("status", help="every job, or one job with its reason and timeline")
-    status.add_argument("job", nargs="?")
-    status.add_argument("--json", action="store_true", help="print the monitor's JSON view of the job")
-    status.set_defaults(func=cmd_status)
+    show.add_status(sub)
 
-    cancel = sub.add_parser("cancel", help="ask the cluster to cancel a job that has not ended")
+    cancel = sub.add_parser("cancel", help="ask the cluster to cancel a job that has not ended", **usage.of("cancel"))
     cancel.add_argument("job")
     cancel.add_argument("--wait", action="store_true", help="wait until the monitor shows the job CANCELLED")
     cancel.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits at most")
@@ -317,7 +288,9 @@ def _job_commands(sub: Commands) -> None:
 
 
 def _node_commands(sub: Commands) -> None:
-    drain = sub.add_parser("drain", help="stop placing new shards on a node (running ones finish), or --undo it")
+    drain = sub.add_parser(
+        "drain", help="stop placing new shards on a node (running ones finish), or --undo it", **usage.of("drain")
+    )
     drain.add_argument("node")
     drain.add_argument("--undo", action="store_true", help="let the node take new shards again")
     drain.add_argument("--wait", action="store_true", help="wait until the monitor shows the node's new mark")
@@ -326,38 +299,33 @@ def _node_commands(sub: Commands) -> None:
 
 
 def _view_commands(sub: Commands) -> None:
-    sub.add_parser("jobs", help="list jobs").set_defaults(func=cmd_jobs)
-    nodes = sub.add_parser("nodes", help="list nodes")
-    nodes.add_argument(
-        "--links",
-        action="store_true",
-        help=f"the measured links instead: an RTT matrix up to {render.MATRIX_NODES} live nodes, else the worst links",
+    show.add_listings(sub)
+
+    top = sub.add_parser(
+        "top", help="a live view of nodes, jobs and alerts firing, redrawn every second", **usage.of("top")
     )
-    nodes.set_defaults(func=cmd_nodes)
-
-    alerts = sub.add_parser("alerts", help="alerts firing now and the recent history")
-    alerts.add_argument("--json", action="store_true", help="print the monitor's JSON (/api/alerts)")
-    alerts.set_defaults(func=cmd_alerts)
-
-    top = sub.add_parser("top", help="a live view of nodes, jobs and alerts firing, redrawn every second")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     top.set_defaults(func=cmd_top)
 
 
 def _logs_command(sub: Commands) -> None:
-    logs = sub.add_parser("logs", help="a job's shard logs (each shard's newest attempt unless --attempt)")
+    logs = sub.add_parser(
+        "logs", help="a job's shard logs (each shard's newest attempt unless --attempt)", **usage.of("logs")
+    )
     logs.add_argument("job")
     logs.add_argument("--shard", type=int, help="only this shard (by index)")
     logs.add_argument("--attempt", type=int, help="this attempt instead of the newest")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
-    logs.add_argument("--log-dir", help="the agents' shard log folder (default RUN_DIR/logs/shards)")
+    logs.add_argument("--log-dir", help="the agents' log folder (default: this cluster run's, RUN_DIR/logs/shards/RUN)")
     logs.add_argument("--interval", type=float, default=0.25, help="seconds between reads with --follow")
     logs.set_defaults(func=cmd_logs)
 
 
 def _demo_command(sub: Commands) -> None:
-    demo = sub.add_parser("demo", help="create demo data, start a cluster, run the S15 example, stop the cluster")
+    demo = sub.add_parser(
+        "demo", help="create demo data, start a cluster, run the S15 example, stop the cluster", **usage.of("demo")
+    )
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     demo.set_defaults(func=cmd_demo)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from shardyard.cli import usage
 from shardyard.cli.children import alive
 from shardyard.cli.cluster import ClusterInfo
 from shardyard.text_table import table
@@ -74,8 +75,7 @@ def add_parser(sub: Commands, run_dir: Callable[[argparse.Namespace], Path]) -> 
     ps = sub.add_parser(
         "ps",
         help="every process of the local cluster: replica, pid, uptime, restarts, metrics port",
-        description="Every process `shardyard up` started and its supervisor keeps running, e.g. `shardyard ps -o"
-        " json`. RESTARTS counts how often the supervisor started a process again after it died.",
+        **usage.of("ps"),
     )
     ps.add_argument("-o", "--output", choices=("table", "json"), default="table")
     ps.set_defaults(func=command)

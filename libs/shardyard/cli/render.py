@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
+from shardyard.cli.artifact_hint import artifact_hint
 from shardyard.text_table import table
 
 if TYPE_CHECKING:
@@ -20,23 +20,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> str:
-    rows = [
-        [
-            j["job_id"],
-            str(j["state"]),
-            _fmt(j["priority"]),
-            _fmt(j["gpus"]),
-            f"{j['step']}/{_fmt(j['max_steps'])}",
-            _fmt(j["loss"]),
-            (f"{j['reason']}: " if j["reason"] else "") + (j["message"] or ""),
-        ]
-        for j in jobs
-    ]
-    return table(rows, ["JOB", "STATE", "PRIO", "GPUS", "STEP", "LOSS", "REASON"])
-
-
-def _gpus(gpus: list[dict[str, Any]]) -> str:
+def gpu_kinds(gpus: list[dict[str, Any]]) -> str:
     """``2xA100 35TF, 1xV100 14.2TF*``: count, model and TFLOPS per kind; ``*`` marks a measured figure."""
     kinds: dict[tuple[str, float, bool], int] = {}
     for gpu in gpus:
@@ -45,24 +29,6 @@ def _gpus(gpus: list[dict[str, Any]]) -> str:
     return ", ".join(
         f"{count}x{model} {tflops:g}TF{'*' if measured else ''}" for (model, tflops, measured), count in kinds.items()
     )
-
-
-def nodes_table(nodes: list[dict[str, Any]]) -> str:
-    rows = []
-    for n in nodes:
-        gpus = _gpus(n["gpus"]) or "-"
-        simulated = " (simulated)" if any(g["simulated"] for g in n["gpus"]) else ""
-        rows.append(
-            [
-                n["node_id"],
-                str(n["status"]) + (" DRAIN" if n.get("draining") else ""),
-                gpus + simulated,
-                f"{len(n['allocated_gpus'])}/{len(n['gpus'])}",
-                f"{n['cpu_load']:.0%}",
-                ", ".join(f"{r['job_id']}#{r['shard_index']}" for r in n["running"]) or "-",
-            ]
-        )
-    return table(rows, ["NODE", "STATUS", "GPUS", "IN USE", "LOAD", "SHARDS"])
 
 
 def excluded_nodes(node_counts: dict[str, int]) -> str:
@@ -90,7 +56,9 @@ def job_detail(job: dict[str, Any]) -> str:
         lines.append(f"    {excluded_nodes(job['node_counts'])}")
     if job.get("estimated_start"):
         lines.append(f"    estimated start: {job['estimated_start']} (from the reservation it holds)")
-    if job.get("waiting_for"):
+    if job.get("missing_artifacts"):
+        lines.extend(artifact_hint(job))
+    elif job.get("waiting_for"):
         lines.append(f"    waiting for: {', '.join(job['waiting_for'])}")
     for error in job.get("errors") or []:
         lines.append(
@@ -115,10 +83,19 @@ def job_detail(job: dict[str, Any]) -> str:
             f"allreduce {_fmt(shard.get('allreduce_ms'))} ms"
         )
     if job.get("first_loss") is not None:
-        lines.append(f"  loss: first {_fmt(job['first_loss'])} -> final {_fmt(job.get('final_loss') or job['loss'])}")
+        lines.append(_loss_line(job))
     if job.get("checkpoint_dir"):
         lines.append(f"  checkpoint: {job['checkpoint_dir']}")
     return "\n".join(lines)
+
+
+def _loss_line(job: dict[str, Any]) -> str:
+    """From rank 0's first report to the job's final loss (rank 0's loss at its last step, as ``job.succeeded``
+    carries it) once it succeeded, else to rank 0's latest report."""
+    first = f"  loss: first {_fmt(job['first_loss'])} -> "
+    if job.get("final_loss") is not None:
+        return first + f"final {_fmt(job['final_loss'])} (rank 0's at its last step)"
+    return first + f"latest {_fmt(job.get('loss'))}"
 
 
 def timeline(job: dict[str, Any]) -> str:
@@ -142,43 +119,8 @@ def loss_curve(job: dict[str, Any], width: int = 40) -> str:
     step = max(1, len(points) // 12)
     chosen = points[::step] + ([points[-1]] if points[-1] not in points[::step] else [])
     return "\n".join(
-        f"  step {s:>6}  loss {loss:7.4f}  {'#' * max(1, int((loss - low) / span * width))}" for s, loss in chosen
+        f"  step {s:>6}  loss {_fmt(loss):>7}  {'#' * max(1, int((loss - low) / span * width))}" for s, loss in chosen
     )
-
-
-class ProgressLine:
-    """A live one-line progress bar on a terminal; one line per change elsewhere."""
-
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last_text = ""
-
-    def update(self, job: dict[str, Any]) -> None:
-        total = job.get("max_steps") or 0
-        step = job.get("step") or 0
-        filled = int(30 * step / total) if total else 0
-        bar = "#" * filled + "." * (30 - filled)
-        syncs = max((s.get("syncs", 0) for s in (job.get("shards") or {}).values()), default=0)
-        text = f"{job['job_id']} {job['state']:<10} [{bar}] step {step}/{total or '?'} loss {_fmt(job.get('loss'))}"
-        text += f" syncs {syncs}"
-        if job.get("reason") and job["state"] not in ("RUNNING", "SUCCEEDED"):
-            text += f" | {job['reason']}: {job.get('message', '')}"
-        # On a terminal the bar redraws in place; in a log, a line only when the state or the sync count changes.
-        key = text if self.tty else f"{job['state']} {syncs} {job.get('reason')}"
-        if key == self.last_text:
-            return
-        self.last_text = key
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self.last_text:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # --- alerts and `shardyard top` ------------------------------------------------------------------------------------
@@ -240,7 +182,7 @@ def _top_nodes(nodes: list[dict[str, Any]]) -> str:
             [
                 n["node_id"],
                 str(n["status"]) + (" DRAIN" if n.get("draining") else ""),
-                _gpus(gpus) or "-",
+                gpu_kinds(gpus) or "-",
                 f"{len(n['allocated_gpus'])}/{len(gpus)}",
                 "-" if utilization is None else f"{utilization:.0%}",
                 f"{n['cpu_load']:.0%}",
@@ -321,14 +263,18 @@ def _bandwidth(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f} MB/s"
 
 
-def links_report(answer: dict[str, Any]) -> str:
+def links_report(answer: dict[str, Any], *, wide: bool = False) -> str:
     """What ``/api/links`` says (measured links only, worst first): an RTT matrix of the live nodes when there are
-    at most ``MATRIX_NODES``, else the ``WORST_LINKS`` worst links; slow links are marked and listed with why."""
+    at most ``MATRIX_NODES``, else the ``WORST_LINKS`` worst links; slow links are marked and listed with why.
+    ``wide``: every measured link the monitor gave as a table (RTT, p90, bandwidth, when measured), matrix or not."""
     nodes: list[str] = answer.get("nodes") or []
     measured = [link for link in answer.get("links") or [] if link["source"] == "measured"]
     if not measured:
         return f"no link measured among the {len(nodes)} live nodes yet"
-    body = rtt_matrix(nodes, measured) if len(nodes) <= MATRIX_NODES else worst_links(measured, len(nodes))
+    if wide:
+        body = worst_links(measured, len(nodes), limit=len(measured))
+    else:
+        body = rtt_matrix(nodes, measured) if len(nodes) <= MATRIX_NODES else worst_links(measured, len(nodes))
     slow = [link for link in measured if link["slow"]]
     if not slow:
         return body + "\n\nno slow link"
@@ -347,8 +293,8 @@ def rtt_matrix(nodes: list[str], measured: list[dict[str, Any]]) -> str:
     return "RTT (ms)\n" + _trimmed(table(rows, ["#", "NODE", *(str(i) for i in range(1, len(axis) + 1))]))
 
 
-def worst_links(measured: list[dict[str, Any]], live: int) -> str:
-    """The worst ``WORST_LINKS`` links, as the monitor orders them (slow first, then by RTT)."""
+def worst_links(measured: list[dict[str, Any]], live: int, *, limit: int = WORST_LINKS) -> str:
+    """The worst ``limit`` links, as the monitor orders them (slow first, then by RTT)."""
     rows = [
         [
             link["a"],
@@ -359,9 +305,11 @@ def worst_links(measured: list[dict[str, Any]], live: int) -> str:
             datetime.fromisoformat(link["measured_at"]).strftime("%H:%M:%S"),
             SLOW_MARK if link["slow"] else "",
         ]
-        for link in measured[:WORST_LINKS]
+        for link in measured[:limit]
     ]
     header = f"the {len(rows)} worst of {len(measured)} measured links among {live} live nodes"
+    if len(rows) == len(measured):
+        header = f"the {len(rows)} measured links among {live} live nodes, worst first"
     return header + "\n" + _trimmed(table(rows, ["A", "B", "RTT MS", "P90 MS", "BANDWIDTH", "MEASURED", "SLOW"]))
 
 

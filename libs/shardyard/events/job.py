@@ -7,6 +7,7 @@ from typing import Annotated, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from shardyard.events.base import AwareDatetime, Event, Model
+from shardyard.events.node import MissingArtifact
 
 RESERVED_ENV: Final = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 """Variables of the torchrun environment the runtime sets for a user's command; a job's ``env`` cannot set them."""
@@ -112,6 +113,8 @@ class JobSpec(Model):
     preemptible: bool = True
     entrypoint: Entrypoint | None = Field(default=None, description="the user's own command; None: built-in runner")
     expected_duration_s: float | None = Field(default=None, description="declared run time (s); None: estimated")
+    owner: str | None = Field(default=None, description="who submitted it; None: the submission named nobody")
+    queue: str = Field(default="default", description="the queue it was submitted to")
 
     @property
     def training(self) -> TrainingParams:
@@ -255,6 +258,7 @@ class JobUnschedulable(Event):
     estimated_start: AwareDatetime | None = Field(
         default=None, description="when it is expected to start, from its reservation or the plan; None: not known"
     )
+    missing_artifacts: tuple[MissingArtifact, ...] = Field(default=(), description="what WAITING_FOR_ARTIFACT waits on")
 
 
 class JobWaiting(Event):

@@ -51,6 +51,25 @@ class ArtifactError(Model):
     message: str = Field(max_length=MAX_ARTIFACT_ERROR_CHARS, description="e.g. 'ENAMETOOLONG: File name too long'")
 
 
+MAX_NAMED_NODES: Final = 5
+"""Nodes a :class:`MissingArtifact` names at most (its counts say how many there are)."""
+
+
+class MissingArtifact(Model):
+    """A job path (its pretrained model or dataset) that nodes the job could use lack: what a job waiting
+    ``WAITING_FOR_ARTIFACT`` waits for. Those nodes are the ones up, not draining and of the GPU kind it asks for."""
+
+    path: str = Field(description="the job path, as the job names it")
+    nodes: tuple[str, ...] = Field(max_length=MAX_NAMED_NODES, description="the first nodes lacking it, by id")
+    lacking: int = Field(ge=0, description="the nodes lacking it, named or not")
+    of_nodes: int = Field(ge=0, description="the nodes the job could use, lacking it or not")
+    host_paths: dict[str, str] = Field(
+        default_factory=dict,
+        description="named node -> where the path lies on its disk through its mounts; a node that does not mount "
+        "the path is left out (its agent never looks for it)",
+    )
+
+
 class DiskSpace(Model):
     """The filesystem behind a node's output path (where job outputs and checkpoints go): its free and total bytes,
     as ``statvfs`` gives them to an unprivileged writer (``f_bavail``)."""
@@ -203,6 +222,9 @@ class NodeState(Event):
     cpu_load: float
     running: tuple[RunningShard, ...] = ()
     artifacts: dict[str, ArtifactPlace] = Field(default_factory=dict)
+    mounts: dict[str, str] = Field(
+        default_factory=dict, description="job path prefix -> local path, as its last full heartbeat said"
+    )
     topology: dict[str, str] = Field(default_factory=dict)
     draining: bool = False
     output_disk: DiskSpace | None = Field(default=None, description="as its last full heartbeat said (None: unknown)")

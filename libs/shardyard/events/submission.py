@@ -18,6 +18,9 @@ from shardyard.events.job import Argument, EnvName, EnvValue, TrainingParams
 from shardyard.units import parse_bytes
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+DEFAULT_QUEUE: Final = "default"
+MAX_OWNER_CHARS: Final = 128
 MAX_PATH_BYTES: Final = 4096
 """PATH_MAX on Linux: a longer job path cannot be opened on any node."""
 MAX_COMPONENT_BYTES: Final = 255
@@ -138,6 +141,18 @@ class JobSubmission(_UserModel):
     task_type: str = Field(default="micro_train", min_length=1, max_length=64)
     resource_requirements: ResourceRequirements
     priority: int = Field(default=0, ge=0, le=1000)
+    owner: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_OWNER_CHARS,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="who submitted it, shown in job listings; `shardyard submit` fills in the local user name",
+    )
+    queue: str = Field(
+        default=DEFAULT_QUEUE,
+        pattern=QUEUE_PATTERN,
+        description="the queue it is submitted to, shown in job listings (placement does not read it yet)",
+    )
     dependencies: Dependencies
     shard_count: int | None = Field(default=None, ge=1, le=4096, description="defaults to the GPU count")
     sync_interval: int = Field(default=100, ge=1, le=10_000_000, description="steps between parameter AllReduces")

@@ -5,12 +5,15 @@ The "why" reads the filter table (``filters``) as placing does: every node count
 in table order, and the reason is that of the filter that left fewer free GPUs than the gang has shards.
 """
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from shardyard.events import PendingReason
+from shardyard.events import MissingArtifact, PendingReason
+from shardyard.events.node import MAX_NAMED_NODES
+from shardyard.mounts import host_path
 from shardyard.placement.candidate import Candidate, pending_queue
 from shardyard.placement.filters import (
     BY_NAME,
@@ -23,6 +26,7 @@ from shardyard.placement.filters import (
     Filter,
     GangFilter,
     StateFilter,
+    absent_artifacts,
     bucket_failing,
     could_host,
     gang_failing,
@@ -129,7 +133,9 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
     reason = _reason(counted, job.k)
     if reason is PendingReason.DISK_FULL:
         message += f"; {full_disks(index, job)}"
-    return Unschedulable(spec.job_id, reason, message, shown), counted.shards
+    lacked = missing(index, job) if reason is PendingReason.WAITING_FOR_ARTIFACT else ()
+    message += "".join(f"; {lacking(artifact)}" for artifact in lacked)
+    return Unschedulable(spec.job_id, reason, message, shown, missing=lacked), counted.shards
 
 
 MAX_NAMED = 8
@@ -148,6 +154,57 @@ def full_disks(index: ClusterIndex, job: Candidate) -> str:
     named = ", ".join(f"{node} ({format_bytes(free)} free)" for node, free in full[:MAX_NAMED])
     more = f" and {len(full) - MAX_NAMED} more" if len(full) > MAX_NAMED else ""
     return f"output disks below {index.policy.disk_floor} free: {named}{more}"
+
+
+_IDENTITY_STATES = frozenset(f.name for f in IDENTITY if isinstance(f, StateFilter))
+
+
+def missing(index: ClusterIndex, job: Candidate) -> tuple[MissingArtifact, ...]:
+    """The job's paths (pretrained model, dataset) that nodes it could use (up, not draining, of its GPU kind) lack:
+    each with how many lack it, the first few by id, and where each of those mounts it. Worked out only for a job
+    that waits for them (a scan of the nodes), so that whoever reads the reason knows what to put where."""
+    usable = 0
+    lacked: dict[str, list[Slot]] = {job.model_path: [], job.dataset_path: []}
+    for slot in index.slots.values():
+        if slot.held_by in _IDENTITY_STATES or (slot.group.model, slot.group.tflops) not in job.eligible:
+            continue
+        usable += 1
+        for path in absent_artifacts(slot, job):
+            lacked[path].append(slot)
+    written = {job.model_path: job.spec.model_path, job.dataset_path: job.spec.dataset_path}
+    found = []
+    for path, slots in lacked.items():
+        if not slots:
+            continue
+        named = heapq.nsmallest(MAX_NAMED_NODES, slots, key=lambda slot: slot.node_id)
+        hosts = {slot.node_id: host_path(written[path], slot.view.mounts) for slot in named}
+        found.append(
+            MissingArtifact(
+                path=written[path],
+                nodes=tuple(slot.node_id for slot in named),
+                lacking=len(slots),
+                of_nodes=usable,
+                host_paths={node: host for node, host in hosts.items() if host is not None},
+            )
+        )
+    return tuple(found)
+
+
+def lacking(artifact: MissingArtifact) -> str:
+    """``/data/datasets/x absent on every node it could use (node-0, node-1): put it at /srv/data/datasets/x``, or
+    ``on 2 of the 40 nodes it could use (...)``: the first nodes and how many more, and where to put it when the
+    named nodes agree on that (and it is not the path itself: a node without mounts)."""
+    more = artifact.lacking - len(artifact.nodes)
+    named = ", ".join(artifact.nodes) + (f" and {more} more" if more > 0 else "")
+    every = artifact.lacking == artifact.of_nodes
+    where = "every node" if every else f"{artifact.lacking} of the {artifact.of_nodes} nodes"
+    text = f"{artifact.path} absent on {where} it could use ({named})"
+    hosts = set(artifact.host_paths.values())
+    if not hosts:
+        return text + ": not under a mount of those nodes"
+    if len(hosts) == 1 and len(artifact.host_paths) == len(artifact.nodes) and hosts != {artifact.path}:
+        return text + f": put it at {hosts.pop()}"
+    return text
 
 
 def _by_count(labelled: tuple[str, int]) -> tuple[int, str]:
@@ -313,4 +370,5 @@ def preempting_verdict(verdict: Unschedulable, victims: Sequence[RunningJob]) ->
         verdict,
         reason=PendingReason.PREEMPTING,
         message=f"preempting {names} (checkpoint, then requeue) to make room; {verdict.message}",
+        missing=(),
     )

@@ -153,6 +153,13 @@ def _has_artifacts(node: Node, job: Wants) -> bool:
     return job.model_path in artifacts and job.dataset_path in artifacts
 
 
+def absent_artifacts(node: Node, job: Wants) -> list[str]:
+    """The job's paths (model, dataset; normalised) that ``node`` lacks: why it fails the artifact filter (empty: it
+    passes it). The filter itself checks inline: it runs for every node a walk meets."""
+    artifacts = node.artifacts
+    return [path for path in dict.fromkeys((job.model_path, job.dataset_path)) if path not in artifacts]
+
+
 def _disk_has_room(node: Node, policy: Policy) -> bool:
     free = node.view.disk_free_bytes
     return free is None or free >= policy.disk_floor_bytes

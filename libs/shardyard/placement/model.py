@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from shardyard.events import JobSpec, NodeStatus, PendingReason, ShardPlacement
+from shardyard.events import JobSpec, MissingArtifact, NodeStatus, PendingReason, ShardPlacement
 from shardyard.events.job import CoordinatorSource
 from shardyard.units import format_bytes
 
@@ -82,6 +82,8 @@ class NodeView:
     draining: bool = False
     artifacts: Mapping[str, str] = field(default_factory=dict)
     """Job paths present on the node: path -> "local" (its own disk) or "shared" (a network path)."""
+    mounts: Mapping[str, str] = field(default_factory=dict)
+    """Job path prefix -> the node's local directory, as its agent mounts them (where a missing artifact goes)."""
     zone: str = ""
     rack: str = ""
     disk_free_bytes: int | None = None
@@ -190,6 +192,8 @@ class Unschedulable:
     estimated_start: datetime | None = None
     """When the job is expected to start: for one holding a reservation, when its reserved nodes' gangs are expected
     to have ended; for the other jobs waiting on capacity, from the plan (``shardyard.placement.plan``)."""
+    missing: tuple[MissingArtifact, ...] = ()
+    """WAITING_FOR_ARTIFACT: the job's paths that nodes it could use lack, and which (``contention.missing``)."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
         total_cpu_cores=node.cpu_cores,
         draining=node.draining,
         artifacts=node.artifacts,
+        mounts=node.mounts,
         zone=node.topology.get("zone", ""),
         rack=node.topology.get("rack", ""),
         disk_free_bytes=None if node.output_disk is None else node.output_disk.free_bytes,

@@ -24,6 +24,10 @@ from shardyard.sim.fit import fit_warnings
 from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate
 from shardyard.sim.trace import read_trace, write_trace
 
+DESCRIPTION, _, _examples = (__doc__ or "").partition("\nexamples:\n")
+EXAMPLES = "examples:\n" + _examples.rstrip()
+"""The module's docstring in ``--help``: the synopsis as the description, its examples as the epilog."""
+
 CORE_NOTE = (
     "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy unless "
     "--policy-option); fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or "
@@ -35,7 +39,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     sim = subparsers.add_parser(
         "simulate",
         help="replay a job trace (CSV) in simulated time under Shardyard's placement core, FIFO and priority",
-        description=__doc__,
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sim.add_argument("trace", nargs="?", help="the trace CSV (see the README for its columns)")

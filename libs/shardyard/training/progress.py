@@ -1,4 +1,5 @@
-"""JSON-lines progress reports from a shard to its node agent over an inherited file descriptor."""
+"""JSON-lines progress reports from a shard to its node agent over an inherited file descriptor, and the progress
+lines of the shard's own log."""
 
 from __future__ import annotations
 
@@ -19,6 +20,33 @@ MAX_FAILED_CHARS = 2000
 MIN_INTERVAL_S = 1.0
 """At most one (unforced) progress line a second per shard: each becomes an event that about six consumers read, and
 the control plane shares the node with training (``bench/training.py`` counts what that costs)."""
+
+
+class StepLog:
+    """Progress lines in the shard's log (stderr: the agent makes the log the shard's stdout and stderr, both), one
+    line each: ``<where>: step 200/300 loss 2.345 syncs 2``.
+
+    One at every parameter sync; between syncs, and with gradients averaged at every step (every step a sync), at
+    most one every ``min_interval_s``; the first step's and the last's always. The loss is this rank's at that step:
+    at the last step, the final loss it reports."""
+
+    def __init__(
+        self, where: str, max_steps: int, min_interval_s: float = MIN_INTERVAL_S, clock: Clock = time.monotonic
+    ) -> None:
+        self.where, self.max_steps = where, max_steps
+        self._min_interval_s, self._clock = min_interval_s, clock
+        self._last_t: float | None = None
+
+    def step(self, step: int, loss: float, syncs: int, *, synced: bool) -> bool:
+        """Step ``step`` is done (``synced``: with a parameter sync); returns whether a line was written."""
+        now = self._clock()
+        due = self._last_t is None or now - self._last_t >= self._min_interval_s
+        if not (due or synced or step == self.max_steps):
+            return False
+        self._last_t = now
+        with contextlib.suppress(OSError):  # a log on a full disk does not stop training
+            print(f"{self.where}: step {step}/{self.max_steps} loss {loss:.4g} syncs {syncs}", file=sys.stderr)
+        return True
 
 
 class ProgressReporter:

@@ -33,7 +33,7 @@ from shardyard.training.peer_state import (
     transfer,
 )
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
-from shardyard.training.progress import ProgressReporter
+from shardyard.training.progress import ProgressReporter, StepLog
 from shardyard.training.rendezvous import Placement, init_process_group, place
 
 PREFIX = "shardyard.training"
@@ -161,6 +161,7 @@ class Steps:
         self.loss = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
         self.last, self.stopped = gang.start, False
         self.rate = Rate()
+        self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps)
         self.checkpoints = GangCheckpoints(cfg, reporter)
         self.peers = PeerSnapshots(cfg, gang.group, self.device)
         on_term = partial(self.peers.save_on_term, self.model, self.optimizer, exit_code=terminated_exit)
@@ -195,13 +196,15 @@ class Steps:
         checkpointed = checkpointed and self.checkpoints.due(step, self.syncs.count)
         if checkpointed:
             self.checkpoints.submit(step, self.loss, self.model, self.optimizer)  # the weights just averaged
-        self._report(step, force=checkpointed or (synced is not None and not self.syncs.averages_gradients))
+        parameters_synced = synced is not None and not self.syncs.averages_gradients
+        self._report(step, force=checkpointed or parameters_synced, synced=parameters_synced)
         self.rate.stepped(step)
         if self.stopped:
             self.checkpoints.write_now(step, self.loss, self.model, self.optimizer)
         return self.stopped
 
-    def _report(self, step: int, *, force: bool) -> None:
+    def _report(self, step: int, *, force: bool, synced: bool) -> None:
+        """The agent's progress line (``force``: even within a second of the last), and the log's."""
         syncs = self.syncs
         self.reporter.progress(
             step=step,
@@ -214,6 +217,7 @@ class Steps:
             slow_syncs=syncs.pacer.slow_syncs,
             force=force,
         )
+        self.log.step(step, self.loss, syncs.count, synced=synced)
 
     def keep_state(self, where: str) -> None:
         """A step failed: write the gang's state of the last sync on this node, for a re-formed gang to resume from."""

@@ -116,8 +116,9 @@ class JobFold:
 
 
 def team_and_queue(spec: JobSpec) -> tuple[str | None, str | None]:
-    """The submission's optional ``user`` (the team) and ``queue``, as the spec carries them. The spec of this
-    version has neither: both are read by name, so records fill them once the spec does, and are None until then."""
+    """The submission's optional ``user`` (the team) and ``queue``, as the spec carries them. The spec has a
+    ``queue`` ("default" unless the submission names one) but no ``user`` yet (its ``owner`` is who submitted it, not
+    a team): both are read by name, so records fill the team once the spec carries one, and it is None until then."""
     team, queue = getattr(spec, "user", None), getattr(spec, "queue", None)
     return (team if isinstance(team, str) else None, queue if isinstance(queue, str) else None)
 

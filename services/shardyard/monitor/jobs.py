@@ -35,8 +35,9 @@ from shardyard.events import (
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
 from shardyard.monitor.progress import SERIES_POINTS as SERIES_POINTS  # re-exported: its home was here
 from shardyard.monitor.progress import ProgressSeries, SeriesPoint, SyncPace
+from shardyard.monitor.timeline import MAX_NOTES, Timeline
 
-MAX_TIMELINE = 500
+MAX_TIMELINE = MAX_NOTES
 MAX_SERIES = 2000
 ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})
 """Shard states whose last throughput no longer counts towards the gang's."""
@@ -53,7 +54,9 @@ class JobView:
     node_counts: dict[str, int] = field(default_factory=dict)
     """Nodes excluded, by the scheduler's filter, behind the current pending reason."""
     waiting_for: list[str] = field(default_factory=list)
-    """Parent jobs the queue holds this one for."""
+    """Parent jobs the queue holds this one for; or, WAITING_FOR_ARTIFACT, the paths it waits on."""
+    missing_artifacts: list[dict[str, Any]] = field(default_factory=list)
+    """WAITING_FOR_ARTIFACT: each path it waits on, with the nodes lacking it and where they mount it."""
     estimated_start: datetime | None = None
     """When the scheduler expects it to start (its reservation's start), while it holds one."""
     spec: dict[str, Any] | None = None
@@ -75,7 +78,7 @@ class JobView:
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
     series: ProgressSeries = field(default_factory=ProgressSeries)
-    timeline: list[dict[str, Any]] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
     errors: list[dict[str, Any]] = field(default_factory=list)
     # What the alert rules (monitor/rules.py) read beside the above:
     reason_since: datetime | None = None
@@ -86,15 +89,23 @@ class JobView:
     """The newest shard failure of this job by SYNC_TIMEOUT."""
     sync_pace: SyncPace = field(default_factory=SyncPace)
 
-    def pending(self, reason: str | None, message: str, *, node_counts: dict[str, int], waiting_for: list[str]) -> None:
+    def pending(
+        self,
+        reason: str | None,
+        message: str,
+        *,
+        node_counts: dict[str, int],
+        waiting_for: list[str],
+        missing: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Set the current reason (None: none) with its details; every other detail of the last one goes."""
         self.reason, self.message = reason, message
-        self.node_counts, self.waiting_for = node_counts, waiting_for
+        self.node_counts, self.waiting_for, self.missing_artifacts = node_counts, waiting_for, missing or []
         self.estimated_start = None
 
-    def note(self, at: datetime, what: str, detail: str = "") -> None:
-        if len(self.timeline) < MAX_TIMELINE:
-            self.timeline.append({"at": at.isoformat(), "event": what, "detail": detail})
+    def note(self, at: datetime, what: str, detail: str = "", *, attempt: int | None = None) -> None:
+        """A timeline note of ``attempt`` (None: the job's current one); the timeline puts it in its place."""
+        self.timeline.note(at, what, detail, attempt=self.attempt if attempt is None else attempt)
 
     # --- folding ------------------------------------------------------------------------------------------------
     def fold_lifecycle(self, event: LifecycleFact) -> bool:
@@ -165,7 +176,13 @@ class JobView:
     def _unschedulable(self, event: JobUnschedulable) -> None:
         if self.reason != event.reason:
             self.reason_since = event.occurred_at  # RESOURCE_SHORTAGE times the reason from its first giving, not each
-        self.pending(event.reason, event.message, node_counts=dict(event.node_counts), waiting_for=[])
+        self.pending(
+            event.reason,
+            event.message,
+            node_counts=dict(event.node_counts),
+            waiting_for=[artifact.path for artifact in event.missing_artifacts],
+            missing=[artifact.model_dump(mode="json") for artifact in event.missing_artifacts],
+        )
         self.estimated_start = event.estimated_start
         self.note(event.occurred_at, "unschedulable", event.message)
 
@@ -211,9 +228,8 @@ class JobView:
                 self.note(event.occurred_at, "cancelled", event.message)
             case JobSucceeded():
                 self.final_loss, self.checkpoint_dir = event.final_loss, event.checkpoint_dir
-                self.note(
-                    event.occurred_at, "succeeded", f"final loss {event.final_loss}; checkpoint {event.checkpoint_dir}"
-                )
+                loss = "-" if event.final_loss is None else f"{event.final_loss:.4g}"
+                self.note(event.occurred_at, "succeeded", f"final loss {loss}; checkpoint {event.checkpoint_dir}")
             case JobFailed():
                 self.pending(event.cause, event.message, node_counts={}, waiting_for=[])
                 self.note(event.occurred_at, "failed", f"{event.cause}: {event.message}")
@@ -252,21 +268,19 @@ class JobView:
             case ShardStarted():
                 shard["state"] = "RUNNING"
                 shard["pid"] = event.pid
-                self.note(event.occurred_at, "shard started", f"shard {event.shard_index} on {event.node_id}")
+                note = f"shard {event.shard_index} on {event.node_id}"
+                self.note(event.occurred_at, "shard started", note, attempt=event.attempt)
             case ShardProgress():
                 self._progress(shard, event)
             case ShardCompleted():
-                shard["state"] = "COMPLETED"
-                shard["final_loss"] = event.final_loss
-                self.note(event.occurred_at, "shard completed", f"shard {event.shard_index}: loss {event.final_loss}")
+                self._completed(shard, event)
             case ShardFailed():
                 shard["state"] = "FAILED"
                 shard["cause"] = event.cause
                 if event.cause is FailureCause.SYNC_TIMEOUT:
                     self.sync_timeout = event
-                self.note(
-                    event.occurred_at, "shard failed", f"shard {event.shard_index}: {event.cause}: {event.message}"
-                )
+                detail = f"shard {event.shard_index}: {event.cause}: {event.message}"
+                self.note(event.occurred_at, "shard failed", detail, attempt=event.attempt)
 
     def _progress(self, shard: dict[str, Any], event: ShardProgress) -> None:
         previous_syncs = shard.get("syncs", 0)
@@ -289,11 +303,27 @@ class JobView:
         self.series.add(self._series_point(event))
         self.sync_pace.observe(event.attempt, event.step, event.syncs)
         if event.syncs > previous_syncs:
-            self.note(
-                event.occurred_at,
-                "parameter sync",
-                f"sync {event.syncs} at step {event.step}: {event.allreduce_ms:.1f} ms, {event.allreduce_bytes} bytes",
+            detail = (
+                f"sync {event.syncs} at step {event.step}: {event.allreduce_ms:.1f} ms, {event.allreduce_bytes} bytes"
             )
+            self.note(event.occurred_at, "parameter sync", detail, attempt=event.attempt)
+
+    def _completed(self, shard: dict[str, Any], event: ShardCompleted) -> None:
+        """A shard's end: its row shows its own final loss and step. Rank 0's is the job's final loss (the scheduler
+        puts it on ``job.succeeded``), so the job's loss curve and series end on it."""
+        shard["state"] = "COMPLETED"
+        shard["final_loss"] = event.final_loss
+        if event.final_loss is not None:
+            shard["loss"] = event.final_loss
+        if event.steps is not None:
+            shard["step"] = event.steps
+        loss = "-" if event.final_loss is None else f"{event.final_loss:.4g}"
+        self.note(event.occurred_at, "shard completed", f"shard {event.shard_index}: final loss {loss}")
+        if event.shard_index != 0 or event.final_loss is None or event.steps is None:
+            return
+        point = (event.steps, event.final_loss)
+        self.loss = [p for p in self.loss if p[0] < event.steps] + [point]
+        self.series.end(event.steps, event.final_loss)
 
     def _series_point(self, event: ShardProgress) -> SeriesPoint:
         """Rank 0's step and loss (every rank trains the same averaged model), with the gang's summed throughput."""
@@ -315,9 +345,15 @@ class JobView:
             "attempt": self.attempt,
             "step": min(steps) if steps else 0,
             "max_steps": self.spec.get("max_steps") if self.spec else None,
-            "loss": self.loss[-1][1] if self.loss else None,
+            "loss": self._loss(),
             "submitted_at": self.submitted_at.isoformat() if self.submitted_at else None,
         }
+
+    def _loss(self) -> float | None:
+        """The job's loss: its final loss once it succeeded, else rank 0's last report."""
+        if self.state is JobState.SUCCEEDED and self.final_loss is not None:
+            return self.final_loss
+        return self.loss[-1][1] if self.loss else None
 
     def detail(self) -> dict[str, Any]:
         first = self.loss[0][1] if self.loss else None
@@ -329,6 +365,7 @@ class JobView:
             "errors": self.errors,
             "node_counts": self.node_counts,
             "waiting_for": self.waiting_for,
+            "missing_artifacts": self.missing_artifacts,
             "estimated_start": self.estimated_start.isoformat() if self.estimated_start else None,
             "placements": self.placements,
             "degraded": self.degraded,
@@ -340,7 +377,7 @@ class JobView:
             "first_step_at": self.first_step_at.isoformat() if self.first_step_at else None,
             "ended_at": self.ended_at.isoformat() if self.ended_at else None,
             "loss_curve": self.loss,
-            "timeline": self.timeline,
+            "timeline": self.timeline.entries(),
         }
 
     def series_json(self) -> dict[str, Any]:

@@ -41,6 +41,16 @@ class ProgressSeries:
             self.points = self.points[::2]
             self.stride *= 2
 
+    def end(self, step: int, loss: float) -> None:
+        """The run ended at ``step`` on ``loss`` (the job's final loss): the newest point becomes that, at the time
+        and throughput of the last report, so that the curve ends where the job did, on the number it reports."""
+        if self.latest is None:
+            return
+        if self.points and self.points[-1] == self.latest:
+            self.points.pop()
+        self.points = [p for p in self.points if p[0] < step]
+        self.latest = (step, self.latest[1], loss, self.latest[3])
+
     def columns(self) -> dict[str, Any]:
         """Column arrays (``step``, ``t_s``, ``loss``, ``samples_per_s``): the shape a chart walks, and compact."""
         points = list(self.points)

@@ -15,6 +15,7 @@ from pydantic_core import to_json
 from shardyard.events import (
     AlertFiring,
     AlertResolved,
+    AlertSeverity,
     CapacityRequested,
     FailureCause,
     Heartbeat,
@@ -212,7 +213,7 @@ class ClusterView:
 
     # --- JSON views ---------------------------------------------------------------------------------------------
     def jobs_json(self) -> list[dict[str, Any]]:
-        return [view.summary() for view in self.jobs.values() if view.state is not None]
+        return [{**view.summary(), **listed(view)} for view in self.jobs.values() if view.state is not None]
 
     def nodes_body(self) -> bytes:
         """``/api/nodes``: ``{"nodes": [...]}``, by node id, each node's state as pydantic serializes it (in Rust:
@@ -237,7 +238,7 @@ class ClusterView:
     def job_detail(self, job: JobView, now: datetime) -> dict[str, Any]:
         """A job's detail with its gang's links: every pair among the nodes its shards are placed on."""
         links = gang_links_json(gang_nodes(job.placements), self.network.measured(now), self.nodes)
-        return {**job.detail(), "links": links}
+        return {**job.detail(), **listed(job), "links": links}
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {state.value: 0 for state in JobState}
@@ -250,8 +251,8 @@ class ClusterView:
         return sum(1 for v in self.jobs.values() if v.state is not None and v.state not in TERMINAL)
 
     def summary_json(self) -> dict[str, Any]:
-        """The cluster at a glance, for the dashboard's header: one request instead of folding every node and job
-        in the browser each second."""
+        """The cluster at a glance, for the dashboard's header and ``shardyard status``: one request instead of
+        folding every node and job in the browser (or the CLI) each second."""
         nodes = list(self.nodes.values())
         gpus = [gpu for node in nodes for gpu in node.gpus]
         return {
@@ -269,4 +270,47 @@ class ClusterView:
             "recoveries": self.recoveries,
             "cancellations": self.cancellations,
             "dead_letters": self.dead_letters,
+            "gpu_models": gpu_models(nodes),
+            "alerts_firing": self.alerts_firing(),
+            "leaders": {
+                service: {"instance": e.instance, "term": e.term, "since": e.occurred_at.isoformat()}
+                for service, e in sorted(self.leaders.items())
+            },
         }
+
+    def alerts_firing(self) -> dict[str, int]:
+        """The alerts firing now, by severity."""
+        out = dict.fromkeys(AlertSeverity, 0)
+        for alert in self.alerts.firing.values():
+            out[alert.severity] += 1
+        return {severity.value: count for severity, count in out.items()}
+
+
+def listed(job: JobView) -> dict[str, Any]:
+    """Beside a job's summary in ``/api/jobs`` and ``/api/jobs/{id}``: who submitted it, to which queue, and when its
+    current attempt's gang started running and the job ended (``shardyard jobs`` lists them)."""
+    spec = job.spec or {}
+    return {
+        "owner": spec.get("owner"),
+        "queue": spec.get("queue"),
+        "started_at": job.running_at.isoformat() if job.running_at else None,
+        "ended_at": job.ended_at.isoformat() if job.ended_at else None,
+    }
+
+
+def gpu_models(nodes: list[NodeState]) -> dict[str, dict[str, int]]:
+    """Per GPU model, by name: its GPUs on nodes not LOST, those allocated, those faulty, and those free (healthy,
+    unallocated, on an ALIVE node that is not draining: what a new job could be given now)."""
+    out: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        if node.status is NodeStatus.LOST:
+            continue
+        open_node = node.status is NodeStatus.ALIVE and not node.draining
+        allocated = set(node.allocated_gpus)
+        for gpu in node.gpus:
+            counts = out.setdefault(gpu.model, {"gpus": 0, "allocated": 0, "unhealthy": 0, "free": 0})
+            counts["gpus"] += 1
+            counts["allocated"] += gpu.index in allocated
+            counts["unhealthy"] += not gpu.healthy
+            counts["free"] += open_node and gpu.healthy and gpu.index not in allocated
+    return dict(sorted(out.items()))

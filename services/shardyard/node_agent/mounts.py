@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from shardyard.errors import ConfigError, JobPathError
+from shardyard.mounts import host_path
 from shardyard.node_agent.artifacts import Look, not_served, unreadable
 
 
@@ -39,13 +40,10 @@ def parse_shared_mounts(items: Sequence[str]) -> tuple[str, ...]:
 
 
 def resolve(job_path: str, mounts: Mapping[str, str]) -> Path:
-    """The local path of ``job_path``: the longest mounted prefix is replaced; unmapped paths are used as they are."""
-    path = PurePosixPath(job_path)
-    for prefix in sorted(mounts, key=len, reverse=True):
-        root = PurePosixPath(prefix)
-        if path == root or root in path.parents:
-            return Path(mounts[prefix]) / path.relative_to(root)
-    return Path(job_path)
+    """The local path of ``job_path``: the longest mounted prefix is replaced (``shardyard.mounts``); unmapped paths
+    are used as they are."""
+    local = host_path(job_path, mounts)
+    return Path(job_path if local is None else local)
 
 
 def confine(job_path: str, mounts: Mapping[str, str]) -> Path:

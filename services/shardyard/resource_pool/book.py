@@ -179,6 +179,7 @@ class PoolBook:
             cpu_load=live.cpu_load,
             running=hb.running,
             artifacts=hb.artifacts,
+            mounts=hb.mounts,
             topology=hb.topology,
             draining=record.draining,
             output_disk=hb.output_disk,
@@ -258,6 +259,7 @@ class PoolBook:
             cpu_load=state.cpu_load,
             running=state.running,
             artifacts=state.artifacts,
+            mounts=state.mounts,
             topology=state.topology,
             output_disk=state.output_disk,
         )

@@ -52,6 +52,7 @@ class PendingReasons:
                 message=decision.message,
                 node_counts=decision.node_counts,
                 estimated_start=decision.estimated_start,
+                missing_artifacts=decision.missing,
             )
         ]
 

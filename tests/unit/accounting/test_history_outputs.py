@@ -53,7 +53,7 @@ def test_the_table_json_and_csv_carry_every_record() -> None:
     text = as_table(RECORDS).splitlines()
     assert text[0].split()[:3] == ["JOB", "STATE", "TEAM"] and len(text) == 1 + len(RECORDS)
     retried = next(line for line in text if line.startswith("job-retried"))
-    assert retried.split()[1:6] == ["SUCCEEDED", "-", "-", "2", "A100+V100"] and "1h00m" in retried
+    assert retried.split()[1:6] == ["SUCCEEDED", "-", "default", "2", "A100+V100"] and "1h00m" in retried
     assert "USER_ERROR: exit 1" in next(line for line in text if line.startswith("job-failed"))
     assert json.loads(as_json(RECORDS)) == {"jobs": [r.to_json() for r in RECORDS]}
     rows = list(csv.DictReader(io.StringIO(as_csv(RECORDS))))

@@ -11,6 +11,7 @@ import pytest
 
 from shardyard.cli import client, main
 from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.rundir import SHARD_LOGS, shard_log_dir
 from shardyard.errors import ClusterError
 from shardyard.events import Event, JobCancelRequested, NodeDrain
 
@@ -255,7 +256,8 @@ def test_top_redraws_until_interrupted_and_outlives_a_lost_monitor(
 
 
 def write_logs(run_dir: Path, job_id: str = "j1") -> Path:
-    folder = run_dir / "logs" / "shards" / job_id
+    """The agents' logs of the cluster run from ``run_dir`` (``RUN_DIR/logs/shards/RUN/JOB``)."""
+    folder = shard_log_dir(run_dir, job_id) / job_id
     folder.mkdir(parents=True)
     (folder / "shard-0-attempt-1.log").write_text("s0 a1 first\ns0 a1 died\n")
     (folder / "shard-0-attempt-2.log").write_text("s0 a2 resumed\n")
@@ -296,6 +298,41 @@ def test_logs(argv: tuple[str, ...], lines: list[str], run_dir: Path, capsys: An
     assert run(run_dir, "logs", "j1", *argv) == 0
 
     assert capsys.readouterr().out.splitlines() == lines
+
+
+def earlier_run(run_dir: Path, run_id: str, job_id: str = "j1") -> Path:
+    """Logs of ``job_id`` that a cluster run before this one left in the same folder."""
+    folder = run_dir / SHARD_LOGS / run_id / job_id
+    folder.mkdir(parents=True)
+    (folder / "shard-0-attempt-1.log").write_text("earlier a1\n")
+    (folder / "shard-0-attempt-2.log").write_text("earlier a2\n")
+    return folder
+
+
+def test_logs_are_this_cluster_runs_only(run_dir: Path, capsys: Any) -> None:
+    earlier_run(run_dir, "20200101T000000Z-000000")
+    write_logs(run_dir)
+
+    assert run(run_dir, "logs", "j1", "--shard", "0") == 0
+    assert capsys.readouterr().out.splitlines() == ["s0 a2 resumed"]
+    assert run(run_dir, "logs", "j1", "--shard", "0", "--attempt", "1") == 0
+    assert capsys.readouterr().out.splitlines() == ["s0 a1 first", "s0 a1 died"]
+
+
+def test_a_job_this_run_has_not_started_shows_no_earlier_runs_logs(run_dir: Path, capsys: Any) -> None:
+    earlier_run(run_dir, "20200101T000000Z-000000")
+
+    assert run(run_dir, "logs", "j1") == 1
+    assert f"no logs of job j1 under {shard_log_dir(run_dir, 'j1')}" in capsys.readouterr().err
+
+
+def test_with_no_cluster_running_the_newest_run_of_the_job_is_shown(tmp_path: Path, capsys: Any) -> None:
+    earlier_run(tmp_path, "20200101T000000Z-000000")
+    (earlier_run(tmp_path, "20210101T000000Z-abcdef") / "shard-0-attempt-2.log").write_text("newer a2\n")
+    earlier_run(tmp_path, "20220101T000000Z-abcdef", job_id="other")
+
+    assert run(tmp_path, "logs", "j1") == 0
+    assert capsys.readouterr().out.splitlines() == ["[shard 0 attempt 2] newer a2"]
 
 
 def test_logs_from_another_folder(tmp_path: Path, run_dir: Path, capsys: Any) -> None:
@@ -350,7 +387,7 @@ def test_new_commands_parse() -> None:
     args = main.parser().parse_args(["logs", "j1", "--shard", "2", "--attempt", "3", "-f"])
     assert (args.job, args.shard, args.attempt, args.follow, args.log_dir) == ("j1", 2, 3, True, None)
     assert main.parser().parse_args(["top", "--once"]).once is True
-    assert main.parser().parse_args(["alerts", "--json"]).json is True
+    assert main.parser().parse_args(["alerts", "--json"]).output == "json"  # the older spelling of -o json
 
 
 def test_the_run_dir_comes_after_the_subcommand_too_and_up_remembers_the_cluster_for_every_directory(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shardyard.cli import render
+from shardyard.cli import listing, render
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def node(node_id: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_nodes_table_marks_drained_nodes() -> None:
-    table = render.nodes_table([node("n1", draining=True), node("n2")]).splitlines()
+    table = listing.nodes_table([node("n1", draining=True), node("n2")], NOW).splitlines()
 
     assert table[1].split()[:3] == ["n1", "ALIVE", "DRAIN"]
     assert "DRAIN" not in table[2]
@@ -119,7 +119,7 @@ def test_nodes_table_marks_drained_nodes() -> None:
 def test_nodes_table_shows_tflops_and_marks_measured_figures() -> None:
     measured = {"model": "V100", "tflops": 14.2, "tflops_source": "measured", "simulated": False}
 
-    table = render.nodes_table([node("n1"), node("n2", gpus=[measured])])
+    table = listing.nodes_table([node("n1"), node("n2", gpus=[measured])], NOW)
 
     assert "2xA100 35TF " in table and "1xV100 14.2TF*" in table
 

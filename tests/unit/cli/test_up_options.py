@@ -2,12 +2,11 @@
 ``SHARDYARD_RENDEZVOUS_PORT_BASE`` for clusters side by side on one host) and how many processes of each service it
 starts (``--replicas``); a value that cannot be one is refused."""
 
-from pathlib import Path
-
 import pytest
 
 from shardyard.cli.cluster import RENDEZVOUS_BASE, ClusterInfo, _agent_argv, rendezvous_base
 from shardyard.cli.main import parser
+from shardyard.cli.rundir import RUN_ID
 from shardyard.errors import ClusterError
 
 
@@ -34,9 +33,23 @@ def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
     info = ClusterInfo(
         run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", embedded_broker=True, started_at=0
     )
-    argv = _agent_argv(2, "A100:1", info, Path("/r/logs"), port_base=20000)({"metrics": 9100})
+    argv = _agent_argv(2, "A100:1", info, port_base=20000)({"metrics": 9100})
     at = argv.index("--rendezvous-port-base")
     assert argv[at + 1 : at + 4] == ["20100", "--rendezvous-port-count", "50"]
+
+
+def test_each_cluster_run_gets_agents_log_folders_of_its_own() -> None:
+    first, second = (
+        ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", embedded_broker=True, started_at=0)
+        for _ in range(2)
+    )
+    folders = [_agent_argv(0, "A100:1", info, port_base=20000)({"metrics": 9100}) for info in (first, second)]
+
+    assert [argv[argv.index("--log-dir") + 1] for argv in folders] == [
+        f"/r/logs/shards/{first.run_id}",
+        f"/r/logs/shards/{second.run_id}",
+    ]
+    assert first.run_id != second.run_id and RUN_ID.fullmatch(first.run_id)
 
 
 def test_up_starts_two_processes_per_service_unless_told() -> None:

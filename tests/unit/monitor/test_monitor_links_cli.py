@@ -4,6 +4,7 @@ the 20 worst links beyond, slow links marked and listed with why."""
 from __future__ import annotations
 
 from shardyard.cli import main as cli
+from shardyard.cli import show
 from shardyard.cli.render import links_report
 from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
@@ -71,5 +72,5 @@ def test_no_slow_link_says_so() -> None:
 def test_the_flag_is_parsed() -> None:
     args = cli.parser().parse_args(["nodes", "--links"])
 
-    assert args.links and args.func is cli.cmd_nodes
+    assert args.links and args.func is show.cmd_nodes
     assert not cli.parser().parse_args(["nodes"]).links

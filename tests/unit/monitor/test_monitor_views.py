@@ -22,6 +22,7 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
+    MissingArtifact,
     NodeDrain,
     NodeStatus,
     PendingReason,
@@ -69,8 +70,8 @@ FULL_RUN: list[object] = [
     progress(shard_index=0, step=10, loss=3.0, syncs=1, allreduce_ms=2.5, allreduce_bytes=4096, occurred_at=at(4)),
     progress(shard_index=1, node_id="node-b", step=10, loss=3.1, syncs=1, occurred_at=at(4)),
     progress(shard_index=0, step=20, loss=2.0, syncs=2, allreduce_ms=2.0, allreduce_bytes=4096, occurred_at=at(5)),
-    completed(shard_index=0, final_loss=2.0, occurred_at=at(6)),
-    completed(shard_index=1, node_id="node-b", final_loss=2.1, occurred_at=at(6)),
+    completed(shard_index=0, final_loss=2.0, steps=20, occurred_at=at(6)),
+    completed(shard_index=1, node_id="node-b", final_loss=2.1, steps=20, occurred_at=at(6)),
     JobSucceeded(
         occurred_at=at(7), job_id="job-1", attempt=1, final_loss=2.0, checkpoint_dir="/data/checkpoints/job-1"
     ),
@@ -110,7 +111,7 @@ def test_full_run() -> None:
     assert detail["checkpoint_dir"] == "/data/checkpoints/job-1"
     assert [(p["shard_index"], p["node_id"]) for p in detail["placements"]] == [(0, "node-a"), (1, "node-b")]
     assert {k: v["state"] for k, v in detail["shards"].items()} == {"0": "COMPLETED", "1": "COMPLETED"}
-    assert (detail["priority"], detail["gpus"], detail["max_steps"], detail["step"]) == (5, "2 x A100", 20, 10)
+    assert (detail["priority"], detail["gpus"], detail["max_steps"], detail["step"]) == (5, "2 x A100", 20, 20)
     assert "sync 2 at step 20" in job.timeline[7]["detail"]
 
 
@@ -313,6 +314,42 @@ def test_unschedulable_node_counts_are_in_the_detail_until_placed() -> None:
     view.apply(scheduled("job-1", occurred_at=at(2)))
 
     assert view.jobs["job-1"].detail()["node_counts"] == {}
+
+
+def test_a_job_waiting_for_artifacts_shows_the_paths_and_the_nodes_lacking_them_until_placed() -> None:
+    lacking = MissingArtifact(
+        path="/data/datasets/wikitext",
+        nodes=("node-0", "node-1"),
+        lacking=2,
+        of_nodes=2,
+        host_paths={"node-0": "/srv/data/datasets/wikitext", "node-1": "/srv/data/datasets/wikitext"},
+    )
+    pending = JobUnschedulable(
+        occurred_at=at(1),
+        job_id="job-1",
+        reason=PendingReason.WAITING_FOR_ARTIFACT,
+        message="0/2 nodes ...; /data/datasets/wikitext absent on every node it could use (node-0, node-1)",
+        node_counts={"model or dataset absent": 2},
+        missing_artifacts=(lacking,),
+    )
+    view = view_of([*FULL_RUN[:2], pending])
+
+    detail = view.jobs["job-1"].detail()
+    assert detail["waiting_for"] == ["/data/datasets/wikitext"]
+    assert detail["missing_artifacts"] == [lacking.model_dump(mode="json")]
+    view.apply(scheduled("job-1", occurred_at=at(2)))
+    assert (view.jobs["job-1"].detail()["waiting_for"], view.jobs["job-1"].detail()["missing_artifacts"]) == ([], [])
+
+
+def test_an_unschedulable_event_from_before_missing_artifacts_still_reads() -> None:
+    older = JobUnschedulable(
+        occurred_at=at(1), job_id="job-1", reason=PendingReason.WAITING_FOR_ARTIFACT, message="0/2 nodes"
+    ).model_dump(mode="json")
+    del older["missing_artifacts"]
+
+    detail = view_of([*FULL_RUN[:2], JobUnschedulable.model_validate(older)]).jobs["job-1"].detail()
+
+    assert (detail["reason"], detail["waiting_for"], detail["missing_artifacts"]) == ("WAITING_FOR_ARTIFACT", [], [])
 
 
 def test_degraded_placement_is_shown() -> None:

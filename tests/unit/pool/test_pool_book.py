@@ -271,6 +271,23 @@ def test_heartbeat_artifacts_and_topology_reach_the_node_state() -> None:
     assert (state.artifacts, state.topology, state.draining) == (ARTIFACTS, TOPOLOGY, False)
 
 
+def test_the_node_state_says_where_the_agent_mounts_job_paths_and_a_restore_keeps_it() -> None:
+    mounts = {"/data": "/srv/run/data"}
+    (state,) = PoolBook().on_heartbeat(heartbeat(mounts=mounts), at(0))
+    assert isinstance(state, NodeState) and state.mounts == mounts
+
+    book = PoolBook()
+    book.restore(state)
+    assert book.state_of("node-a", at(1)).mounts == mounts
+
+
+def test_a_node_state_published_before_mounts_were_carried_still_reads() -> None:
+    older = node_state("node-a").model_dump(mode="json")
+    del older["mounts"]
+
+    assert NodeState.model_validate(older).mounts == {}
+
+
 def test_the_latest_heartbeat_says_which_artifacts_are_there() -> None:
     book = PoolBook()
     book.on_heartbeat(heartbeat(seq=1, artifacts=ARTIFACTS), at(0))

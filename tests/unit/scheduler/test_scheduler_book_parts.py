@@ -13,6 +13,7 @@ from shardyard.events import (
     JobCancelRequested,
     JobPreempting,
     JobUnschedulable,
+    MissingArtifact,
     PendingReason,
     RunningShard,
     ShardFailed,
@@ -103,6 +104,23 @@ def test_a_pending_reason_is_shown_when_it_changes_and_again_once_forgotten() ->
     assert again == []
     assert [e.reason for e in changed if isinstance(e, JobUnschedulable)] == [PendingReason.INSUFFICIENT_GPUS]
     assert len(after_placed) == 1
+
+
+def test_a_job_waiting_for_artifacts_is_shown_with_them_and_again_when_other_nodes_lack_them() -> None:
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+    lacking = MissingArtifact(path="/data/datasets/wikitext", nodes=("a1", "a2"), lacking=2, of_nodes=2)
+
+    def wait(message: str, missing: MissingArtifact) -> list[object]:
+        decision = replace(verdict(PendingReason.WAITING_FOR_ARTIFACT, message), missing=(missing,))
+        return list(reasons.unschedulable(decision, job, at(1)))
+
+    (shown,) = wait("0/2; /data/datasets/wikitext absent on every node it could use (a1, a2)", lacking)
+    assert isinstance(shown, JobUnschedulable) and shown.missing_artifacts == (lacking,)
+    assert wait("0/2; /data/datasets/wikitext absent on every node it could use (a1, a2)", lacking) == []
+    fewer = lacking.model_copy(update={"nodes": ("a2",), "lacking": 1})
+    (again,) = wait("0/2; /data/datasets/wikitext absent on 1 of the 2 nodes it could use (a2)", fewer)
+    assert isinstance(again, JobUnschedulable) and again.missing_artifacts == (fewer,)
 
 
 def test_an_estimated_start_is_shown_again_only_when_it_moved_by_a_tenth_of_the_wait() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shardyard.training.progress import ProgressReporter
+from shardyard.training.progress import ProgressReporter, StepLog
 from tests.support.clock import FakeClock
 
 
@@ -157,3 +157,27 @@ def test_lines_from_two_threads_stay_whole(pipe: tuple[int, int]) -> None:
 
     kinds = [line["kind"] for line in _lines(r)]
     assert (kinds.count("progress"), kinds.count("checkpointed")) == (100, 100)
+
+
+@pytest.mark.parametrize(
+    ("synced_every", "logged"),
+    [
+        pytest.param(10, [1, 5, 9, 10, 14, 18, 20, 24, 28, 30], id="local-sgd-every-sync-and-each-second"),
+        pytest.param(None, [1, 5, 9, 13, 17, 21, 25, 29, 30], id="gradients-every-step-at-most-each-second"),
+    ],
+)
+def test_the_log_has_a_line_at_every_sync_and_at_most_one_a_second_between(
+    synced_every: int | None, logged: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = StepLog("shardyard.training[rank 0/2]", 30, clock=FakeClock(step_s=0.25))  # four steps a second
+
+    written = [
+        step
+        for step in range(1, 31)
+        if log.step(step, 2.0 + 1 / step, step // 10, synced=synced_every is not None and step % synced_every == 0)
+    ]
+
+    assert written == logged
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == len(logged)
+    assert lines[-1] == "shardyard.training[rank 0/2]: step 30/30 loss 2.033 syncs 3"

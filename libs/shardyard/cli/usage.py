@@ -1,0 +1,106 @@
+"""What each subcommand's ``--help`` says beyond its options: a description, and a few examples under
+``examples:`` (as ``kubectl`` and ``ray job`` print them). ``sub.add_parser(name, help=..., **usage.of(name))``;
+a command without an entry here fails when the parser is built, and ``tests/unit/cli/test_cli_help.py`` holds every
+subcommand to a description and an ``examples:`` epilog."""
+
+import argparse
+from typing import Any
+
+USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "up": (
+        "Start a local cluster: the embedded broker (unless SHARDYARD_KAFKA_BOOTSTRAP names a Kafka), N processes of\n"
+        "every service and one node agent per --node, each a separate process, with a supervisor that restarts\n"
+        "what dies. Logs, cluster.json and the accounting database go to the run folder.",
+        (
+            "shardyard up",
+            "shardyard up --node A100:2 --node V100:2 --replicas 1",
+            "shardyard up --demo-data          # with the example job's model and dataset",
+        ),
+    ),
+    "down": (
+        "Stop the local cluster: the supervisor first, then the agents (so their shards stop), then the services\n"
+        "and the broker.",
+        ("shardyard down", "shardyard down --run-dir /tmp/other-cluster"),
+    ),
+    "ps": (
+        "Every process `shardyard up` started and its supervisor keeps running: replica, pid, state, uptime,\n"
+        "restarts (how often the supervisor started it again after it died) and its metrics port.",
+        ("shardyard ps", "shardyard ps -o json"),
+    ),
+    "submit": (
+        "Produce a job's JSON (examples/fine_tune_gpt2.json shows the format) to shardyard.jobs.submissions. The\n"
+        "document is first checked with the queue's own admission code; a bad one is refused with the rejection\n"
+        "the queue would give. A document that names no owner gets the local user name.",
+        (
+            "shardyard submit examples/fine_tune_gpt2.json --wait",
+            "cat job.json | shardyard submit -",
+            "shardyard submit bad.json --no-check     # see the cluster's own rejection",
+        ),
+    ),
+    "status": (
+        "Without a job: the cluster at a glance (as sinfo): nodes by status, GPUs in use and free per model, jobs\n"
+        "by state, alerts firing, the scheduler's leader and the monitor's URL.\n"
+        "With a job: its state, reason, shards and timeline. The job listing is `shardyard jobs`.",
+        ("shardyard status", "shardyard status fine_tune_gpt2", "shardyard status -o json | jq .gpu_models"),
+    ),
+    "cancel": (
+        "Ask the cluster to cancel a job that has not ended: its shards are stopped and it ends CANCELLED.",
+        ("shardyard cancel fine_tune_gpt2", "shardyard cancel fine_tune_gpt2 --wait --timeout 60"),
+    ),
+    "drain": (
+        "Stop placing new shards on a node; shards running there finish. --undo lets it take new ones again.",
+        ("shardyard drain node-2 --wait", "shardyard drain node-2 --undo"),
+    ),
+    "jobs": (
+        "Every job the monitor knows (as squeue): state, owner, queue, priority, GPUs, step, loss, elapsed time\n"
+        "(since it started running; while pending, since it was submitted) and the reason it waits or ended.",
+        ("shardyard jobs", "shardyard jobs -o wide", "shardyard jobs -o json | jq '.jobs[].state'"),
+    ),
+    "nodes": (
+        "Every node that has reported: status, drain mark, GPUs, GPUs in use, CPU load and the shards it runs.\n"
+        "--links shows the measured links instead: an RTT matrix of the live nodes, slow links marked.",
+        ("shardyard nodes", "shardyard nodes -o wide", "shardyard nodes --links -o wide"),
+    ),
+    "alerts": (
+        "The alerts firing now, longest-firing first, and the recent transitions (FIRING, RESOLVED), newest first.",
+        ("shardyard alerts", "shardyard alerts -o wide", "shardyard alerts -o json"),
+    ),
+    "top": (
+        "A live view, redrawn every second: nodes (GPUs, utilisation, load, temperature, status), jobs (state, step,\n"
+        "loss) and the alerts firing. Ctrl-C ends it.",
+        ("shardyard top", "shardyard top --once", "shardyard top --interval 5"),
+    ),
+    "history": (
+        "Every job the accounting service recorded, newest submission first, read from the database itself (it\n"
+        "answers after `shardyard down`): times, wait, run time, GPU-hours, attempts, result, final loss.",
+        (
+            "shardyard history --since 1d --state FAILED",
+            "shardyard history --job fine_tune_gpt2 -o json",
+            "shardyard history --since 7d -o csv > jobs.csv",
+        ),
+    ),
+    "logs": (
+        "A job's shard logs, each shard's newest attempt unless --attempt, read from the agents' log folder (this\n"
+        "cluster run's, under RUN_DIR/logs/shards/RUN_ID; or --log-dir); with several shards each line says whose\n"
+        "it is.",
+        (
+            "shardyard logs fine_tune_gpt2 --follow",
+            "shardyard logs fine_tune_gpt2 --shard 1 --attempt 1",
+        ),
+    ),
+    "demo": (
+        "Create a small pretrained checkpoint and dataset under RUN_DIR/data, start a cluster, submit the example\n"
+        "job (S15), wait for it, print its timeline and loss curve, and stop the cluster.",
+        ("shardyard demo", "shardyard demo --keep      # leave the cluster running"),
+    ),
+}
+
+
+def of(command: str) -> dict[str, Any]:
+    """``add_parser``'s keywords for ``command``: its description, its examples as the epilog, printed as written."""
+    description, examples = USAGE[command]
+    return {
+        "description": description,
+        "epilog": "examples:\n" + "\n".join(f"  {example}" for example in examples),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
