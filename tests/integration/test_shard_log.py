@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from shardyard.clock import SystemClock
-from shardyard.events import Event, ShardCompleted
+from shardyard.events import ShardCompleted
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.environment import RunnerOptions
 from shardyard.node_agent.handlers import AgentHandlers
@@ -21,25 +20,13 @@ from shardyard.node_agent.launcher import SubprocessLauncher
 from shardyard.training.artifacts import create_demo_artifacts
 from shardyard.training.model import TinyGPTConfig
 from tests.support import wait
+from tests.support.events import Recorder
 from tests.support.runners import free_port
 from tests.unit.builders import assignment, workload
 
 TEST_MODEL = TinyGPTConfig(n_positions=64, n_embd=32, n_layer=1, n_head=2)
 STEPS, SYNC_EVERY = 40, 10
 PROGRESS = re.compile(r"^shardyard\.training\[rank 0/1\]: step (\d+)/40 loss (\S+) syncs (\d+)$")
-
-
-class Recorder:
-    """The bus, as the handlers see it: what they publish is kept."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 def agent(tmp_path: Path, bus: Recorder) -> AgentHandlers:

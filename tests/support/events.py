@@ -98,3 +98,16 @@ async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout_s: 
 
 def dumps(document: Any) -> bytes:
     return json.dumps(document).encode()
+
+
+class Recorder:
+    """A bus as handlers see it, in process: what they publish is kept (unit tests of pure handlers)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]

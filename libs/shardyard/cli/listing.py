@@ -6,17 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from shardyard.cli.render import TERMINAL, alert_history, alerts_report, duration, firing_table, gpu_kinds
+from shardyard.cli.render import TERMINAL, alert_history, alerts_report, duration, firing_table, fmt, gpu_kinds
 from shardyard.text_table import table
 from shardyard.units import format_bytes
-
-
-def _cell(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
 
 
 def _at(value: str | None) -> datetime | None:
@@ -54,12 +46,12 @@ def jobs_table(jobs: list[dict[str, Any]], now: datetime, *, wide: bool = False)
     submitted and (last) started."""
     rows = []
     for j in jobs:
-        first = [j["job_id"], str(j["state"]), _cell(j.get("owner")), _cell(j.get("queue"))]
-        first += [_cell(j.get("priority")), _cell(j.get("gpus"))]
-        progress = [f"{j.get('step', 0)}/{_cell(j.get('max_steps'))}", _cell(j.get("loss"))]
+        first = [j["job_id"], str(j["state"]), fmt(j.get("owner")), fmt(j.get("queue"))]
+        first += [fmt(j.get("priority")), fmt(j.get("gpus"))]
+        progress = [f"{j.get('step', 0)}/{fmt(j.get('max_steps'))}", fmt(j.get("loss"))]
         if wide:
             when = [_clock(j.get("submitted_at")), _clock(j.get("started_at"))]
-            rows.append([*first, _cell(j.get("attempt")), *progress, *when, elapsed(j, now), _reason(j)])
+            rows.append([*first, fmt(j.get("attempt")), *progress, *when, elapsed(j, now), _reason(j)])
         else:
             rows.append([*first, *progress, elapsed(j, now), _reason(j)])
     return table(rows, WIDE_JOB_COLUMNS if wide else JOB_COLUMNS)
@@ -84,10 +76,10 @@ def _host(node: dict[str, Any], now: datetime) -> list[str]:
     disk = node.get("output_disk")
     seen = _at(node.get("last_heartbeat_at"))
     return [
-        _cell(node.get("cpu_cores")),
+        fmt(node.get("cpu_cores")),
         format_bytes(node["memory_bytes"]) if node.get("memory_bytes") is not None else "-",
         f"{format_bytes(disk['free_bytes'])}/{format_bytes(disk['total_bytes'])}" if disk else "-",
-        _cell(node.get("artifact_count")),
+        fmt(node.get("artifact_count")),
         ",".join(f"{k}={v}" for k, v in sorted((node.get("topology") or {}).items())) or "-",
         f"{duration((now - seen).total_seconds())} ago" if seen else "-",
     ]
@@ -129,8 +121,8 @@ def alerts_table(answer: dict[str, Any], now: datetime, *, wide: bool = False) -
             a["severity"],
             a["rule"],
             a["subject"],
-            _cell(a.get("value")),
-            _cell(a.get("threshold")),
+            fmt(a.get("value")),
+            fmt(a.get("threshold")),
             _clock(a["since"]),
             duration((now - datetime.fromisoformat(a["since"])).total_seconds()),
             a["summary"],
@@ -201,7 +193,7 @@ def _wide_lines(summary: dict[str, Any], leaders: dict[str, dict[str, Any]]) -> 
     counters = ("preemptions", "recoveries", "cancellations", "dead_letters")
     return [
         f"GPU utilisation: {'-' if utilization is None else f'{utilization:.0%}'}",
-        f"spare ratio: {_cell(summary.get('spare_ratio'))}, shard failure rate: {_cell(summary.get('failure_rate'))}",
+        f"spare ratio: {fmt(summary.get('spare_ratio'))}, shard failure rate: {fmt(summary.get('failure_rate'))}",
         ", ".join(f"{name.replace('_', ' ')}: {summary.get(name, 0)}" for name in counters),
         "leaders:",
         *(f"  {service}: {_leader(leaders, service)}" for service in leaders),

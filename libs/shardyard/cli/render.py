@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from shardyard.admission import Refused
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
+def fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -79,8 +79,8 @@ def job_detail(job: dict[str, Any]) -> str:
     for index, shard in (job.get("shards") or {}).items():
         lines.append(
             f"  shard {index} on {shard['node_id']}: {shard['state']} step {shard.get('step', 0)} "
-            f"loss {_fmt(shard.get('loss'))} syncs {shard.get('syncs', 0)} "
-            f"allreduce {_fmt(shard.get('allreduce_ms'))} ms"
+            f"loss {fmt(shard.get('loss'))} syncs {shard.get('syncs', 0)} "
+            f"allreduce {fmt(shard.get('allreduce_ms'))} ms"
         )
     if job.get("first_loss") is not None:
         lines.append(_loss_line(job))
@@ -92,10 +92,10 @@ def job_detail(job: dict[str, Any]) -> str:
 def _loss_line(job: dict[str, Any]) -> str:
     """From rank 0's first report to the job's final loss (rank 0's loss at its last step, as ``job.succeeded``
     carries it) once it succeeded, else to rank 0's latest report."""
-    first = f"  loss: first {_fmt(job['first_loss'])} -> "
+    first = f"  loss: first {fmt(job['first_loss'])} -> "
     if job.get("final_loss") is not None:
-        return first + f"final {_fmt(job['final_loss'])} (rank 0's at its last step)"
-    return first + f"latest {_fmt(job.get('loss'))}"
+        return first + f"final {fmt(job['final_loss'])} (rank 0's at its last step)"
+    return first + f"latest {fmt(job.get('loss'))}"
 
 
 def timeline(job: dict[str, Any]) -> str:
@@ -119,7 +119,7 @@ def loss_curve(job: dict[str, Any], width: int = 40) -> str:
     step = max(1, len(points) // 12)
     chosen = points[::step] + ([points[-1]] if points[-1] not in points[::step] else [])
     return "\n".join(
-        f"  step {s:>6}  loss {_fmt(loss):>7}  {'#' * max(1, int((loss - low) / span * width))}" for s, loss in chosen
+        f"  step {s:>6}  loss {fmt(loss):>7}  {'#' * max(1, int((loss - low) / span * width))}" for s, loss in chosen
     )
 
 
@@ -199,8 +199,8 @@ def _top_jobs(jobs: list[dict[str, Any]], limit: int) -> str:
         [
             j["job_id"],
             str(j["state"]),
-            f"{j['step']}/{_fmt(j['max_steps'])}",
-            _fmt(j["loss"]),
+            f"{j['step']}/{fmt(j['max_steps'])}",
+            fmt(j["loss"]),
             (f"{j['reason']}: " if j["reason"] else "") + (j["message"] or ""),
         ]
         for j in ordered[:limit]

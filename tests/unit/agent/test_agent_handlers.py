@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from shardyard.events import (
-    Event,
     Heartbeat,
     JobAccepted,
     JobSucceeded,
@@ -43,21 +42,11 @@ from shardyard.training.config import PEER_STATE_DIR_ENV
 from shardyard.training.preemption import STOP_SIGNAL
 from tests.support import wait
 from tests.support.clock import FakeClock
+from tests.support.events import Recorder
 from tests.unit.builders import T0, assignment, job_spec, workload
 
 MODEL = "/data/models/gpt2"
 DATA = "/data/datasets/wikitext"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 class FakeDisk:
