@@ -14,12 +14,13 @@ from shardyard.bus.topics import (
     LEADERSHIP,
     LINKS,
     NODE_STATE,
+    QUEUES,
     REDUNDANCY,
     SERVICES,
     Topic,
 )
 from shardyard.errors import EventDecodeError
-from shardyard.events import AlertFiring, AlertResolved, Event, LinkMeasured, link_key
+from shardyard.events import QUEUES_KEY, AlertFiring, AlertResolved, Event, LinkMeasured, link_key
 from shardyard.events.alert import alert_key
 
 _TOPIC_OF: dict[type[Event], Topic] = {event: topic for topic in CATALOGUE for event in topic.events}
@@ -41,6 +42,8 @@ def key_of(event: Event) -> bytes:
         return link_key(event.node_id, event.peer_id).encode()
     if topic is REDUNDANCY:
         return b"policy"
+    if topic is QUEUES:
+        return QUEUES_KEY.encode()
     if isinstance(event, AlertFiring | AlertResolved):
         return alert_key(event.rule, event.subject).encode()
     if topic is ELASTICITY:

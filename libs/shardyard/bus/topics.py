@@ -17,6 +17,7 @@ from shardyard.events import (
     LinkMeasured,
     NodeLost,
     NodeState,
+    QueuesConfigured,
     RedundancyChanged,
     ServiceEvent,
     ShardEvent,
@@ -71,6 +72,8 @@ ALERTS: Final = Topic("shardyard.alerts", 1, "alert rule/subject", AlertEvent)
 """The monitor's alerts firing and resolved: one partition, so every replica folds one history in one order."""
 LINKS: Final = Topic("shardyard.links", 4, "node id|peer id", LinkMeasured, compacted=True)
 """Agents' link measurements (RTT, bandwidth), the latest per ordered node pair."""
+QUEUES: Final = Topic("shardyard.queues", 1, "queues", QueuesConfigured, compacted=True)
+"""The cluster's queue configuration (``shardyard.quotas``): the latest one, read from the queues file."""
 DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
 
 CATALOGUE: Final = (
@@ -87,6 +90,7 @@ CATALOGUE: Final = (
     REDUNDANCY,
     ALERTS,
     LINKS,
+    QUEUES,
     DEADLETTER,
 )
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}

@@ -47,6 +47,7 @@ from shardyard.events.node import (
     inventory_of,
     lease_of,
 )
+from shardyard.events.queues import QUEUES_KEY, QueuesConfigured
 from shardyard.events.service import LeaderElected, LeadershipClaimed, ServiceEvent, ServiceReady
 from shardyard.events.shard import (
     AssignmentEvent,
@@ -67,6 +68,7 @@ from shardyard.events.shard import (
 from shardyard.events.submission import JobSubmission
 
 __all__ = [
+    "QUEUES_KEY",
     "AlertEvent",
     "AlertFiring",
     "AlertResolved",
@@ -114,6 +116,7 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "PendingReason",
+    "QueuesConfigured",
     "ReclaimCandidate",
     "RedundancyChanged",
     "RejectReason",

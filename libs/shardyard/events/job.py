@@ -1,13 +1,13 @@
 """Job lifecycle events, published on the lifecycle topic keyed by job id, and the normalised job spec."""
 
 import re
-from enum import StrEnum
 from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from shardyard.events.base import AwareDatetime, Event, Model
 from shardyard.events.node import MissingArtifact
+from shardyard.events.reasons import FailureCause, PendingReason, RejectReason
 
 RESERVED_ENV: Final = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 """Variables of the torchrun environment the runtime sets for a user's command; a job's ``env`` cannot set them."""
@@ -129,90 +129,11 @@ class JobSpec(Model):
         return self.cpu_cores / self.shard_count
 
 
-class RejectReason(StrEnum):
-    MALFORMED_JSON = "MALFORMED_JSON"
-    NOT_AN_OBJECT = "NOT_AN_OBJECT"
-    MISSING_FIELD = "MISSING_FIELD"
-    WRONG_TYPE = "WRONG_TYPE"
-    UNKNOWN_FIELD = "UNKNOWN_FIELD"
-    INVALID_VALUE = "INVALID_VALUE"
-    UNKNOWN_GPU_MODEL = "UNKNOWN_GPU_MODEL"
-    SHARD_COUNT_MISMATCH = "SHARD_COUNT_MISMATCH"
-    DUPLICATE_JOB = "DUPLICATE_JOB"
-    UNKNOWN_DEPENDENCY = "UNKNOWN_DEPENDENCY"
-    DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
-    TOO_LARGE = "TOO_LARGE"
-    """Over the submission size limit; refused before parsing."""
-    TOO_DEEP = "TOO_DEEP"
-    """Objects and arrays nested deeper than the limit; refused before parsing."""
-    TOO_MANY_FIELDS = "TOO_MANY_FIELDS"
-    """More members and items than the limit; refused before parsing."""
-    PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
-    """A job path outside the prefixes the operator allows."""
-    ENV_NOT_ALLOWED = "ENV_NOT_ALLOWED"
-    """An environment name that changes how code is loaded (``LD_*``, ``PYTHONPATH``...), not allowed here."""
-
-
 class FieldError(Model):
     field: str
     problem: str
     input: str | None = None
 
-
-class PendingReason(StrEnum):
-    """Why a job is not running yet. The scheduler and the queue keep one current reason per pending job."""
-
-    NO_NODES = "NO_NODES"
-    NO_FIT = "NO_FIT"
-    GPU_MODEL_MISMATCH = "GPU_MODEL_MISMATCH"
-    INSUFFICIENT_TFLOPS = "INSUFFICIENT_TFLOPS"
-    INSUFFICIENT_GPUS = "INSUFFICIENT_GPUS"
-    INSUFFICIENT_MEMORY = "INSUFFICIENT_MEMORY"
-    INSUFFICIENT_CPU = "INSUFFICIENT_CPU"
-    LOAD_TOO_HIGH = "LOAD_TOO_HIGH"
-    WAITING_FOR_ARTIFACT = "WAITING_FOR_ARTIFACT"
-    WAITING_FOR_DEPENDENCY = "WAITING_FOR_DEPENDENCY"
-    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
-    RESERVED_FOR_HIGHER_PRIORITY = "RESERVED_FOR_HIGHER_PRIORITY"
-    PREEMPTING = "PREEMPTING"
-    RETRY_BACKOFF = "RETRY_BACKOFF"
-    DISK_FULL = "DISK_FULL"
-    """Every node that could take the job has less free space on its output disk (where checkpoints and outputs go)
-    than the floor: the message names them. The job starts once a disk has room."""
-
-
-class FailureCause(StrEnum):
-    PROCESS_EXIT = "PROCESS_EXIT"
-    KILLED = "KILLED"
-    USER_ERROR = "USER_ERROR"
-    COMM_ERROR = "COMM_ERROR"
-    NODE_LOST = "NODE_LOST"
-    MISSING_ARTIFACT = "MISSING_ARTIFACT"
-    LAUNCH_ERROR = "LAUNCH_ERROR"
-    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
-    OOM = "OOM"
-    GPU_FAULT = "GPU_FAULT"
-    SYNC_TIMEOUT = "SYNC_TIMEOUT"
-    REVOKED = "REVOKED"
-    FENCED = "FENCED"
-    """The shard stopped because its node lost the bus: its agent, or the shard itself, fenced it once the lease ran
-    out. Nobody re-forms the gang on purpose, so the fault manager does."""
-    START_TIMEOUT = "START_TIMEOUT"
-    """Reported by the scheduler, not an agent: the shard was not reported started within the start deadline of its
-    assignment (its agent took it and died or hung), so the scheduler revoked it."""
-    ORPHANED = "ORPHANED"
-    """Reported by the scheduler, not an agent: past its start deadline, the shard's node has not reported it running
-    for longer than the reservation grace (its agent restarted, or its process vanished without a report), so the
-    scheduler revoked it and its GPUs came free."""
-    INVALID_SPEC = "INVALID_SPEC"
-    """Reported by the scheduler on a job it could not decide for: its spec breaks placement (a value no admission
-    accepts, e.g. a ready job produced straight to the lifecycle topic). The job fails; the other jobs are placed."""
-    DISK_FULL = "DISK_FULL"
-    """A write failed for want of space (``ENOSPC``, ``EDQUOT``), or the shard failed while its node's output disk
-    was full: the message names the path and the free space left. The job moves to a node with room outside its
-    retry budget, or waits until a disk has room (``shardyard.fault_manager.recovery.free_move``): never retried on
-    the same full disk."""
-    IO_ERROR = "IO_ERROR"
     """The disk failed a read or write (``EIO``, or ``EROFS``: a filesystem remounted read-only after errors): the
     message names the path. The node is kept out of the job's retries, as for a GPU fault."""
 

@@ -15,11 +15,12 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from shardyard.events.job import MAX_SEED as MAX_SEED  # re-exported: the submission limits are all here
 from shardyard.events.job import Argument, EnvName, EnvValue, TrainingParams
+from shardyard.quotas import DEFAULT_QUEUE as DEFAULT_QUEUE  # re-exported: submissions name it
 from shardyard.units import parse_bytes
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-DEFAULT_QUEUE: Final = "default"
+
 MAX_OWNER_CHARS: Final = 128
 MAX_PATH_BYTES: Final = 4096
 """PATH_MAX on Linux: a longer job path cannot be opened on any node."""

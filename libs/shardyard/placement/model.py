@@ -8,6 +8,7 @@ from typing import Literal
 
 from shardyard.events import JobSpec, MissingArtifact, NodeStatus, PendingReason, ShardPlacement
 from shardyard.events.job import CoordinatorSource
+from shardyard.quotas import DEFAULT_QUEUE, QueuesConfig
 from shardyard.units import format_bytes
 
 
@@ -113,6 +114,8 @@ class RunningJob:
     expected_end: datetime | None = None
     """When the gang is expected to end (declared or estimated duration); None: unknown. Once a gang is past it, it
     is expected to run on as long again as it has run in this attempt (``cycle.overrun_end``)."""
+    queue: str = DEFAULT_QUEUE
+    """The queue its job was submitted to (quotas and reclaim count it there)."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Its GPUs, all shards together (worked out once: every cycle reads it)."""
     started_us: int = field(init=False, repr=False, compare=False)
@@ -145,6 +148,9 @@ class Snapshot:
     gangs_on: Mapping[str, Sequence[RunningJob]] | None = None
     """Node id -> the ``running`` gangs holding GPUs there, when the caller keeps this map up to date across cycles
     (the simulator does); None: the cycle builds it from ``running`` when a reservation needs it."""
+    quotas: QueuesConfig | None = None
+    """The cluster's queues (``shardyard.quotas``): quotas, borrowing, fair share and reclaim. None: one queue
+    without quotas, placement as it always was."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ class Usage:
                     preempted_by=gang.preempted_by,
                     attained_gpu_s=ran,
                     expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran, runs.get(gang.spec.job_id)),
+                    queue=gang.spec.queue,
                 )
             )
         return usage

@@ -16,6 +16,7 @@ from shardyard.bus.topics import (
     LIFECYCLE,
     LINKS,
     NODE_STATE,
+    QUEUES,
     REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
@@ -51,6 +52,7 @@ from shardyard.events import (
     NodeDrain,
     NodeLost,
     PendingReason,
+    QueuesConfigured,
     ReclaimCandidate,
     RedundancyChanged,
     RejectReason,
@@ -65,6 +67,7 @@ from shardyard.events import (
     StopReason,
     lease_of,
 )
+from shardyard.quotas import parse_queues
 from tests.unit.builders import (
     assignment,
     at,
@@ -242,6 +245,17 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
         "policy",
     ),
     (
+        QueuesConfigured(
+            occurred_at=at(1),
+            config=parse_queues("queues:\n  team-a: {gpus: {A100: 4}}\n"),
+            version="0" * 64,
+            source="/etc/shardyard/queues.yaml",
+            published_by="queue-0",
+        ),
+        QUEUES,
+        "queues",
+    ),
+    (
         AlertFiring(
             occurred_at=at(2),
             rule=AlertRule.NODE_SUSPECT,
@@ -323,7 +337,7 @@ def test_topic_names_are_unique() -> None:
 
 
 def test_only_the_state_topics_are_compacted() -> None:
-    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name, LINKS.name]
+    assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name, LINKS.name, QUEUES.name]
     assert NODE_STATE.configs == {"cleanup.policy": "compact"}
 
 
