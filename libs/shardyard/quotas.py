@@ -22,6 +22,7 @@ cohort's queues borrow already, capped by ``q``'s borrow limit. CPU and memory q
 """
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,11 +83,11 @@ class QueuesConfig(BaseModel):
     @field_validator("queues", mode="after")
     @classmethod
     def _names(cls, value: dict[str, QueueSpec]) -> dict[str, QueueSpec]:
-        import re
-
         for name in value:
             if not re.match(NAME_PATTERN, name):
-                raise ValueError(f"queue name {name!r}: letters, digits, '.', '_' and '-', 1-64 long, a letter or digit first")
+                raise ValueError(
+                    f"queue name {name!r}: letters, digits, '.', '_' and '-', 1-64 long, a letter or digit first"
+                )
         return value
 
     def queue(self, name: str) -> QueueSpec | None:
@@ -180,9 +181,11 @@ class Ledger:
     cpu: dict[str, float] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
 
-    def add(self, queue: str, model: str, gpus: int, cpu: float = 0.0, memory: int = 0) -> None:
+    def add(self, queue: str, model: str, gpus: int) -> None:
         per_model = self.used.setdefault(queue, {})
         per_model[model] = per_model.get(model, 0) + gpus
+
+    def add_resources(self, queue: str, cpu: float, memory: int) -> None:
         self.cpu[queue] = self.cpu.get(queue, 0.0) + cpu
         self.memory[queue] = self.memory.get(queue, 0) + memory
 

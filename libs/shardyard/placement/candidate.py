@@ -96,11 +96,15 @@ class Candidate:
         "memory_per_shard",
         "model_path",
         "pending",
+        "quota_models",
         "spec",
     )
 
-    def __init__(self, job: PendingJob, index: ClusterIndex, now: datetime) -> None:
+    def __init__(
+        self, job: PendingJob, index: ClusterIndex, now: datetime, quota_models: frozenset[str] | None = None
+    ) -> None:
         self.pending = job
+        self.quota_models = quota_models
         self.spec = job.spec
         self.k = job.spec.shard_count
         self.memory_per_shard = job.spec.memory_per_shard
@@ -133,4 +137,5 @@ class Candidate:
             spec.min_match if self.degraded else None,
             self.excluded,
             spec.priority,
+            spec.queue,
         )

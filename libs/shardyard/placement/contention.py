@@ -25,6 +25,7 @@ from shardyard.placement.filters import (
     IDENTITY,
     Filter,
     GangFilter,
+    Match,
     StateFilter,
     absent_artifacts,
     bucket_failing,
@@ -217,8 +218,10 @@ def _reason(counted: Tally, k: int) -> PendingReason:
     if counted.nodes == 0:
         return PendingReason.NO_NODES
     if counted.survivors == 0:
-        # A job that asks for a GPU the cluster lacks hears that, rather than that some nodes are down.
-        stopped: list[Filter] = [f for f in GROUP_FILTERS if counted.counts[f.name]]
+        # A job that asks for a GPU the cluster lacks hears that, rather than that some nodes are down; one whose
+        # kind is there but held back from every placement (its queue's quota) hears that first.
+        stopped: list[Filter] = [f for f in GROUP_FILTERS if f.match is Match.ANY and counted.counts[f.name]]
+        stopped = stopped or [f for f in GROUP_FILTERS if counted.counts[f.name]]
         stopped = stopped or [f for f in IDENTITY if counted.counts[f.name]]
         return stopped[0].reason
     remaining = counted.free
@@ -269,10 +272,10 @@ def choose_victims(
 
     The order makes the walk stop at the first gang ``job`` cannot outrank for good: one of a higher priority, or of
     its own priority in a LAS queue no later than its own (the rest of its priority come in earlier queues still)."""
-    return _enough(index, job, _outranked(job, order, index.policy, now), passing)
+    return enough(index, job, outranked(job, order, index.policy, now), passing)
 
 
-def _outranked(job: Candidate, order: Sequence[VictimEntry], policy: Policy, now: datetime) -> Iterator[RunningJob]:
+def outranked(job: Candidate, order: Sequence[VictimEntry], policy: Policy, now: datetime) -> Iterator[RunningJob]:
     priority = job.spec.priority
     las = policy.order == "las"
     queue = pending_queue(job.pending, policy, now) if las else 0
@@ -287,7 +290,7 @@ def _outranked(job: Candidate, order: Sequence[VictimEntry], policy: Policy, now
         yield gang
 
 
-def _enough(index: ClusterIndex, job: Candidate, victims: Iterable[RunningJob], passing: int) -> list[RunningJob]:
+def enough(index: ClusterIndex, job: Candidate, victims: Iterable[RunningJob], passing: int) -> list[RunningJob]:
     """The first of ``victims`` whose GPUs, with the ``passing`` ones, fit ``job``; empty when all of them do not."""
     freed: dict[str, list[float]] = {}  # node -> [gpus, memory, cpu]
     chosen: list[RunningJob] = []

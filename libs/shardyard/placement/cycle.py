@@ -29,8 +29,10 @@ from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue
 from shardyard.placement.contention import (
     VictimEntry,
     choose_victims,
+    enough,
     explain,
     hold_for,
+    outranked,
     preempting_verdict,
     reserve_for,
     victim_order,
@@ -50,6 +52,7 @@ from shardyard.placement.model import (
     Unschedulable,
 )
 from shardyard.placement.plan import Waiting, plan_starts
+from shardyard.placement.quota import QuotaCycle, queue_models
 from shardyard.placement.standing import StandingIndex
 
 
@@ -89,6 +92,8 @@ class PlacementCycle:
         self.reservations = self.policy.reservations
         self.held: list[tuple[datetime, list[Slot]]] = []
         """The reservations of this cycle with a known start: (start, the nodes held)."""
+        self.quota = None if snapshot.quotas is None else QuotaCycle(snapshot.quotas, self.index, snapshot.running)
+        """The queues' quotas, fair share and reclaim (``placement.quota``); None: one queue, no quotas."""
 
     def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
         """Queue order (``candidate.queue_key``, by ``Policy.order``)."""
@@ -123,7 +128,8 @@ class PlacementCycle:
             wait = (pending_job.not_before - self.now).total_seconds()
             message = f"recovering: retry backoff, next attempt in {wait:.1f}s"
             return [Unschedulable(pending_job.spec.job_id, PendingReason.RETRY_BACKOFF, message)]
-        job = Candidate(pending_job, index, self.now)
+        quota = self.quota
+        job = Candidate(pending_job, index, self.now, None if quota is None else quota.allowed(pending_job))
         shape = job.shape()
         known = self.unplaceable.get(shape)
         if known is not None:
@@ -136,6 +142,9 @@ class PlacementCycle:
             self._hold_placed(pending_job, placed)
             return [placed]
         verdict, passing = explain(index, job, self.now)
+        if quota is not None and verdict.reason is PendingReason.QUOTA_EXCEEDED:
+            models = [job.spec.gpu_model] if job.spec.gpu_model and not job.degraded else quota.capacity
+            return [replace(verdict, message=f"{quota.why(pending_job, models)}; {verdict.message}")]
         victims = self.waiting_on.get(job.spec.job_id)
         if victims:
             hold_for(index, victims, job.spec.job_id)
@@ -143,7 +152,7 @@ class PlacementCycle:
         if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
             if self._victims is None:
                 self._victims = victim_order(self.running, policy, self.now)
-            chosen = choose_victims(index, job, self._victims, passing, self.now)
+            chosen = self._choose_victims(job, self._victims, passing)
             if chosen:
                 hold_for(index, chosen, job.spec.job_id)
                 return [
@@ -162,6 +171,17 @@ class PlacementCycle:
                 return [replace(verdict, estimated_start=start)]
         return [verdict]
 
+    def _choose_victims(self, job: Candidate, order: list[VictimEntry], passing: int) -> list[RunningJob]:
+        """The gangs to preempt for ``job``: by priority (``contention.choose_victims``); with queues, the borrowers
+        its queue may reclaim from first, and priority preemption only within its queue (``placement.quota``)."""
+        if self.quota is None:
+            return choose_victims(self.index, job, order, passing, self.now)
+        policy, now = self.policy, self.now
+        victims = self.quota.victims(
+            job.pending, queue_models(job.eligible), lambda: outranked(job, order, policy, now), now
+        )
+        return enough(self.index, job, victims, passing)
+
     def _hold_placed(self, job: PendingJob, placed: Place) -> None:
         """A gang placed this cycle holds its nodes, until its expected end, for a reservation there too."""
         run_s = job.expected_run_s
@@ -175,6 +195,8 @@ class PlacementCycle:
         )
         for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
             self._placed_on.setdefault(node_id, []).append(gang)
+        if self.quota is not None:
+            self.quota.placed(job, placed)
 
     def gangs_at(self, node_id: str) -> list[RunningJob]:
         """The gangs holding GPUs on ``node_id`` (when a reservation there can start): the snapshot's, from its
@@ -298,8 +320,15 @@ def schedule(
         cycle = PlacementCycle(snapshot, policy, now=now, index=index)
         queued, invalid = cycle.queue(pending)
         decisions: list[Decision] = [*invalid]
-        for job in queued:
-            decisions.extend(cycle.decide_safely(job))
+        if cycle.quota is not None:
+            turns = list[PendingJob]()
+            for job in cycle.quota.turns(queued):  # between queues by fair share, placing as it goes
+                turns.append(job)
+                decisions.extend(cycle.decide_safely(job))
+            queued = turns
+        else:
+            for job in queued:
+                decisions.extend(cycle.decide_safely(job))
         return cycle.with_estimates(snapshot, queued, decisions)
     finally:
         if index is not None:

@@ -62,6 +62,8 @@ class Wants(Protocol):
     excluded: frozenset[str]
     model_path: str
     dataset_path: str
+    quota_models: frozenset[str] | None
+    """The GPU models its queue has quota for now (``placement.quota``); None: the cluster has no queues file."""
 
 
 class Match(StrEnum):
@@ -71,6 +73,8 @@ class Match(StrEnum):
     """The job's own GPU model and TFLOPS."""
     DEGRADED = "degraded"
     """A lower match, down to the job's ``min_match``: once it has waited ``max_wait_s``, if it opted in."""
+    ANY = "any"
+    """Every placement, full or degraded."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,6 +152,11 @@ def _match_above_floor(group: Kind, job: Wants) -> bool:
     return match_score(group.tflops, spec.min_tflops) >= floor - 1e-9
 
 
+def _within_quota(group: Kind, job: Wants) -> bool:
+    allowed = job.quota_models
+    return allowed is None or group.model in allowed
+
+
 def _has_artifacts(node: Node, job: Wants) -> bool:
     artifacts = node.artifacts
     return job.model_path in artifacts and job.dataset_path in artifacts
@@ -178,6 +187,7 @@ DRAINING: Final = "node draining"
 MODEL: Final = "GPU model mismatch"
 TFLOPS: Final = "TFLOPS below minimum"
 MATCH: Final = "match below min_match"
+QUOTA: Final = "over its queue's quota"
 LOAD: Final = "load above {policy.load_threshold:.0%}"
 DISK: Final = "output disk below {policy.disk_floor} free"
 RESERVED: Final = "reserved for a higher-priority job"
@@ -201,6 +211,10 @@ FILTERS: Final = (
     ),
     # In place of the two above once a job that opted in has waited long enough: TFLOPS down to its floor.
     GroupFilter(MATCH, PendingReason.GPU_MODEL_MISMATCH, _match_above_floor, Match.DEGRADED),
+    # A GPU model the job's queue has no quota left for (its nominal, and what its cohort lends now): the job waits
+    # for its queue's jobs to end or for quota to come idle (``placement.quota``). Last of the group filters: a node
+    # of the kind the job asks for, held back by quota, says so rather than that it is the wrong kind.
+    GroupFilter(QUOTA, PendingReason.QUOTA_EXCEEDED, _within_quota, Match.ANY),
     # S16: a node at or above the load threshold takes no new shards (the job waits for the load to drop).
     StateFilter(LOAD, PendingReason.LOAD_TOO_HIGH, lambda node, policy: node.load < policy.load_threshold),
     # Its output disk (checkpoints, the final model) has less room than the floor: a shard would fail DISK_FULL
@@ -242,8 +256,8 @@ _past_resources = max(i for i, f in enumerate(NODE_FILTERS) if f.resource) + 1
 CAPPED: Final = frozenset(f.name for f in NODE_FILTERS[_past_resources:])
 """Node filters after the resource ones: a node that fails one had only its capacity to offer, not all its free GPUs."""
 
-_FULL: Final = tuple(f for f in GROUP_FILTERS if f.match is Match.FULL)
-_DEGRADED: Final = tuple(f for f in GROUP_FILTERS if f.match is Match.DEGRADED)
+_FULL: Final = tuple(f for f in GROUP_FILTERS if f.match in (Match.FULL, Match.ANY))
+_DEGRADED: Final = tuple(f for f in GROUP_FILTERS if f.match in (Match.DEGRADED, Match.ANY))
 
 
 def state_failing(node: Node, policy: Policy) -> StateFilter | None:
@@ -269,7 +283,7 @@ def group_failing(group: Kind, job: Wants) -> GroupFilter | None:
 
 def full_match(group: Kind, job: Wants) -> bool:
     """Whether ``group`` passes the full-match filters: a shard of ``job`` placed there is not degraded."""
-    return all(f.check(group, job) for f in _FULL)
+    return all(f.check(group, job) for f in _FULL if f.match is Match.FULL)
 
 
 @cache

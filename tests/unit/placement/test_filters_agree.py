@@ -36,6 +36,8 @@ class Case:
     """Two shards of A100 (35 TFLOPS), 32 GiB and 4 cores each."""
     reserved: frozenset[str] = frozenset()
     """Nodes a higher-priority job reserved earlier in the cycle."""
+    quota_models: frozenset[str] | None = None
+    """The GPU models the job's queue has quota for (None: no queues)."""
 
 
 def failing_each_filter() -> tuple[NodeView, ...]:
@@ -80,6 +82,12 @@ CASES = {
     "match-below-the-degraded-floor": Case(
         (node("v1", "V100", 4),), {"v1": filters.MATCH}, filters.TOO_FEW, pending(min_match=0.5, max_wait_s=0)
     ),
+    "quota": Case(
+        (node("h1", "H100"), node("a1"), node("a2")),
+        {"h1": filters.QUOTA},
+        job=pending(gpu_model=None, min_tflops=30.0),
+        quota_models=frozenset({"A100"}),
+    ),
     "load": Case((node("a1", cpu_load=0.5), node("a2")), {"a1": filters.LOAD}),
     "disk-below-the-floor": Case(
         (node("a1", disk_free_bytes=GIB - 1), node("a2", disk_free_bytes=GIB), node("a3")), {"a1": filters.DISK}
@@ -114,7 +122,7 @@ def candidate_on(case: Case, *, without: str | None = None) -> tuple[ClusterInde
     index = ClusterIndex([view for view in case.nodes if view.node_id != without], Policy())
     for node_id in sorted(case.reserved & index.slots.keys()):
         index.reserve(index.slots[node_id], "job-0")
-    return index, Candidate(case.job, index, at(1))
+    return index, Candidate(case.job, index, at(1), case.quota_models)
 
 
 def stopped_by(case: Case) -> dict[str, str]:

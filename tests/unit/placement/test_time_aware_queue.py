@@ -10,7 +10,7 @@ import pytest
 
 from shardyard.events import PendingReason
 from shardyard.placement.candidate import Candidate, outranks, pending_queue, queue_key, running_queue
-from shardyard.placement.contention import _outranked, victim_order
+from shardyard.placement.contention import outranked, victim_order
 from shardyard.placement.index import ClusterIndex
 from shardyard.placement.model import Decision, PendingJob, Place, Policy, Preempt, RunningJob
 from tests.unit.builders import GIB, at
@@ -201,4 +201,4 @@ def test_the_victim_walk_takes_exactly_the_gangs_a_job_outranks_in_victim_order(
                 key=lambda g: (g.priority, -running_queue(g, policy, now), -g.started_at.timestamp(), g.job_id),
             )
 
-            assert list(_outranked(Candidate(job, index, now), walk, policy, now)) == expected
+            assert list(outranked(Candidate(job, index, now), walk, policy, now)) == expected
