@@ -180,9 +180,16 @@ class Ledger:
     """queue -> GPU model -> GPUs its running jobs hold."""
     cpu: dict[str, float] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
+    claimed: dict[str, dict[str, int]] = field(default_factory=dict)
+    """queue -> GPU model -> idle nominal quota its waiting jobs want: not idle, so not lent."""
 
     def add(self, queue: str, model: str, gpus: int) -> None:
         per_model = self.used.setdefault(queue, {})
+        per_model[model] = per_model.get(model, 0) + gpus
+
+    def claim(self, queue: str, model: str, gpus: int) -> None:
+        """A job of ``queue`` waits for ``gpus`` of ``model`` within its nominal quota: the cohort borrows none."""
+        per_model = self.claimed.setdefault(queue, {})
         per_model[model] = per_model.get(model, 0) + gpus
 
     def add_resources(self, queue: str, cpu: float, memory: int) -> None:
@@ -201,7 +208,8 @@ class Ledger:
 
     def idle_lendable(self, queue: str, model: str) -> int:
         spec = self.config.queues[queue]
-        return _lendable(spec, model, self.nominal(queue, model) - self.holds(queue, model))
+        idle = self.nominal(queue, model) - self.holds(queue, model) - self.claimed.get(queue, {}).get(model, 0)
+        return _lendable(spec, model, idle)
 
     def headroom(self, queue: str, model: str) -> int:
         """How many more GPUs of ``model`` queue ``queue`` may take now: its idle nominal, then what it may borrow

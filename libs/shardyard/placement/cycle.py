@@ -55,6 +55,9 @@ from shardyard.placement.plan import Waiting, plan_starts
 from shardyard.placement.quota import QuotaCycle, queue_models
 from shardyard.placement.standing import StandingIndex
 
+CLAIMING = RESERVABLE | {PendingReason.PREEMPTING}
+"""A job that waits for one of these within its queue's nominal quota claims it (``placement.quota``)."""
+
 
 class PlacementCycle:
     """One scheduling cycle over a snapshot: ``decide`` each pending job in queue order (``schedule`` does).
@@ -324,7 +327,10 @@ def schedule(
             turns = list[PendingJob]()
             for job in cycle.quota.turns(queued):  # between queues by fair share, placing as it goes
                 turns.append(job)
-                decisions.extend(cycle.decide_safely(job))
+                decided = cycle.decide_safely(job)
+                decisions.extend(decided)
+                if any(isinstance(d, Unschedulable) and d.reason in CLAIMING for d in decided):
+                    cycle.quota.unplaced(job)
             queued = turns
         else:
             for job in queued:

@@ -103,19 +103,37 @@ class QuotaCycle:
         return dominant_share(self.ledger, queue, self.capacity, self.tflops, self.cpu_capacity, self.memory_capacity)
 
     def turns(self, queued: Sequence[PendingJob]) -> Iterator[PendingJob]:
-        """``queued`` (in queue order), interleaved by fair share: each next job from the queue with the lowest
-        share now. Lazily: the caller decides each job (and ``placed`` counts it) before asking for the next."""
+        """``queued`` (in queue order), interleaved by fair share: each next job from the queue whose next job fits
+        within its nominal quota, then with the lowest share now. Lazily: the caller decides each job (and
+        ``placed`` or ``unplaced`` counts it) before asking for the next."""
         lines: dict[str, deque[PendingJob]] = {}
         for job in queued:
             lines.setdefault(job.spec.queue, deque()).append(job)
-        heap = [(self.share(queue), queue) for queue in lines]
+        heap = [self._turn(queue, line[0]) for queue, line in lines.items()]
         heapq.heapify(heap)
         while heap:
-            _share, queue = heapq.heappop(heap)
+            *_key, queue = heapq.heappop(heap)
             line = lines[queue]
             yield line.popleft()
             if line:
-                heapq.heappush(heap, (self.share(queue), queue))
+                heapq.heappush(heap, self._turn(queue, line[0]))
+
+    def _turn(self, queue: str, head: PendingJob) -> tuple[bool, float, str]:
+        """A queue's place in line: a job that would borrow comes after those that fit in their nominal quota (the
+        lender's quota is not idle while its own jobs want it), then by share."""
+        return not self.within_nominal(head), self.share(queue), queue
+
+    def within_nominal(self, job: PendingJob) -> set[str]:
+        """The GPU models whose nominal quota of ``job``'s queue holds its gang (with what the queue holds now)."""
+        queue, need = job.spec.queue, job.spec.gpu_count
+        wanted = [job.spec.gpu_model] if job.spec.gpu_model and job.spec.min_match is None else self.capacity
+        return {m for m in wanted if self.ledger.holds(queue, m) + need <= self.ledger.nominal(queue, m)}
+
+    def unplaced(self, job: PendingJob) -> None:
+        """A job not placed this cycle that fits in its queue's nominal quota claims it: the cohort borrows none of
+        it in the rest of the cycle (borrowing is of idle quota only)."""
+        for model in self.within_nominal(job):
+            self.ledger.claim(job.spec.queue, model, job.spec.gpu_count)
 
     # --- reclaim -------------------------------------------------------------------------------------------------
     def victims(
@@ -127,8 +145,8 @@ class QuotaCycle:
     ) -> Iterator[RunningJob]:
         """The gangs ``job`` may preempt, in the order they are taken: first the borrowers it may reclaim from on
         ``models`` it may use (see the module's doc), then ``same_queue``'s, by priority preemption."""
-        queue, need = job.spec.queue, job.spec.gpu_count
-        within = {m for m in models if self.ledger.holds(queue, m) + need <= self.ledger.nominal(queue, m)}
+        queue = job.spec.queue
+        within = self.within_nominal(job) & set(models)
         if within:
             yield from self._reclaimable(queue, within, now)
         yield from (gang for gang in same_queue() if gang.queue == queue)

@@ -10,7 +10,7 @@ from shardyard.events import PendingReason
 from shardyard.placement.cycle import schedule
 from shardyard.placement.model import Decision, NodeView, PendingJob, Place, Preempt, RunningJob, Snapshot
 from shardyard.quotas import Ledger, QueuesFileError, dominant_share, parse_queues
-from tests.unit.builders import at
+from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, node, pending, running
 
 TWO_TEAMS = """
@@ -74,6 +74,26 @@ def test_an_idle_queues_quota_is_borrowed_within_its_cohort() -> None:
     decisions = cycle(TWO_TEAMS, cluster(4), jobs("a", 4))
 
     assert gpus_placed(decisions) == {"a": 8}
+
+
+def test_a_lenders_waiting_job_keeps_its_quota_from_being_borrowed() -> None:
+    # a's gang of 8 would borrow all of b's idle 4; b's own job (within its nominal) goes first, and the 2 GPUs b
+    # does not use now are all a could borrow: not enough.
+    queued = [pending("a-big", queue="a", gpu_count=8), *jobs("b", 1)]
+    decisions = cycle(TWO_TEAMS, cluster(4), queued)
+
+    assert gpus_placed(decisions) == {"b": 2}
+    assert blocked(next(d for d in decisions if d.job_id == "a-big")).reason is PendingReason.QUOTA_EXCEEDED
+
+
+def test_a_lenders_job_waiting_on_capacity_claims_its_quota() -> None:
+    # b's gang wants more memory a shard than any node has, and waits: its 4 are not idle, a borrows none of them.
+    wide = pending("b-wide", queue="b", gpu_count=4, memory_bytes=4096 * GIB)
+    queued = [pending("a-big", queue="a", gpu_count=6), wide]
+    decisions = cycle(TWO_TEAMS, cluster(4), queued)
+
+    assert not gpus_placed(decisions)
+    assert blocked(next(d for d in decisions if d.job_id == "a-big")).reason is PendingReason.QUOTA_EXCEEDED
 
 
 def test_a_lend_limit_caps_what_the_cohort_borrows() -> None:
