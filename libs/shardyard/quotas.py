@@ -182,15 +182,36 @@ class Ledger:
     memory: dict[str, int] = field(default_factory=dict)
     claimed: dict[str, dict[str, int]] = field(default_factory=dict)
     """queue -> GPU model -> idle nominal quota its waiting jobs want: not idle, so not lent."""
+    _cohort: dict[tuple[str, str], list[int]] = field(default_factory=dict, repr=False)
+    """(cohort, model) -> [the members' idle lendable quota, what they borrow], summed when first asked and kept up
+    to date by ``add`` and ``claim``: a cycle asks for a headroom per job, at any number of queues."""
 
     def add(self, queue: str, model: str, gpus: int) -> None:
-        per_model = self.used.setdefault(queue, {})
-        per_model[model] = per_model.get(model, 0) + gpus
+        self._change(self.used, queue, model, gpus)
 
     def claim(self, queue: str, model: str, gpus: int) -> None:
         """A job of ``queue`` waits for ``gpus`` of ``model`` within its nominal quota: the cohort borrows none."""
-        per_model = self.claimed.setdefault(queue, {})
+        self._change(self.claimed, queue, model, gpus)
+
+    def _change(self, table: dict[str, dict[str, int]], queue: str, model: str, gpus: int) -> None:
+        spec = self.config.queue(queue)
+        totals = None if spec is None or spec.cohort is None else self._cohort.get((spec.cohort, model))
+        if totals is not None:
+            totals[0] -= self.idle_lendable(queue, model)
+            totals[1] -= self.borrowed(queue, model)
+        per_model = table.setdefault(queue, {})
         per_model[model] = per_model.get(model, 0) + gpus
+        if totals is not None:
+            totals[0] += self.idle_lendable(queue, model)
+            totals[1] += self.borrowed(queue, model)
+
+    def _cohort_totals(self, cohort: str, model: str) -> list[int]:
+        totals = self._cohort.get((cohort, model))
+        if totals is None:
+            peers = self.config.members(cohort)
+            totals = [sum(self.idle_lendable(p, model) for p in peers), sum(self.borrowed(p, model) for p in peers)]
+            self._cohort[(cohort, model)] = totals
+        return totals
 
     def add_resources(self, queue: str, cpu: float, memory: int) -> None:
         self.cpu[queue] = self.cpu.get(queue, 0.0) + cpu
@@ -218,10 +239,10 @@ class Ledger:
         if spec is None:
             return 0
         own = max(0, spec.gpus.get(model, 0) - self.holds(queue, model))
-        peers = self.config.members(spec.cohort)
-        pool = sum(self.idle_lendable(peer, model) for peer in peers if peer != queue)
-        taken = sum(self.borrowed(peer, model) for peer in peers)
-        free_in_cohort = max(0, pool - taken)
+        if spec.cohort is None:
+            return own
+        pool, taken = self._cohort_totals(spec.cohort, model)
+        free_in_cohort = max(0, pool - self.idle_lendable(queue, model) - taken)
         limit = spec.borrow.get(model)
         may = free_in_cohort if limit is None else max(0, min(free_in_cohort, limit - self.borrowed(queue, model)))
         return own + may

@@ -1,7 +1,9 @@
 """Queues in the placement cycle (``placement.quota``): quota per GPU model, borrowing idle quota of the cohort,
 fair share between queues, and reclaim of borrowed GPUs; and the queues file itself (``shardyard.quotas``)."""
 
+import random
 from collections import Counter
+from copy import deepcopy
 from typing import Any
 
 import pytest
@@ -241,3 +243,18 @@ def test_a_bad_queues_file_is_refused_with_its_line_and_reason(text: str, line: 
 
     assert refused.value.line == line
     assert reason in refused.value.reason
+
+
+def test_the_ledgers_kept_cohort_totals_match_a_fresh_count() -> None:
+    config = parse_queues(
+        "queues:\n"
+        + "".join(f"  q{i}: {{cohort: lab, gpus: {{A100: {i}}}, lend: {{A100: {i // 2}}}}}\n" for i in range(6))
+        + "  solo: {gpus: {A100: 3}}\n"
+    )
+    kept = Ledger(config)
+    rng = random.Random(7)
+    for _ in range(300):
+        queue, gpus = rng.choice([*config.queues]), rng.randint(0, 3)
+        (kept.add if rng.random() < 0.7 else kept.claim)(queue, "A100", gpus)
+        fresh = Ledger(config, used={q: dict(m) for q, m in kept.used.items()}, claimed=deepcopy(kept.claimed))
+        assert [kept.headroom(q, "A100") for q in config.queues] == [fresh.headroom(q, "A100") for q in config.queues]
