@@ -111,6 +111,22 @@ class QueuesConfig(BaseModel):
         limit = spec.borrow.get(model)
         return spec.gpus.get(model, 0) + (lendable if limit is None else min(limit, lendable))
 
+    def never_fits(self, name: str, gpus: int, model: str | None, cpu: float, memory: int) -> str | None:
+        """Why a gang of ``gpus`` GPUs (of ``model``; None: of any one model), ``cpu`` cores and ``memory`` bytes
+        could never run in queue ``name``, whatever the others do: more GPUs than its nominal plus all it could
+        borrow, for every model it could use, or more CPU or memory than its quota. None: it could."""
+        spec = self.queues[name]
+        if spec.cpu is not None and cpu > spec.cpu + 1e-9:
+            return f"it needs {cpu:g} CPU cores; queue {name}'s quota is {spec.cpu:g}"
+        if spec.memory is not None and memory > spec.memory:
+            return f"it needs {memory} bytes of memory; queue {name}'s quota is {spec.memory}"
+        models = [model] if model is not None else self.models()
+        most = {candidate: self.ever(name, candidate) for candidate in models}
+        if any(count >= gpus for count in most.values()):
+            return None
+        could = ", ".join(f"{candidate}: {count}" for candidate, count in sorted(most.items())) or "no GPU model"
+        return f"it needs {gpus} GPUs of one model; queue {name} could ever hold (nominal plus borrowable) {could}"
+
 
 class QueuesFileError(ValueError):
     """A queues file that cannot be used, with the line of the first fault (1-based; 0 when it has none)."""
@@ -250,7 +266,9 @@ class Ledger:
     def lent(self, queue: str, model: str) -> int:
         """How much of ``queue``'s idle nominal its cohort's borrowers hold: their borrowing, shared out over the
         lenders in name order (each lends at most its idle lendable quota)."""
-        spec = self.config.queues[queue]
+        spec = self.config.queue(queue)
+        if spec is None:
+            return 0  # a queue no file configures lends nothing
         peers = self.config.members(spec.cohort)
         owed = sum(self.borrowed(peer, model) for peer in peers if peer != queue)
         for peer in peers:

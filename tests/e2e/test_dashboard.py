@@ -129,6 +129,8 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             assert JOB in text and "RUNNING" in text and "live · updated" in text
             assert "A100" in text and "in use" in text
             assert "loading…" not in text  # every panel drew, alerts too (firing, none, or not served yet)
+            rows = dom.find("tr", data_queue="default")  # the queues panel: the job's queue, its A100s in use
+            assert rows and rows[0]["data-model"] == "A100", rows
 
             # A job waiting on capacity shows when it is expected to start.
             expected = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)

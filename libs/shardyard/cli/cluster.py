@@ -4,7 +4,6 @@ and node agents with declared simulated GPUs. Its run folder holds ``cluster.jso
 import contextlib
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from shardyard.cli.children import (
     wait_ready,
 )
 from shardyard.cli.rundir import SHARD_LOGS, new_run_id
+from shardyard.cli.stopping import stop_processes
 from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
@@ -36,6 +36,8 @@ from shardyard.jobdb.urls import default_url
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting", "monitor")
 ACCOUNTING_URL_TO = ("accounting", "monitor")
 """The services ``up`` gives ``--accounting-url``: the one that writes the database and the one that serves it."""
+QUEUES_FILE_TO = ("queue", "scheduler")
+"""The services ``up`` gives ``--queues-file``: they read it (again on each change) and publish it."""
 REPLICAS = 2
 """Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
 by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
@@ -201,17 +203,18 @@ def up(
     supervise: bool = True,
     accounting_url: str | None = None,
     demo_data: bool = False,
+    queues_file: Path | None = None,
 ) -> ClusterInfo:
-    """Start a local cluster and return once every service announced itself and every node is ALIVE.
-
-    A process that exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest
-    is stopped; one that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times.
-    Once ready, ``supervise`` leaves a supervisor behind that restarts whatever dies (``shardyard.cli.supervisor``).
-    Jobs are accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``); ``demo_data``: ``demo.data_root``."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Start a local cluster; return once every service announced itself and every node is ALIVE. A process that
+    exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest is stopped; one
+    that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times. Once ready,
+    ``supervise`` leaves a supervisor behind that restarts whatever dies (``shardyard.cli.supervisor``). Jobs are
+    accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``); ``demo_data``: ``demo.data_root``;
+    ``queues_file``: the teams' queues for the queue and scheduler, checked first (a bad file starts nothing)."""
+    queues = _checked_queues(queues_file)
     _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     demo.data_root(data_root, with_demo=demo_data, say=say)
     started = time.monotonic()
     broker: EmbeddedBroker | None = None
@@ -227,12 +230,10 @@ def up(
     try:
         broker = _start_broker(info, logs, say) if bootstrap is None else None
         info.save()
-        import asyncio
-
-        from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
-
-        asyncio.run(ensure_topics(info.bootstrap))
-        children = _start_processes(info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port)
+        _create_topics(info.bootstrap)
+        children = _start_processes(
+            info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, queues=queues
+        )
         wait_ready(
             children,
             ready=lambda: _ready(info, expected_nodes=len(nodes)),
@@ -248,6 +249,28 @@ def up(
         start_supervisor(info, children, broker, logs)
     say(f"cluster ready in {time.monotonic() - started:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
+
+
+def _create_topics(bootstrap: str) -> None:
+    import asyncio
+
+    from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
+
+    asyncio.run(ensure_topics(bootstrap))
+
+
+def _checked_queues(path: Path | None) -> str | None:
+    """The queues file's absolute path, once it was found good (its line and reason otherwise)."""
+    if path is None:
+        return None
+    from shardyard.queues_file import read_queues
+    from shardyard.quotas import QueuesFileError
+
+    try:
+        read_queues(path)
+    except QueuesFileError as error:
+        raise ClusterError(f"queues file {path} refused: {error}") from None
+    return str(path.resolve())
 
 
 def _start_broker(info: ClusterInfo, logs: Path, say: Callable[[str], None]) -> EmbeddedBroker:
@@ -300,6 +323,7 @@ def _start_processes(
     replicas: int,
     say: Callable[[str], None],
     pick_port: PortPicker,
+    queues: str | None = None,
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
@@ -310,6 +334,8 @@ def _start_processes(
         for replica in range(replicas):
             name = f"{service}-{replica}"
             extra = ["--accounting-url", info.accounting_url] if service in ACCOUNTING_URL_TO else []
+            if queues is not None and service in QUEUES_FILE_TO:
+                extra += ["--queues-file", queues]
             children.start(name, _service_argv(service, name, extra), roles)
     shard_user = shard_user_fallback(env, say)
     port_base = rendezvous_base(env)
@@ -321,7 +347,7 @@ def _start_processes(
 
 def _abandon(run_dir: Path, info: ClusterInfo, broker: EmbeddedBroker | None) -> None:
     """Undo a start-up that failed: stop what started (by the pids recorded so far) and forget the cluster."""
-    _stop(info.pids)
+    stop_processes(info.pids)
     (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
     if broker is not None:
         broker.stop()
@@ -357,43 +383,8 @@ def down(run_dir: Path, *, timeout_s: float = 15.0, say: Callable[[str], None] =
     their shards), then services, then the broker."""
     info = ClusterInfo.load(run_dir)
     if info.supervisor_pid is not None:
-        _stop({"supervisor": info.supervisor_pid}, timeout_s=5.0)
+        stop_processes({"supervisor": info.supervisor_pid}, timeout_s=5.0)
         info = ClusterInfo.load(run_dir)  # it may have started one again just before it stopped
-    _stop(info.pids, timeout_s=timeout_s)
+    stop_processes(info.pids, timeout_s=timeout_s)
     (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
     say(f"cluster in {run_dir} stopped")
-
-
-def _stop(pids: Mapping[str, int], *, timeout_s: float = 15.0) -> None:
-    """SIGTERM by group, agents, then services, then the broker: each group leaves the bus while the broker still
-    answers. SIGKILL for what still runs after ``timeout_s``; returns once all of it is gone (or 5 s more)."""
-    groups = (
-        [n for n in pids if n.startswith("node-")],
-        [n for n in pids if not n.startswith("node-") and n != "broker"],
-        [n for n in pids if n == "broker"],
-    )
-    for group in groups:
-        for name in group:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pids[name], signal.SIGTERM)
-        _gone([pids[n] for n in group], timeout_s)
-        for name in group:
-            if alive(pids[name]):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pids[name], signal.SIGKILL)
-        _gone([pids[n] for n in group], 5.0)
-
-
-def _gone(pids: Sequence[int], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        _reap()
-        time.sleep(0.1)
-    _reap()
-
-
-def _reap() -> None:
-    """Collect exited children when ``up`` and ``down`` run in one process (the demo)."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass

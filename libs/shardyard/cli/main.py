@@ -15,6 +15,7 @@ from typing import TypeAlias
 from shardyard.cli import client, cluster, listing, render, show, usage
 from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
+from shardyard.cli import queues as queues_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
@@ -36,6 +37,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
         accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
         demo_data=args.demo_data,
+        queues_file=Path(args.queues_file) if args.queues_file else None,
     )
     remember(run_dir)
     return 0
@@ -228,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     _job_commands(sub)
     _node_commands(sub)
     _view_commands(sub)
+    queues_cli.add_parser(sub, lambda args: _info(args).monitor_url)
     history_cli.add_parser(sub, run_dir_of)
     _logs_command(sub)
     sim_cli.add_parser(sub)
@@ -260,6 +263,9 @@ def _cluster_commands(sub: Commands) -> None:
         "--accounting-url",
         help="the job accounting database: sqlite:///PATH or postgresql://... (env SHARDYARD_ACCOUNTING_URL; "
         "default RUN_DIR/accounting.db)",
+    )
+    up.add_argument(
+        "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
     up.set_defaults(func=cmd_up)
 

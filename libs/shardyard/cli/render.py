@@ -50,6 +50,8 @@ def _placement(placement: dict[str, Any]) -> str:
 
 def job_detail(job: dict[str, Any]) -> str:
     lines = [f"job {job['job_id']}: {job['state']}"]
+    if job.get("queue") or job.get("owner"):
+        lines.append(f"  queue: {job.get('queue') or '-'}" + (f", owner {job['owner']}" if job.get("owner") else ""))
     if job.get("reason") or job.get("message"):
         lines.append(f"  reason: {job.get('reason') or '-'}: {job.get('message') or ''}")
     if job.get("node_counts"):

@@ -65,6 +65,12 @@ USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
         "The alerts firing now, longest-firing first, and the recent transitions (FIRING, RESOLVED), newest first.",
         ("shardyard alerts", "shardyard alerts -o wide", "shardyard alerts -o json"),
     ),
+    "queues": (
+        "Each team's queue (the queues file in force, see examples/queues.yaml): per GPU model its nominal quota and\n"
+        "the GPUs its running jobs use, borrow from its cohort and lend to it; its pending jobs and GPUs; its fair\n"
+        "share (the weighted dominant share of the cluster it holds: the queue with the lowest goes first).",
+        ("shardyard queues", "shardyard queues -o wide", "shardyard queues -o json"),
+    ),
     "top": (
         "A live view, redrawn every second: nodes (GPUs, utilisation, load, temperature, status), jobs (state, step,\n"
         "loss) and the alerts firing. Ctrl-C ends it.",

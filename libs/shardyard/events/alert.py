@@ -43,6 +43,9 @@ class AlertRule(StrEnum):
     DISK_FULL = "DISK_FULL"
     """A node's output disk (where checkpoints go) has less free space than the placement floor, or a shard failed
     DISK_FULL there recently: no new shards go there until it is cleaned up. Per node."""
+    QUEUE_STARVED = "QUEUE_STARVED"
+    """A team's queue has had a job that fits in its nominal quota waiting longer than the queues file's
+    ``starving_after_s`` (borrowers not reclaimable yet, or capacity missing). Per queue."""
 
 
 class AlertSeverity(StrEnum):

@@ -21,6 +21,7 @@ from shardyard.bus.topics import (
     LIFECYCLE,
     LINKS,
     NODE_STATE,
+    QUEUES,
     REDUNDANCY,
     SERVICES,
     SHARD_EVENTS,
@@ -147,6 +148,7 @@ WATCHED = (
     ELASTICITY,
     ALERTS,
     LINKS,
+    QUEUES,
 )
 """The topics the view folds (the feed reads the dead letters too). Alerts are judged only once this replica's lag
 on every one of them is known."""

@@ -25,6 +25,7 @@ DASHBOARD_FILES = {
     "dom.js": "text/javascript",
     "dashboard.js": "text/javascript",
     "history.js": "text/javascript",
+    "queues.js": "text/javascript",
 }
 """The dashboard: one page and its scripts, shipped in the package (``static/``), no build step and no CDN."""
 
@@ -137,6 +138,8 @@ def build_http(
     app.router.add_get("/api/services", api.services)
     # The live nodes' measured links, worst first, slow ones marked (see monitor/network.py).
     app.router.add_get("/api/links", api.kept("links", lambda: view.links_json(api.clock.now())))
+    # The teams' queues: quota and use per GPU model, pending jobs, fair share (see monitor/queues.py).
+    app.router.add_get("/api/queues", api.kept("queues", view.queues_json))
     # Jobs as the accounting database keeps them: what the log has forgotten too (see monitor/history.py).
     app.router.add_get("/api/history", history.serve)
     app.on_cleanup.append(lambda _app: asyncio.to_thread(history.close))

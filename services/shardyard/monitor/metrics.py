@@ -35,6 +35,7 @@ from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import RTT_PAIR_NODES as RTT_PAIR_NODES  # re-exported: its home was here
 from shardyard.monitor.network import Pair, mean_rtt
 from shardyard.monitor.network_metrics import network_families
+from shardyard.monitor.queue_metrics import queue_families
 from shardyard.monitor.rules import last_heartbeat, last_progress, shortage_since, sync_ratio
 from shardyard.monitor.views import ClusterView
 
@@ -80,6 +81,7 @@ def make_registry(view: ClusterView) -> tuple[CollectorRegistry, Counter]:
 def cluster_families(view: ClusterView, now: datetime) -> Iterator[Family | Metric]:
     yield from _jobs(view)
     yield _queue(view)
+    yield from queue_families(view)
     yield from _nodes(view)
     yield from _gpus(view)
     active = [job for job in view.jobs.values() if job.state is not None and job.state not in TERMINAL]

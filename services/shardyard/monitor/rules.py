@@ -353,6 +353,28 @@ def disk_full(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator
         )
 
 
+def queue_starved(view: ClusterView, now: datetime, _policy: AlertPolicy) -> Iterator[Condition]:
+    """A team's queue has waited for its nominal quota longer than its queues file allows: a job that fits in the
+    nominal has been pending with a reason since ``starving_since`` (``monitor/queues.py``)."""
+    if view.queues is None:
+        return
+    limit = view.queues.config.starving_after_s
+    for name, row in view.queue_rows().items():
+        since = row.starving_since
+        if since is None or _age(now, since) <= limit:
+            continue
+        yield Condition(
+            AlertRule.QUEUE_STARVED,
+            name,
+            AlertSeverity.WARNING,
+            f"queue {name} has waited {_age(now, since):.0f} s for its nominal quota ({row.pending_jobs} jobs "
+            f"pending, fair share {row.fair_share:.2f})",
+            _age(now, since),
+            limit,
+            since,
+        )
+
+
 RULES: Mapping[AlertRule, Rule] = {
     AlertRule.RESOURCE_SHORTAGE: resource_shortage,
     AlertRule.SYNC_TIMEOUT: sync_timeout,
@@ -366,6 +388,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.DEAD_LETTERS: dead_letters,
     AlertRule.SLOW_LINK: slow_link,
     AlertRule.DISK_FULL: disk_full,
+    AlertRule.QUEUE_STARVED: queue_starved,
 }
 
 

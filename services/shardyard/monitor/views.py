@@ -29,6 +29,7 @@ from shardyard.events import (
     NodeLost,
     NodeState,
     NodeStatus,
+    QueuesConfigured,
     ReclaimCandidate,
     RedundancyChanged,
     ServiceReady,
@@ -43,6 +44,7 @@ from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact
 from shardyard.monitor.alert_log import AlertLog
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import Network, gang_links_json, gang_nodes, links_json
+from shardyard.monitor.queues import QueueRow, queue_rows, queues_json
 from shardyard.monitor.telemetry import Telemetry
 
 NODE_FIELDS: set[str] = {
@@ -108,6 +110,9 @@ class ClusterView:
     """Per topic the dead letters came from: how many, and the newest (what the DEAD_LETTERS rule judges)."""
     disk_full: dict[str, ShardFailed] = field(default_factory=dict)
     """Per node, its newest shard failure for want of space (DISK_FULL; what the DISK_FULL rule judges)."""
+    queues: QueuesConfigured | None = None
+    """The teams' queues in force (the queues topic's latest; ``monitor/queues.py``)."""
+    _queue_rows: tuple[int, dict[str, QueueRow]] = field(default=(-1, {}), repr=False)
 
     @property
     def consumer_lag(self) -> dict[str, int]:
@@ -185,6 +190,8 @@ class ClusterView:
                 self.job(event.job_id).fold_shard(event)
             case AlertFiring() | AlertResolved():
                 self.alerts.apply(event)
+            case QueuesConfigured():
+                self.queues = event
             case _:
                 self._lifecycle(event)  # type: ignore[arg-type]
 
@@ -239,6 +246,18 @@ class ClusterView:
         """A job's detail with its gang's links: every pair among the nodes its shards are placed on."""
         links = gang_links_json(gang_nodes(job.placements), self.network.measured(now), self.nodes)
         return {**job.detail(), **listed(job), "links": links}
+
+    def queues_json(self) -> dict[str, Any]:
+        """``/api/queues``: each queue's quota and use per GPU model, its pending jobs and fair share."""
+        return queues_json(self.queues, self.queue_rows())
+
+    def queue_rows(self) -> dict[str, QueueRow]:
+        """Each queue's row (``monitor/queues.py``), made once per revision: the rules, metrics and API share it."""
+        made_at, rows = self._queue_rows
+        if made_at != self.revision:
+            rows = queue_rows(self.queues, self.jobs.values(), self.nodes.values())
+            self._queue_rows = (self.revision, rows)
+        return rows
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {state.value: 0 for state in JobState}

@@ -5,12 +5,13 @@ from pydantic import Field
 
 from shardyard.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS
-from shardyard.bus.topics import LIFECYCLE, SUBMISSIONS
+from shardyard.bus.topics import LIFECYCLE, QUEUES, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
-from shardyard.service import Follow, Split, partitioned_app, replica_bus
+from shardyard.queues_file import POLL_S, QueuesWatch
+from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
 from shardyard.settings import GpuFigures, ReplicatedSettings
 
 SERVICE = "queue"
@@ -28,6 +29,11 @@ class QueueSettings(ReplicatedSettings):
     allow_env: list[str] = Field(
         default_factory=list,
         description="environment names jobs may set although they change how code is loaded (LD_*, PATH, ...)",
+    )
+    queues_file: str | None = Field(
+        default=None,
+        description="the teams' queues (YAML, see examples/queues.yaml): read again on change and published on the "
+        "queues topic; without it the queues in force are the topic's (none: any queue name, no quotas)",
     )
 
     def policy(self) -> Policy:
@@ -51,4 +57,10 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
         raw_routes={SUBMISSIONS: handlers.on_submissions},
         fetch_max_wait_ms=JOB_PATH_FETCH_MS,
     )
-    return partitioned_app(bus, settings, clock, follow=Follow([LIFECYCLE], handlers.on_followed), split=split)
+    ticker = None
+    if settings.queues_file is not None:
+        who = f"{SERVICE}-{settings.instance}"
+        watch = QueuesWatch(settings.queues_file, bus, clock, in_force=handlers.queues_in_force, who=who)
+        ticker = Periodic("queues-file", POLL_S, watch.tick)  # started once the log was read: the version in force
+    follow = Follow([LIFECYCLE, QUEUES], handlers.on_followed)
+    return partitioned_app(bus, settings, clock, follow=follow, split=split, ticker=ticker)

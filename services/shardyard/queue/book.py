@@ -41,6 +41,7 @@ from shardyard.events import (
     JobSucceeded,
     JobWaiting,
     PendingReason,
+    QueuesConfigured,
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
@@ -94,6 +95,8 @@ class QueueBook:
         self._cancel_request_ids: set[str] = set()
         self._waiting_ids: dict[str, set[str]] = {}
         """WAITING job -> ids of the JobWaiting events applied: a re-read or echoed older one must not win."""
+        self.queues: QueuesConfigured | None = None
+        """The queues configuration in force (the queues topic's latest); None: one queue, no quotas."""
 
     # --- state ----------------------------------------------------------------------------------------------------
     def apply(self, event: LifecycleFact) -> None:
@@ -173,7 +176,7 @@ class QueueBook:
             self.apply(rejection)
             return [rejection]
         spec = result.spec
-        refusal = self._refusal(spec, source=source, now=now)
+        refusal = self._refusal(spec, source=source, now=now) or self._quota_refusal(spec, source=source, now=now)
         if refusal is not None:
             refusal = refusal.model_copy(update={"event_id": verdict_id(source)})
             self.apply(refusal)
@@ -183,6 +186,27 @@ class QueueBook:
         )
         self.apply(accepted)
         return [accepted, *self._settle([spec.job_id], now)]
+
+    def _quota_refusal(self, spec: JobSpec, *, source: str, now: datetime) -> JobRejected | None:
+        """Why the queues in force refuse the job: its queue is not one of them, or it asks for more than its queue
+        could ever hold (see ``QueuesConfig.never_fits``)."""
+        if self.queues is None:
+            return None
+        config = self.queues.config
+        if config.queue(spec.queue) is None:
+            names = sorted(config.queues)
+            listed = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+            reason, message = RejectReason.UNKNOWN_QUEUE, f"queue {spec.queue!r} is not one of the cluster's: {listed}"
+        else:
+            model = spec.gpu_model if spec.min_match is None else None  # degraded placement may use another model
+            why = config.never_fits(spec.queue, spec.gpu_count, model, spec.cpu_cores, spec.memory_bytes)
+            if why is None:
+                return None
+            reason, message = RejectReason.QUOTA_NEVER_FITS, f"the job could never run in its queue: {why}"
+        error = FieldError(field="queue", problem=reason.value.lower().replace("_", " "), input=spec.queue)
+        return JobRejected(
+            occurred_at=now, job_id=spec.job_id, reason=reason, message=message, errors=(error,), source_offset=source
+        )
 
     def _refusal(self, spec: JobSpec, *, source: str, now: datetime) -> JobRejected | None:
         """Why an otherwise valid submission cannot be accepted: its id is taken, or its dependencies are unusable."""

@@ -11,7 +11,7 @@ from shardyard.bus.batch import Record, pace
 from shardyard.bus.kafka import Bus, source_of_record
 from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
-from shardyard.events import JobAccepted, JobRejected
+from shardyard.events import JobAccepted, JobRejected, QueuesConfigured
 from shardyard.lifecycle import LifecycleFact
 from shardyard.queue.book import QueueBook
 
@@ -79,8 +79,14 @@ class QueueHandlers:
         ):
             return [await self.bus.send(event) for event in events]
 
-    async def on_followed(self, _topic: Topic, event: LifecycleFact) -> None:
+    async def on_followed(self, _topic: Topic, event: LifecycleFact | QueuesConfigured) -> None:
+        if isinstance(event, QueuesConfigured):
+            self.book.queues = event  # admission judges queues and quotas by it from the next submission
+            return
         await self.bus.publish_all(self.book.on_lifecycle(event, self.clock.now()))
+
+    def queues_in_force(self) -> str | None:
+        return None if self.book.queues is None else self.book.queues.version
 
     async def own(self, partitions: frozenset[int]) -> None:
         """The submissions partitions whose jobs this replica decides from now on. Given new ones (it has read the

@@ -12,9 +12,10 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
 from shardyard.bus.leadership import Leadership
-from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, REDUNDANCY, SHARD_EVENTS
+from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, QUEUES, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.placement.model import Policy
+from shardyard.queues_file import POLL_S, QueuesWatch
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.elasticity import ElasticityTracker
 from shardyard.scheduler.handlers import SchedulerHandlers
@@ -22,7 +23,7 @@ from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "scheduler"
-FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY, LINKS)
+FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY, LINKS, QUEUES)
 TAKE_OVER_RETRY_S = (0.5, 10.0)
 """A take-over that failed (the broker too busy to answer, a book that could not be rebuilt) is tried again after
 the first of these, doubling up to the second, for as long as the replica is elected."""
@@ -74,6 +75,11 @@ class SchedulerSettings(ReplicatedSettings):
     spare_grace_s: float = Field(default=2.0, ge=0, description="how long a new gang waits for room for its spares")
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
+    queues_file: str | None = Field(
+        default=None,
+        description="the teams' queues (YAML, see examples/queues.yaml): read again on change and published on the "
+        "queues topic; without it the queues in force are the topic's (none: one queue, no quotas)",
+    )
 
     def policy(self) -> Policy:
         return Policy(
@@ -125,9 +131,25 @@ class SchedulerReplica:
         )
         self.follower = self._follower()
         self.ticker = Periodic("scheduler-cycle", settings.cycle_interval_s, self.handlers.tick)
+        self.queues_watch = self._queues_watch()
         self._stale = False
         self._turn = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _queues_watch(self) -> Periodic | None:
+        if self.settings.queues_file is None:
+            return None
+        who = f"{SERVICE}-{self.settings.instance}"
+        watch = QueuesWatch(self.settings.queues_file, self.bus, self.clock, in_force=self._queues_in_force, who=who)
+        return Periodic("queues-file", POLL_S, watch.tick)
+
+    def _queues_in_force(self) -> str | None:
+        configured = self.handlers.book.queues
+        return None if configured is None else configured.version
+
+    async def _watch_queues(self, watch: Periodic) -> None:
+        await self.follower.caught_up()  # the configuration in force read first: an unchanged file is not news
+        watch.start()
 
     def _follower(self) -> Follower:
         return Follower(
@@ -143,9 +165,13 @@ class SchedulerReplica:
         await self.follower.start()
         await self.leadership.start()
         self.ticker.start()
+        if self.queues_watch is not None:
+            self._spawn(self._watch_queues(self.queues_watch))
 
     async def stop(self) -> None:
         await self.ticker.stop()
+        if self.queues_watch is not None:
+            await self.queues_watch.stop()
         await self.leadership.stop()
         for task in list(self._tasks):
             task.cancel()

@@ -41,6 +41,8 @@ class SchedulerBook(BookFacts):
     def snapshot(self, now: datetime | None = None) -> Snapshot:
         """The nodes and gangs as the cycle decides on them; with ``now``, the measured links fresh at ``now`` too."""
         snapshot = self._views.snapshot(self.nodes, self.gangs.values(), self.attained, self.expected)
+        if self.queues is not None:
+            snapshot = replace(snapshot, quotas=self.queues.config)
         if now is None:
             return snapshot
         links = self.links.figures(now)

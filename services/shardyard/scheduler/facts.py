@@ -22,6 +22,7 @@ from shardyard.events import (
     LinkMeasured,
     NodeState,
     NodeStatus,
+    QueuesConfigured,
     RedundancyChanged,
     ShardCheckpointed,
     ShardCompleted,
@@ -99,6 +100,8 @@ class BookFacts:
         """Cancel requests kept until their job ends (see ``cancellation``)."""
         self.links = LinkView()
         """The agents' link measurements: the placement's RTTs, and the nodes with slow links."""
+        self.queues: QueuesConfigured | None = None
+        """The queues configuration in force (the queues topic's latest): quotas, borrowing, fair share, reclaim."""
 
     # --- facts -------------------------------------------------------------------------------------------------
     def apply(self, event: object) -> None:
@@ -111,6 +114,8 @@ class BookFacts:
                     self.links.forget(event.node_id)
             case LinkMeasured():
                 self.links.apply(event)
+            case QueuesConfigured():
+                self.queues = event
             case JobReady() if event.job_id not in self.finished and event.job_id not in self.gangs:
                 self.specs[event.job_id] = event.spec
                 self.pending[event.job_id] = self._pending(event.spec, event.occurred_at)

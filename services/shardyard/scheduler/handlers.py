@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from shardyard import tracing
 from shardyard.bus.kafka import Bus
-from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, REDUNDANCY, SHARD_EVENTS, Topic
+from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, QUEUES, REDUNDANCY, SHARD_EVENTS, Topic
 from shardyard.clock import Clock
 from shardyard.events import (
     Event,
@@ -81,6 +81,9 @@ class SchedulerHandlers:
             await self.on_redundancy(event)  # type: ignore[arg-type]
         elif topic is LINKS:
             self.book.apply(event)  # measured RTTs: the next cycle places on them
+        elif topic is QUEUES:
+            self.book.apply(event)  # a new queues configuration: in force from the next cycle
+            self.request_cycle()
 
     async def on_lifecycle(self, event: LifecycleFact) -> None:
         if not self.leading:
