@@ -25,7 +25,16 @@ reference, not a baseline), with p99 wait no worse than ``priority``'s.
 
 A last case times one replay of 2,000 jobs on 2,000 nodes under ``shardyard`` (target: under 10 s).
 
-    python bench/schedule_quality.py [--jobs 2000] [--seed 1] [--loads 0.7,0.9,1.1] [--no-scale]
+The ``teams`` cases (issue 21) share one cluster (16 nodes each of 8 A100 and 8 V100) between three teams' queues of
+equal nominal quota in one cohort (``TEAMS_QUEUES``), whose jobs come 3 : 2 : 1 (the first team offers half the work
+on a third of the quota, so it borrows; the last leaves quota idle to lend), at load 1.1, in two trace shapes
+(``default``: gangs up to 16; ``helios``: up to 32 GPUs, within every team's nominal of 42). Each is replayed with
+the queues file under ``shardyard`` (quotas, borrowing, fair share, reclaim), ``shardyard-one-queue`` (the same core
+without the file: one queue) and ``priority``. Per case: each team's share of its entitlement while it had jobs
+waiting and Jain's index over them (``shardyard.sim.fairness``), and the avg JCT of the quota policy over the
+one-queue policy's. Target: Jain >= 0.9 with the avg JCT within 5 % of the one-queue policy's.
+
+    python bench/schedule_quality.py [--jobs 2000] [--seed 1] [--loads 0.7,0.9,1.1] [--no-scale] [--only teams]
 """
 
 import argparse
@@ -47,6 +56,19 @@ BASELINES = ("fifo", "priority", "first-fit")
 POLICIES = ("shardyard", *BASELINES, "sjf-oracle")
 TARGET_GAIN = 1.3
 SCALE_CLUSTER = "A100:8x1000,V100:8x1000"
+TEAMS_CLUSTER = "A100:8x16,V100:8x16"
+TEAMS_MIX = "team-a:3,team-b:2,team-c:1"
+TEAMS_QUEUES = """\
+min_runtime_s: 300
+queues:
+  team-a: {cohort: lab, gpus: {A100: 43, V100: 43}}
+  team-b: {cohort: lab, gpus: {A100: 43, V100: 43}}
+  team-c: {cohort: lab, gpus: {A100: 42, V100: 42}}
+"""
+TEAMS_SHAPES = ("default", "helios")
+TEAMS_LOAD = 1.1
+TARGET_JAIN = 0.9
+TARGET_JCT_RATIO = 1.05
 
 
 def cli(*args: str) -> str:
@@ -102,24 +124,61 @@ def scale(seed: int, folder: Path) -> dict[str, Any]:
     return {"nodes": 2000, "jobs": 2000, "replay_s": round(time.monotonic() - t0, 1), "target_s": 10}
 
 
+def teams(shape: str, jobs: int, seed: int, folder: Path) -> dict[str, Any]:
+    """A multi-team case (see the module's doc)."""
+    trace, queues = folder / f"teams-{shape}.csv", folder / "teams.yaml"
+    queues.write_text(TEAMS_QUEUES)
+    cli("simulate", "--generate", str(jobs), "--shape", shape, "--load", str(TEAMS_LOAD), "--seed", str(seed),
+        "--cluster", TEAMS_CLUSTER, "--queues", TEAMS_MIX, "--out", str(trace))  # fmt: skip
+    t0 = time.monotonic()
+    args = [str(trace), "--cluster", TEAMS_CLUSTER, "--queues-file", str(queues), "--json"]
+    policies = json.loads(cli("simulate", *args, *(f"--policy={p}" for p in TEAMS_POLICIES)))["policies"]
+    quota, one = policies["shardyard"], policies["shardyard-one-queue"]
+    ratio = round(quota["avg_jct_s"] / one["avg_jct_s"], 3)
+    return {
+        "case": f"teams-{shape}",
+        "shape": shape,
+        "cluster": TEAMS_CLUSTER,
+        "load": TEAMS_LOAD,
+        "mix": TEAMS_MIX,
+        "replay_s": round(time.monotonic() - t0, 1),
+        "policies": {
+            name: {k: figures.get(k) for k in ("avg_jct_s", "avg_wait_s", "p99_wait_s", "preemptions", "jain_index")}
+            | {"queues": figures.get("queues")}
+            for name, figures in policies.items()
+        },
+        "jain_index": quota["jain_index"],
+        "jct_vs_one_queue": ratio,
+        "meets_target": quota["jain_index"] >= TARGET_JAIN and ratio <= TARGET_JCT_RATIO,
+    }
+
+
+TEAMS_POLICIES = ("shardyard", "shardyard-one-queue", "priority")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--loads", default="0.7,0.9,1.1")
     parser.add_argument("--no-scale", action="store_true", help="skip the 2,000-node timing")
+    parser.add_argument("--only", choices=("baselines", "teams"), help="run only these cases")
     args = parser.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        cases = [
-            case(name, shape, cluster, load, args.jobs, args.seed, folder)
-            for name, (shape, cluster) in CASES.items()
-            for load in loads
-        ]
+        cases = []
+        if args.only != "teams":
+            cases += [
+                case(name, shape, cluster, load, args.jobs, args.seed, folder)
+                for name, (shape, cluster) in CASES.items()
+                for load in loads
+            ]
+        if args.only != "baselines":
+            cases += [teams(shape, args.jobs, args.seed, folder) for shape in TEAMS_SHAPES]
         result: dict[str, Any] = {"jobs_per_trace": args.jobs, "seed": args.seed, "cases": cases}
         result["all_targets_met"] = all(c["meets_target"] for c in cases)
-        if not args.no_scale:
+        if not args.no_scale and args.only is None:
             result["scale"] = scale(args.seed, folder)
     print(json.dumps(result, indent=2))
 

@@ -12,11 +12,14 @@ import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shardyard.bus.kafka import Bus
 from shardyard.clock import Clock
 from shardyard.events import QueuesConfigured
 from shardyard.quotas import QueuesConfig, QueuesFileError, parse_queues
+
+if TYPE_CHECKING:
+    from shardyard.bus.kafka import Bus  # aiokafka: not loaded by the commands that only read a queues file
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class QueuesFile:
 class QueuesWatch:
     """Polls a queues file and publishes each good change (a ``Periodic`` calls ``tick``)."""
 
-    def __init__(self, path: str, bus: Bus, clock: Clock, *, in_force: Callable[[], str | None], who: str) -> None:
+    def __init__(self, path: str, bus: "Bus", clock: Clock, *, in_force: Callable[[], str | None], who: str) -> None:
         self.file = QueuesFile(Path(path), published_by=f"{who}@{socket.gethostname()}")
         self.bus = bus
         self.clock = clock

@@ -1,28 +1,33 @@
 """``shardyard simulate``: replay a trace under each policy and print their figures; or write a synthetic trace.
 
 shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
-                   [--policy-option KEY=VALUE ...] [--round-gpus]
+                   [--policy-option KEY=VALUE ...] [--round-gpus] [--queues-file QUEUES.yaml]
 shardyard simulate --generate N [--shape default|philly|helios] [--seed S] [--load 0.95] [--cluster ...]
-                   [--out trace.csv]
+                   [--queues team-a:2,team-b:1] [--out trace.csv]
 
 examples:
   shardyard simulate --generate 2000 --shape helios --load 0.9 --out t.csv && shardyard simulate t.csv
-  shardyard simulate t.csv --policy shardyard --policy-option order=aging --policy-option backfill=false
+  shardyard simulate --generate 500 --queues team-a:2,team-b:1 --out q.csv
+  shardyard simulate q.csv --queues-file examples/queues.yaml --policy-option order=aging
 """
 
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
-from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S, POLICY_NAMES
+from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S, ONE_QUEUE, POLICY_NAMES
 from shardyard.sim.fit import fit_warnings
-from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate
-from shardyard.sim.trace import read_trace, write_trace
+from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate, parse_queue_mix
+from shardyard.sim.trace import TraceJob, read_trace, write_trace
+
+if TYPE_CHECKING:
+    from shardyard.quotas import QueuesConfig  # pydantic: loaded when a replay reads a queues file
 
 DESCRIPTION, _, _examples = (__doc__ or "").partition("\nexamples:\n")
 EXAMPLES = "examples:\n" + _examples.rstrip()
@@ -31,7 +36,8 @@ EXAMPLES = "examples:\n" + _examples.rstrip()
 CORE_NOTE = (
     "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy unless "
     "--policy-option); fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or "
-    "preemption; first-fit = priority, greedy, any GPU model; sjf-oracle = shortest true duration first (reference)"
+    "preemption; first-fit = priority, greedy, any GPU model; sjf-oracle = shortest true duration first (reference); "
+    "shardyard-one-queue = the core without the queues file's quotas (beside --queues-file)"
 )
 
 
@@ -71,6 +77,11 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="round fractional GPU counts in the trace up to whole GPUs (default: refuse them, naming the line)",
     )
     sim.add_argument("--gpu-tflops", action="append", default=[], help="catalogue override MODEL=TFLOPS (repeat)")
+    sim.add_argument(
+        "--queues-file",
+        help="the teams' queues (see examples/queues.yaml): the shardyard policy applies their quotas, borrowing, "
+        "fair share and reclaim, and the report gives each queue's JCT, wait and share of its entitlement",
+    )
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
     gen = sim.add_argument_group("trace generation (writes a trace instead of simulating)")
     gen.add_argument("--generate", type=int, metavar="N", help="write a synthetic trace of N jobs for --cluster")
@@ -83,6 +94,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     gen.add_argument("--seed", type=int, default=0, help="random seed of --generate (default 0)")
     gen.add_argument(
         "--load", type=float, default=DEFAULT_LOAD, help=f"offered load of --generate (default {DEFAULT_LOAD})"
+    )
+    gen.add_argument(
+        "--queues", metavar="QUEUE[:WEIGHT],...", help="spread the jobs over these queues, in proportion to the weights"
     )
     gen.add_argument("--out", default="-", help="where --generate writes (default - : standard output)")
     sim.set_defaults(func=run)
@@ -102,21 +116,26 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("simulate needs a TRACE.csv (or --generate N to write one)")
     if not args.checkpoint_s >= 0:
         raise ConfigError("--checkpoint-s must be at least 0")
-    from shardyard.sim.engine import simulate  # the engine and the policies: loaded when a replay runs
+    from shardyard.sim.engine import SimResult, simulate  # the engine and the policies: loaded when a replay runs
+    from shardyard.sim.fairness import Entitlements
     from shardyard.sim.policies import policy_named, policy_with
     from shardyard.sim.report import as_json, render_table, summarize
 
     path = Path(args.trace)
     trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
-    misfit = fit_warnings(trace, nodes)
+    quotas = _queues(args.queues_file, trace)
+    misfit = fit_warnings(trace, nodes) + ([] if quotas is None else _never_fit(quotas, trace))
     for warning in misfit:
         print(f"warning: {warning}", file=sys.stderr)
     core = policy_with(args.policy_option)
-    names = list(dict.fromkeys(args.policy or POLICY_NAMES))
-    summaries = [
-        summarize(simulate(trace, nodes, policy_named(name, nodes, core), name=name, checkpoint_s=args.checkpoint_s))
-        for name in names
-    ]
+    names = list(dict.fromkeys(args.policy or (n for n in POLICY_NAMES if n != ONE_QUEUE or quotas is not None)))
+    owed = None if quotas is None else Entitlements.of(quotas, nodes)
+
+    def replay(name: str) -> SimResult:
+        chosen = policy_named(name, nodes, core, quotas)
+        return simulate(trace, nodes, chosen, name=name, checkpoint_s=args.checkpoint_s, owed=owed)
+
+    summaries = [summarize(replay(name)) for name in names]
     span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
     if args.json:
         context = {
@@ -126,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             "nodes": len(nodes),
             "gpus": sum(node.gpus for node in nodes),
             "checkpoint_s": args.checkpoint_s,
+            "queues_file": args.queues_file,
             "warnings": misfit,
         }
         print(json.dumps(as_json(summaries, **context), indent=2))
@@ -138,9 +158,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queues(path: str | None, trace: Sequence[TraceJob]) -> "QueuesConfig | None":
+    """The queues file's configuration, once every queue the trace names is one of it (as admission requires)."""
+    if path is None:
+        return None
+    from shardyard.queues_file import read_queues
+    from shardyard.quotas import DEFAULT_QUEUE, QueuesFileError
+
+    try:
+        config, _version = read_queues(Path(path))
+    except QueuesFileError as exc:
+        raise ConfigError(f"--queues-file {path}: {exc}") from None
+    unknown = sorted({job.queue or DEFAULT_QUEUE for job in trace} - set(config.queues))
+    if unknown:
+        raise ConfigError(f"the trace names queues {path} does not have (UNKNOWN_QUEUE): {', '.join(unknown)}")
+    return config
+
+
+def _never_fit(config: "QueuesConfig", trace: Sequence[TraceJob]) -> list[str]:
+    """A warning naming the jobs admission would reject QUOTA_NEVER_FITS (they never start here), if any."""
+    never = [
+        job.job_id
+        for job in trace
+        if config.never_fits(job.queue or "default", job.gpus, job.gpu_model if job.min_match is None else None, 0, 0)
+    ]
+    if not never:
+        return []
+    named = ", ".join(never[:5]) + (f" and {len(never) - 5} more" if len(never) > 5 else "")
+    return [f"queues: {len(never)} jobs ask for more than their queue could ever hold (QUOTA_NEVER_FITS): {named}"]
+
+
 def _generate(args: argparse.Namespace, nodes: tuple[NodeSpec, ...], catalogue: Mapping[str, float]) -> int:
     try:
-        jobs = generate(args.generate, args.seed, nodes, load=args.load, catalogue=catalogue, shape=args.shape)
+        mix = parse_queue_mix(args.queues) if args.queues else None
+        jobs = generate(
+            args.generate, args.seed, nodes, load=args.load, catalogue=catalogue, shape=args.shape, queues=mix
+        )
     except ValueError as exc:
         raise ConfigError(f"--generate: {exc}") from exc
     if args.out == "-":

@@ -15,14 +15,16 @@ scheduler cycles every second, so a job whose degraded floor starts to apply is 
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from shardyard.errors import ShardyardError
 from shardyard.gpus import match_score
+from shardyard.quotas import DEFAULT_QUEUE
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S
+from shardyard.sim.fairness import Entitlements, ShareLog
 from shardyard.sim.trace import TraceJob
 
 US = 1_000_000
@@ -168,6 +170,9 @@ class SimResult:
     preemptions: int
     degraded_placements: int
     cycles: int
+    shares: dict[str, float] = field(default_factory=dict)
+    """Per queue with an entitlement, its share of it while it had jobs waiting (``sim.fairness``); empty: none
+    given."""
 
 
 class _Kind(IntEnum):
@@ -186,8 +191,11 @@ class Simulation:
         nodes: Sequence[NodeSpec],
         policy: PolicyFn,
         checkpoint_s: float = DEFAULT_CHECKPOINT_S,
+        owed: Entitlements | None = None,
     ) -> None:
         self.state = State(nodes)
+        self.shares = ShareLog(owed) if owed is not None else None
+        """Each queue's share of its entitlement ``owed``, as the run goes (None: none given)."""
         self.policy = policy
         self.checkpoint_us = to_us(checkpoint_s)
         self._events: list[tuple[int, int, _Kind, str, int]] = []
@@ -214,6 +222,8 @@ class Simulation:
         events = self._events
         while events:
             now = events[0][0]
+            if self.shares is not None:
+                self.shares.advance(now)  # the time since the last instant, as that instant left the cluster
             changed = False
             while events and events[0][0] == now:
                 _at, _seq, kind, job_id, attempt = heapq.heappop(events)
@@ -228,6 +238,7 @@ class Simulation:
             preemptions=self._preemptions,
             degraded_placements=self._degraded,
             cycles=self._cycles,
+            shares={} if self.shares is None else self.shares.shares(_queues(self._outcomes.values())),
         )
 
     # --- facts: what happened at ``now`` -----------------------------------------------------------------------
@@ -261,6 +272,8 @@ class Simulation:
 
     def _enqueue(self, job: TraceJob, now: int, remaining_s: float) -> None:
         self.state.pending[job.job_id] = Waiting(job, self._orders[job.job_id], now, remaining_s)
+        if self.shares is not None:
+            self.shares.ask(job.queue or DEFAULT_QUEUE, job.gpu_model, job.gpus)
         if job.min_match is not None and job.max_wait_s > 0:
             self._push(now + to_us(job.max_wait_s), _Kind.WAKE, job.job_id)
 
@@ -269,6 +282,8 @@ class Simulation:
         self.state.gangs_changed[gang.job.job_id] = None
         for node_id, gpus in gang.shards:
             self.state.give_back(node_id, gpus)
+        if self.shares is not None:
+            self._hold(gang.job, gang.shards, -1)
         self._busy_us += (now - gang.started_us) * gang.job.gpus
 
     # --- decisions: one cycle -----------------------------------------------------------------------------------
@@ -297,11 +312,19 @@ class Simulation:
         attempt = outcome.preemptions + 1
         finish = now + to_us(waiting.remaining_s / speed)
         state.running[job.job_id] = Gang(job, action.shards, now, speed, waiting.remaining_s, finish, attempt)
+        if self.shares is not None:
+            self.shares.ask(job.queue or DEFAULT_QUEUE, job.gpu_model, -job.gpus)
+            self._hold(job, action.shards, 1)
         state.gangs_changed[job.job_id] = None
         if outcome.first_start_us is None:
             outcome.first_start_us = now
         self._degraded += action.degraded
         self._push(finish, _Kind.FINISH, job.job_id, attempt)
+
+    def _hold(self, job: TraceJob, shards: Shards, sign: int) -> None:
+        assert self.shares is not None
+        for node_id, gpus in shards:
+            self.shares.hold(job.queue or DEFAULT_QUEUE, self.state.by_id[node_id].gpu_model, sign * len(gpus))
 
     def _stop(self, action: Stop, now: int) -> None:
         gang = self.state.running.get(action.job_id)
@@ -323,6 +346,12 @@ def simulate(
     *,
     name: str,
     checkpoint_s: float = DEFAULT_CHECKPOINT_S,
+    owed: Entitlements | None = None,
 ) -> SimResult:
-    """Replay ``trace`` on ``nodes`` with ``policy`` deciding every cycle."""
-    return Simulation(trace, nodes, policy, checkpoint_s).run(name)
+    """Replay ``trace`` on ``nodes`` with ``policy`` deciding every cycle; with ``owed`` (each queue's entitlement,
+    ``sim.fairness``), measure each queue's share of it."""
+    return Simulation(trace, nodes, policy, checkpoint_s, owed).run(name)
+
+
+def _queues(outcomes: Iterable[Outcome]) -> list[str]:
+    return sorted({outcome.job.queue or DEFAULT_QUEUE for outcome in outcomes})

@@ -98,10 +98,12 @@ def generate(
     load: float = DEFAULT_LOAD,
     catalogue: Mapping[str, float] = DEFAULT_TFLOPS,
     shape: str = "default",
+    queues: Mapping[str, float] | None = None,
 ) -> list[TraceJob]:
     """``count`` jobs for ``nodes``; raises ValueError for a count below 1, a load not above 0, no nodes or an
-    unknown shape."""
+    unknown shape. ``queues`` (name -> weight) spreads the jobs over queues in proportion to their weights."""
     _check(count, load, nodes, shape)
+    teams = random.Random(f"{seed}/queues")  # apart too: a trace with queues has the same jobs as one without
     form = SHAPES_BY_NAME[shape]
     rng = random.Random(seed)
     owners = random.Random(f"{seed}/users")  # apart, so adding users left every other draw as it was
@@ -138,6 +140,7 @@ def generate(
                 min_match=DEGRADED_MIN_MATCH if degraded else None,
                 max_wait_s=DEGRADED_WAIT_S if degraded else 0.0,
                 user=f"user-{owners.randrange(USERS)}",
+                queue=teams.choices(list(queues), list(queues.values()))[0] if queues else "",
             )
         )
     # Poisson arrivals, spread so that the jobs drawn offer exactly ``load`` within the window of their arrivals
@@ -147,6 +150,23 @@ def generate(
     shares = [place / whole for place in places]  # each arrival's place in the window, 0 .. 1
     span = window_for(load, total, [(job.gpus, job.duration_s) for job in drawn], shares) if count > 1 else 0.0
     return [replace(job, submit_s=round(share * span, 3)) for job, share in zip(drawn, shares, strict=True)]
+
+
+def parse_queue_mix(text: str) -> dict[str, float]:
+    """``team-a:3,team-b:1`` (a weight absent: 1) as name -> weight; raises ValueError naming the bad part."""
+    mix: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, weight = part.partition(":")
+        try:
+            value = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"{part!r}: the weight is not a number") from None
+        if not name or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{part!r}: write QUEUE[:WEIGHT] with a weight above 0")
+        mix[name] = value
+    if not mix:
+        raise ValueError("name at least one queue")
+    return mix
 
 
 def offered_load(gpus: int, jobs: Sequence[tuple[int, float]], arrivals: Sequence[float], span_s: float) -> float:

@@ -24,9 +24,10 @@ from shardyard.placement.cycle import schedule
 from shardyard.placement.estimates import DurationEstimates, EstimateKey
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
 from shardyard.placement.standing import StandingIndex
+from shardyard.quotas import DEFAULT_QUEUE, QueuesConfig
 from shardyard.sim.baselines import fifo, first_fit, priority_first, sjf_oracle
 from shardyard.sim.cluster import NodeSpec
-from shardyard.sim.defaults import POLICY_NAMES
+from shardyard.sim.defaults import ONE_QUEUE, POLICY_NAMES
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
 from shardyard.sim.trace import TraceJob
 
@@ -51,9 +52,15 @@ class CorePolicy:
     """Shardyard's placement core, called once per cycle on a snapshot of the simulated cluster."""
 
     def __init__(
-        self, nodes: Sequence[NodeSpec], policy: Policy | None = None, estimates: DurationEstimates | None = None
+        self,
+        nodes: Sequence[NodeSpec],
+        policy: Policy | None = None,
+        estimates: DurationEstimates | None = None,
+        quotas: QueuesConfig | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
+        self.quotas = quotas
+        """The queues (``--queues-file``): quotas, borrowing, fair share and reclaim, as the scheduler applies them."""
         # The simulator reads no estimated starts, and its snapshots list no nodes (the standing index holds them).
         self.policy = replace(policy or Policy(), start_estimates=0)
         self.estimates = estimates if estimates is not None else DurationEstimates()
@@ -98,7 +105,7 @@ class CorePolicy:
             gangs[job_id] = view  # a gang told to stop keeps its place; a new one goes last, as in the simulation
             for node_id in dict.fromkeys(node_id for node_id, _gpus in view.shards):
                 self._gangs_on.setdefault(node_id, []).append(view)
-        snapshot = Snapshot(nodes=(), running=tuple(gangs.values()), gangs_on=self._gangs_on)
+        snapshot = Snapshot(nodes=(), running=tuple(gangs.values()), gangs_on=self._gangs_on, quotas=self.quotas)
         pending = [self._waiting(waiting) for waiting in state.pending.values()]
         actions: list[Action] = []
         for decision in schedule(snapshot, pending, self.policy, now=at(now_us), index=index):
@@ -184,6 +191,7 @@ class CorePolicy:
                 submitted_at=at(to_us(job.submit_s)),
                 min_match=job.min_match,
                 max_wait_s=job.max_wait_s,
+                queue=job.queue or DEFAULT_QUEUE,
             )
         return spec
 
@@ -227,6 +235,7 @@ class CorePolicy:
                     preempted_by=gang.preempted_by,
                     attained_gpu_s=job.gpus * done_s,
                     expected_end=end,
+                    queue=job.queue or DEFAULT_QUEUE,
                 ),
             )
         return known[1]
@@ -249,9 +258,14 @@ BASELINES: Mapping[str, PolicyFn] = MappingProxyType(
 )
 
 
-def policy_named(name: str, nodes: Sequence[NodeSpec], policy: Policy | None = None) -> PolicyFn:
-    """A fresh policy (the core's caches are per run); ``policy`` sets the core's knobs."""
+def policy_named(
+    name: str, nodes: Sequence[NodeSpec], policy: Policy | None = None, quotas: QueuesConfig | None = None
+) -> PolicyFn:
+    """A fresh policy (the core's caches are per run); ``policy`` sets the core's knobs, ``quotas`` its queues (the
+    baselines know no queues)."""
     if name == "shardyard":
+        return CorePolicy(nodes, policy, quotas=quotas)
+    if name == ONE_QUEUE:
         return CorePolicy(nodes, policy)
     baseline = BASELINES.get(name)
     if baseline is None:

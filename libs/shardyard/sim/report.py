@@ -5,14 +5,18 @@
   it.
 - makespan = last finish - first submit; GPU utilisation = GPU-seconds held by gangs (checkpointing included) /
   (cluster GPUs x makespan).
+- per queue (a trace with a ``queue`` column): its jobs' JCT and wait as above and, given a queues file, its share
+  of its entitlement while it had jobs waiting; ``jain_index`` is Jain's index over those shares (``sim.fairness``).
 """
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardyard.sim.engine import US, SimResult
+from shardyard.quotas import DEFAULT_QUEUE
+from shardyard.sim.engine import US, Outcome, SimResult
+from shardyard.sim.fairness import jain
 from shardyard.text_table import table
 
 
@@ -35,6 +39,11 @@ class Summary:
     gpu_utilisation: float
     preemptions: int
     degraded_placements: int
+    queues: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per queue (when the trace names more than one, or a queues file was given): jobs, completed, avg and p95 JCT
+    and wait, and ``share_of_entitlement``."""
+    jain_index: float | None = None
+    """Jain's index over the queues' shares of their entitlement (None: no queues file)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -49,11 +58,38 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else 0.0
 
 
-def summarize(result: SimResult) -> Summary:
-    done = [o for o in result.outcomes if o.finish_us is not None and o.first_start_us is not None]
-    submits = [o.job.submit_s for o in result.outcomes]
+def _times(outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[float], list[float]]:
+    done = [o for o in outcomes if o.finish_us is not None and o.first_start_us is not None]
     jct = [o.finish_us / US - o.job.submit_s for o in done if o.finish_us is not None]
     wait = [o.first_start_us / US - o.job.submit_s for o in done if o.first_start_us is not None]
+    return done, jct, wait
+
+
+def _per_queue(result: SimResult) -> dict[str, dict[str, float]]:
+    by_queue: dict[str, list[Outcome]] = {}
+    for outcome in result.outcomes:
+        by_queue.setdefault(outcome.job.queue or DEFAULT_QUEUE, []).append(outcome)
+    if len(by_queue) < 2 and not result.shares:
+        return {}
+    out = {}
+    for queue, outcomes in sorted(by_queue.items()):
+        done, jct, wait = _times(outcomes)
+        out[queue] = {
+            "jobs": len(outcomes),
+            "completed": len(done),
+            "avg_jct_s": _mean(jct),
+            "p95_jct_s": percentile(jct, 95),
+            "avg_wait_s": _mean(wait),
+            "p95_wait_s": percentile(wait, 95),
+        }
+        if queue in result.shares:
+            out[queue]["share_of_entitlement"] = result.shares[queue]
+    return out
+
+
+def summarize(result: SimResult) -> Summary:
+    done, jct, wait = _times(result.outcomes)
+    submits = [o.job.submit_s for o in result.outcomes]
     last = max((o.finish_us for o in done if o.finish_us is not None), default=None)
     makespan = last / US - min(submits) if last is not None and submits else 0.0
     capacity = result.total_gpus * makespan
@@ -74,6 +110,8 @@ def summarize(result: SimResult) -> Summary:
         gpu_utilisation=result.busy_gpu_s / capacity if capacity > 0 else 0.0,
         preemptions=result.preemptions,
         degraded_placements=result.degraded_placements,
+        queues=_per_queue(result),
+        jain_index=jain(result.shares.values()) if result.shares else None,
     )
 
 
@@ -113,6 +151,31 @@ def render_table(summaries: Sequence[Summary]) -> str:
         "PREEMPT",
         "DEGRADED",
     ]
+    shown = table(rows, headers)
+    queues = [s for s in summaries if s.queues]
+    return shown + ("\n\n" + queue_table(queues) if queues else "")
+
+
+def queue_table(summaries: Sequence[Summary]) -> str:
+    """Per policy and queue: JCT, wait and share of entitlement; and each policy's Jain's index."""
+    rows = []
+    for s in summaries:
+        for queue, q in s.queues.items():
+            share = q.get("share_of_entitlement")
+            rows.append(
+                [
+                    s.policy,
+                    queue,
+                    f"{int(q['completed'])}/{int(q['jobs'])}",
+                    _seconds(q["avg_jct_s"]),
+                    _seconds(q["p95_jct_s"]),
+                    _seconds(q["avg_wait_s"]),
+                    _seconds(q["p95_wait_s"]),
+                    "-" if share is None else f"{share:.3f}",
+                    "-" if s.jain_index is None else f"{s.jain_index:.3f}",
+                ]
+            )
+    headers = ["POLICY", "QUEUE", "DONE", "AVG JCT s", "P95 JCT s", "AVG WAIT s", "P95 WAIT s", "SHARE", "JAIN"]
     return table(rows, headers)
 
 
@@ -122,5 +185,11 @@ def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
     for summary in summaries:
         figures = asdict(summary)
         del figures["policy"]
-        policies[summary.policy] = {k: round(v, 6 if k == "gpu_utilisation" else 3) for k, v in figures.items()}
+        queues, jain_index = figures.pop("queues"), figures.pop("jain_index")
+        shown = {k: round(v, 6 if k == "gpu_utilisation" else 3) for k, v in figures.items()}
+        if queues:
+            shown["queues"] = {q: {k: round(v, 4) for k, v in row.items()} for q, row in queues.items()}
+        if jain_index is not None:
+            shown["jain_index"] = round(jain_index, 4)
+        policies[summary.policy] = shown
     return {**context, "policies": policies}
