@@ -18,13 +18,16 @@ from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
 from shardyard.embedded import free_port
 from shardyard.events import (
+    FieldError,
     GpuStatus,
     JobAccepted,
     JobReady,
+    JobRejected,
     JobRunning,
     JobSucceeded,
     JobUnschedulable,
     PendingReason,
+    RejectReason,
     ServiceReady,
 )
 from tests.support.browser import Dom, browser, render
@@ -156,6 +159,29 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             await eventually(estimated, f"{WAITING}'s estimated start")
             shown = Dom(render(f"{base}/#job={WAITING}", "--dump-dom", tmp_path / "profile-wait")).all_text()
             assert "estimated start" in shown and "INSUFFICIENT_GPUS" in shown
+
+            # Job-supplied text is shown as text: markup in a rejected submission's message and fields runs nothing.
+            evil = f"dash-evil-{RUN}"
+            markup = '<img src=x onerror="document.title=1"><script>document.title=2</script>\x1b[2J'
+            await send.event(
+                JobRejected(
+                    occurred_at=datetime.now(UTC),
+                    job_id=evil,
+                    reason=RejectReason.INVALID_VALUE,
+                    message=f"invalid submission: task_type: {markup}",
+                    errors=(FieldError(field="task_type", problem="too long", input=markup),),
+                    source_offset=f"dash/2/{RUN}",
+                )
+            )
+            await eventually(
+                lambda: asyncio.to_thread(lambda: get(f"{base}/api/jobs")["counts"]["REJECTED"] == 1), "the rejection"
+            )
+            inert = Dom(render(f"{base}/#job={evil}", "--dump-dom", tmp_path / "profile-evil"))
+            assert not [img for img in inert.find("img") if img.get("src") == "x"], (
+                "markup from a job became an element"
+            )
+            assert not inert.find("script", inside="job-detail") and not inert.find("script", inside="jobs")
+            assert '<img src=x onerror="document.title=1">' in inert.all_text()  # shown, as text
 
             # The page follows the job to its end.
             end = datetime.now(UTC)

@@ -27,6 +27,7 @@ from shardyard.cli.children import (
     save_json,
     wait_ready,
 )
+from shardyard.cli.inert import inert_json
 from shardyard.cli.rundir import SHARD_LOGS, new_run_id
 from shardyard.cli.stopping import stop_processes
 from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
@@ -108,9 +109,16 @@ class ClusterInfo:
             raise ClusterError(f"no cluster is running from {run_dir} (start one with `shardyard up`)") from exc
 
 
+MONITOR_TOKEN_ENV = "SHARDYARD_MONITOR_TOKEN"
+"""The read token of a monitor that listens beyond this host (``monitor/access.py``), sent with every request."""
+
+
 def get_json(url: str, timeout_s: float = 2.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.loads(response.read())
+    """The monitor's answer at ``url``, every string in it made inert for a terminal (``cli.inert``)."""
+    token = os.environ.get(MONITOR_TOKEN_ENV)
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return inert_json(json.loads(response.read()))
 
 
 def _module(service: str) -> str:

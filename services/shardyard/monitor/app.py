@@ -29,6 +29,7 @@ from shardyard.bus.topics import (
 from shardyard.clock import Clock
 from shardyard.links import SLOW_MIN_EXCESS_MS, SLOW_RATIO, LinkTable
 from shardyard.metrics import ConsumerLag
+from shardyard.monitor.access import check_exposure
 from shardyard.monitor.alerts import AlertBook, CatchUp
 from shardyard.monitor.feed import Feed
 from shardyard.monitor.handlers import MonitorHandlers
@@ -49,8 +50,13 @@ RULES = AlertPolicy()
 class MonitorSettings(ServiceSettings):
     """The monitor: metrics, the status API."""
 
-    http_host: str = "127.0.0.1"
+    http_host: str = Field(
+        default="127.0.0.1", description="address the API and dashboard bind (another than loopback needs a token)"
+    )
     http_port: int = Field(default=8787, ge=0, lt=65536)
+    http_read_token: str | None = Field(
+        default=None, min_length=16, description="the token every API request must carry (see monitor/access.py)"
+    )
     alert_interval_s: float = Field(default=0.5, gt=0, le=60, description="how often the alert rules are judged (s)")
     lag_interval_s: float = Field(default=1.0, gt=0, le=60, description="how often this replica measures its lag (s)")
     alert_resource_shortage_s: float = Field(
@@ -169,7 +175,10 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
         from_end=[HEARTBEATS],
     )
     tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
-    http = build_http(view, exported, clock=clock, accounting_url=settings.accounting_url)
+    check_exposure(settings.http_host, settings.http_read_token)
+    http = build_http(
+        view, exported, clock=clock, accounting_url=settings.accounting_url, read_token=settings.http_read_token
+    )
     runner = web.AppRunner(http, access_log=None)
     app = FastStream(broker)
 

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 
 from shardyard.clock import Clock
+from shardyard.monitor.access import token_guard
 from shardyard.monitor.history import HistoryApi
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.views import ClusterView
@@ -121,13 +122,19 @@ def _answer(body: bytes, status: int = 200) -> web.Response:
 
 
 def build_http(
-    view: ClusterView, metrics: MonitorMetrics, *, clock: Clock | None = None, accounting_url: str | None = None
+    view: ClusterView,
+    metrics: MonitorMetrics,
+    *,
+    clock: Clock | None = None,
+    accounting_url: str | None = None,
+    read_token: str | None = None,
 ) -> web.Application:
     """The API over ``view``; ``clock`` (the metrics' unless given) tells which link measurements are fresh;
-    ``/api/history`` reads ``accounting_url`` (see monitor/history.py)."""
+    ``/api/history`` reads ``accounting_url`` (see monitor/history.py); with ``read_token`` every request but the
+    health probe must carry it (``monitor/access.py``). Every route is a read."""
     api = StatusApi(view, metrics, clock if clock is not None else metrics.clock)
     history = HistoryApi(accounting_url, api.clock)
-    app = web.Application()
+    app = web.Application(middlewares=[token_guard(read_token)] if read_token else [])
     app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
     app.router.add_get("/api/jobs/{job_id}", api.job)
     app.router.add_get("/api/jobs/{job_id}/series", api.series)

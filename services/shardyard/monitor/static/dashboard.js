@@ -20,8 +20,12 @@ const STATE_TONE = {
 };
 // --- the API ---------------------------------------------------------------------------------------------------
 
+/** The monitor's read token, when the page was opened as ``/?token=...`` (an API beyond this host needs it). */
+const READ_TOKEN = new URLSearchParams(location.search).get("token");
+
 async function getJson(path) {
-  const response = await fetch(path, { cache: "no-store" });
+  const headers = READ_TOKEN ? { Authorization: `Bearer ${READ_TOKEN}` } : {};
+  const response = await fetch(path, { cache: "no-store", headers });
   if (!response.ok) {
     const error = new Error(`${path}: HTTP ${response.status}`);
     error.status = response.status;
