@@ -28,8 +28,15 @@ class Producer:
     async def event(self, event: Event) -> None:
         await self._producer.send_and_wait(topic_of(event).name, encode(event), key=key_of(event))
 
-    async def raw(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> Any:
-        return await self._producer.send_and_wait(topic, value, key=key, partition=partition)
+    async def raw(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Any:
+        return await self._producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
 
 
 class Watcher:

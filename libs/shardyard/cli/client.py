@@ -9,7 +9,7 @@ import re
 import time
 import urllib.error
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,9 +104,31 @@ def with_owner(raw: bytes, owner: str | None) -> bytes:
     return json.dumps({**document, "owner": owner}).encode()
 
 
-def submit(bootstrap: str, raw: bytes) -> Submitted:
-    """Produce a submission. It starts the job's trace: its ``traceparent`` header makes everything the cluster does
-    for the job (admission to the shards' last sync) one trace, exported when the ``OTEL_*`` variables ask for it."""
+CREDENTIALS_ENV = "SHARDYARD_CREDENTIALS"
+"""The credentials file ``submit`` signs with (``--credentials``), as the queue's ``--credentials-file``."""
+
+
+def signature(raw: bytes, credentials_file: str) -> list[tuple[str, bytes]]:
+    """The headers that sign ``raw`` with the key of the team its queue names (``default`` when none)."""
+    from shardyard.signing import CredentialsError, read_credentials, sign
+
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):
+        document = {}
+    queue = document.get("queue") if isinstance(document, dict) else None
+    team = queue if isinstance(queue, str) and queue else "default"
+    credentials = read_credentials(Path(credentials_file))
+    if team not in credentials.teams:
+        raise CredentialsError(f"{credentials_file} holds no key of team {team!r} (the job's queue)")
+    key_id, secret = credentials.key(team)
+    return sign(raw, team=team, key_id=key_id, secret=secret, now_s=time.time())
+
+
+def submit(bootstrap: str, raw: bytes, signed: Sequence[tuple[str, bytes]] = ()) -> Submitted:
+    """Produce a submission, with the ``signed`` headers (``signature``). It starts the job's trace: its
+    ``traceparent`` header makes everything the cluster does for the job (admission to the shards' last sync) one
+    trace, exported when the ``OTEL_*`` variables ask for it."""
     import asyncio
 
     from shardyard import tracing
@@ -114,7 +136,8 @@ def submit(bootstrap: str, raw: bytes) -> Submitted:
 
     tracing.configure(CLI_SERVICE, os.environ)
     with tracing.span("submit", {"messaging.destination.name": SUBMISSIONS.name}) as span:
-        submitted = asyncio.run(_produce(bootstrap, raw, tracing.to_headers(tracing.carrier_of(span))))
+        headers = [*tracing.to_headers(tracing.carrier_of(span)), *signed]
+        submitted = asyncio.run(_produce(bootstrap, raw, headers))
         span.set_attribute(tracing.JOB_ID, submitted.job_id)
     return submitted
 

@@ -30,6 +30,7 @@ from shardyard.cli.children import (
 from shardyard.cli.inert import inert_json
 from shardyard.cli.rundir import SHARD_LOGS, new_run_id
 from shardyard.cli.stopping import stop_processes
+from shardyard.cli.team_files import team_files
 from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
@@ -37,8 +38,6 @@ from shardyard.jobdb.urls import default_url
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting", "monitor")
 ACCOUNTING_URL_TO = ("accounting", "monitor")
 """The services ``up`` gives ``--accounting-url``: the one that writes the database and the one that serves it."""
-QUEUES_FILE_TO = ("queue", "scheduler")
-"""The services ``up`` gives ``--queues-file``: they read it (again on each change) and publish it."""
 REPLICAS = 2
 """Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
 by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
@@ -212,14 +211,15 @@ def up(
     accounting_url: str | None = None,
     demo_data: bool = False,
     queues_file: Path | None = None,
+    credentials_file: Path | None = None,
 ) -> ClusterInfo:
     """Start a local cluster; return once every service announced itself and every node is ALIVE. A process that
     exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest is stopped; one
     that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times. Once ready,
     ``supervise`` leaves a supervisor behind that restarts whatever dies (``shardyard.cli.supervisor``). Jobs are
     accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``); ``demo_data``: ``demo.data_root``;
-    ``queues_file``: the teams' queues for the queue and scheduler, checked first (a bad file starts nothing)."""
-    queues = _checked_queues(queues_file)
+    ``queues_file``, ``credentials_file``: the teams' queues and keys, checked first (``team_files``)."""
+    files = team_files(queues_file, credentials_file)
     _refuse_a_running_cluster(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -240,7 +240,7 @@ def up(
         info.save()
         _create_topics(info.bootstrap)
         children = _start_processes(
-            info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, queues=queues
+            info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
         )
         wait_ready(
             children,
@@ -265,20 +265,6 @@ def _create_topics(bootstrap: str) -> None:
     from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
 
     asyncio.run(ensure_topics(bootstrap))
-
-
-def _checked_queues(path: Path | None) -> str | None:
-    """The queues file's absolute path, once it was found good (its line and reason otherwise)."""
-    if path is None:
-        return None
-    from shardyard.queues_file import read_queues
-    from shardyard.quotas import QueuesFileError
-
-    try:
-        read_queues(path)
-    except QueuesFileError as error:
-        raise ClusterError(f"queues file {path} refused: {error}") from None
-    return str(path.resolve())
 
 
 def _start_broker(info: ClusterInfo, logs: Path, say: Callable[[str], None]) -> EmbeddedBroker:
@@ -331,7 +317,7 @@ def _start_processes(
     replicas: int,
     say: Callable[[str], None],
     pick_port: PortPicker,
-    queues: str | None = None,
+    files: Mapping[str, Sequence[str]] | None = None,
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
@@ -342,8 +328,7 @@ def _start_processes(
         for replica in range(replicas):
             name = f"{service}-{replica}"
             extra = ["--accounting-url", info.accounting_url] if service in ACCOUNTING_URL_TO else []
-            if queues is not None and service in QUEUES_FILE_TO:
-                extra += ["--queues-file", queues]
+            extra += (files or {}).get(service, [])
             children.start(name, _service_argv(service, name, extra), roles)
     shard_user = shard_user_fallback(env, say)
     port_base = rendezvous_base(env)

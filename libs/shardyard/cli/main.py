@@ -38,6 +38,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
         demo_data=args.demo_data,
         queues_file=Path(args.queues_file) if args.queues_file else None,
+        credentials_file=Path(args.credentials_file) if args.credentials_file else None,
     )
     remember(run_dir)
     return 0
@@ -65,8 +66,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if refused is not None:
         print(render.refusal(refused), file=sys.stderr)
         return 2
+    credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV)
+    signed = client.signature(raw, credentials) if credentials else []
     info = _info(args)
-    submitted = client.submit(info.bootstrap, raw)
+    submitted = client.submit(info.bootstrap, raw, signed)
     print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
     if not args.wait:
         return 0
@@ -267,6 +270,7 @@ def _cluster_commands(sub: Commands) -> None:
     up.add_argument(
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
+    up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster", **usage.of("down")).set_defaults(func=cmd_down)
@@ -281,6 +285,9 @@ def _job_commands(sub: Commands) -> None:
         "--no-check",
         action="store_true",
         help="produce it even when the queue's admission rules reject the document (to see the cluster's answer)",
+    )
+    submit.add_argument(
+        "--credentials", help="sign it with its queue's team key from this file (env SHARDYARD_CREDENTIALS)"
     )
     submit.set_defaults(func=cmd_submit)
 

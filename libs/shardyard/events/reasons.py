@@ -29,6 +29,13 @@ class RejectReason(StrEnum):
     """The submission names a queue the cluster's queues file does not define."""
     QUOTA_NEVER_FITS = "QUOTA_NEVER_FITS"
     """The job needs more GPUs of a model than its queue could ever hold (nominal quota plus all it may borrow)."""
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    """Unsigned where the cluster takes no anonymous submissions (or not into that queue), signed with a key the
+    credentials do not hold or have revoked, badly signed, or out of its time to live."""
+    FORBIDDEN = "FORBIDDEN"
+    """Signed by one team for another team's queue."""
+    REPLAYED = "REPLAYED"
+    """A signature already used: the same signed submission produced again."""
 
 
 class PendingReason(StrEnum):

@@ -1,5 +1,7 @@
 """Wiring of the queue service: the only place that connects its book to the bus."""
 
+from pathlib import Path
+
 from faststream import FastStream
 from pydantic import Field
 
@@ -7,12 +9,14 @@ from shardyard.admission import DEFAULT_PATH_PREFIXES, Policy
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import LIFECYCLE, QUEUES, SUBMISSIONS
 from shardyard.clock import Clock
+from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.queues_file import POLL_S, QueuesWatch
 from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
 from shardyard.settings import GpuFigures, ReplicatedSettings
+from shardyard.signing import Credentials, CredentialsError, read_credentials
 
 SERVICE = "queue"
 GROUP = "shardyard-queue"
@@ -30,6 +34,11 @@ class QueueSettings(ReplicatedSettings):
         default_factory=list,
         description="environment names jobs may set although they change how code is loaded (LD_*, PATH, ...)",
     )
+    credentials_file: str | None = Field(
+        default=None,
+        description="the teams' keys (YAML, see shardyard.signing): submissions must be signed by their queue's team, "
+        "or be unsigned into its anonymous_queue; without it every submission is taken",
+    )
     queues_file: str | None = Field(
         default=None,
         description="the teams' queues (YAML, see examples/queues.yaml): read again on change and published on the "
@@ -40,13 +49,25 @@ class QueueSettings(ReplicatedSettings):
         return Policy(path_prefixes=tuple(self.job_path_prefixes), allowed_env=frozenset(self.allow_env))
 
 
+def _credentials(path: str | None) -> Credentials | None:
+    if path is None:
+        return None
+    try:
+        return read_credentials(Path(path))
+    except CredentialsError as error:
+        raise ConfigError(str(error)) from None
+
+
 def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     """Every replica follows the lifecycle topic (the whole job table); the consumer group on the submissions topic
     (keyed by job) splits the jobs between the replicas, and a replica admits and settles the jobs of its partitions
     only. When one dies, the group gives its partitions to the others within one election's time."""
     bus = replica_bus(SERVICE, settings)
     # No partitions until the group gives it some.
-    book = QueueBook(catalogue_with(settings.gpu_tflops), owned=frozenset(), policy=settings.policy())
+    credentials = _credentials(settings.credentials_file)
+    book = QueueBook(
+        catalogue_with(settings.gpu_tflops), owned=frozenset(), policy=settings.policy(), credentials=credentials
+    )
     handlers = QueueHandlers(book, bus, clock)
     split = Split(
         SUBMISSIONS,

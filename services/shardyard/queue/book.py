@@ -19,7 +19,7 @@ by ``task_id``) is forwarded there (``forward_to``), so one replica alone decide
 
 import json
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -45,7 +45,9 @@ from shardyard.events import (
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.queue.auth import Denied, Gate
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
+from shardyard.signing import Credentials
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
 """The states in which the queue owns a job."""
@@ -76,9 +78,16 @@ class Forward:
 
 class QueueBook:
     def __init__(
-        self, catalogue: Mapping[str, float], *, owned: frozenset[int] | None = None, policy: Policy | None = None
+        self,
+        catalogue: Mapping[str, float],
+        *,
+        owned: frozenset[int] | None = None,
+        policy: Policy | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.catalogue = catalogue
+        self.gate = Gate(credentials)
+        """Who may submit (``auth``): every submission without credentials."""
         self.policy = policy or Policy()
         """The operator's limits: allowed job-path prefixes and environment names, submission bounds."""
         self.owned = owned
@@ -155,27 +164,32 @@ class QueueBook:
             return None
         return Forward(job_id, target)
 
-    def on_submission(self, raw: bytes, *, source: str, now: datetime, key: bytes | None = None) -> list[Event]:
-        """Admit or refuse one submission. ``source`` (topic/partition/offset) makes redelivery a no-op. A rejection
-        is filed under the job the bytes or the message ``key`` name (``rejection_id``)."""
+    def on_submission(
+        self,
+        raw: bytes,
+        *,
+        source: str,
+        now: datetime,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> list[Event]:
+        """Admit or refuse one submission, signed in its ``headers`` where the cluster has credentials (``auth``).
+        ``source`` (topic/partition/offset) makes redelivery a no-op. A rejection is filed under the job the bytes
+        or the message ``key`` name (``rejection_id``)."""
         if source in self.sources:
             return []
         anonymous = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
         fallback_id = rejection_id(raw, key, anonymous, self.policy.limits)
+        signed = self.gate.check(raw, headers, now.timestamp())
+        if isinstance(signed, Denied):
+            return self._reject(fallback_id, signed.reason, signed.message, source, now)
         result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
         if not isinstance(result, Admitted):
-            rejection = JobRejected(
-                event_id=verdict_id(source),
-                occurred_at=now,
-                job_id=result.job_id,
-                reason=result.reason,
-                message=result.message,
-                errors=result.errors,
-                source_offset=source,
-            )
-            self.apply(rejection)
-            return [rejection]
+            return self._reject(result.job_id, result.reason, result.message, source, now, result.errors)
         spec = result.spec
+        denied = self.gate.admits(signed, spec.queue)
+        if denied is not None:
+            return self._reject(spec.job_id, denied.reason, denied.message, source, now)
         refusal = self._refusal(spec, source=source, now=now) or self._quota_refusal(spec, source=source, now=now)
         if refusal is not None:
             refusal = refusal.model_copy(update={"event_id": verdict_id(source)})
@@ -186,6 +200,27 @@ class QueueBook:
         )
         self.apply(accepted)
         return [accepted, *self._settle([spec.job_id], now)]
+
+    def _reject(
+        self,
+        job_id: str,
+        reason: RejectReason,
+        message: str,
+        source: str,
+        now: datetime,
+        errors: tuple[FieldError, ...] = (),
+    ) -> list[Event]:
+        rejection = JobRejected(
+            event_id=verdict_id(source),
+            occurred_at=now,
+            job_id=job_id,
+            reason=reason,
+            message=message,
+            errors=errors,
+            source_offset=source,
+        )
+        self.apply(rejection)
+        return [rejection]
 
     def _quota_refusal(self, spec: JobSpec, *, source: str, now: datetime) -> JobRejected | None:
         """Why the queues in force refuse the job: its queue is not one of them, or it asks for more than its queue

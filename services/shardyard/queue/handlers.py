@@ -58,7 +58,8 @@ class QueueHandlers:
                 )
             ]
         key = record.key if not isinstance(record.key, str) else record.key.encode()
-        events = self.book.on_submission(raw, source=source, now=self.clock.now(), key=key)
+        signed = [(name, value) for name, value in (record.headers or ()) if name != FORWARDED_FROM]
+        events = self.book.on_submission(raw, source=source, now=self.clock.now(), key=key, headers=signed)
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
             metrics.SUBMISSIONS_ANSWERED.labels("redelivered", "").inc()

@@ -140,7 +140,9 @@ def test_submit_names_the_local_user_as_owner(
 ) -> None:
     produced: list[bytes] = []
     monkeypatch.setattr(main.getpass, "getuser", lambda: "alice")
-    monkeypatch.setattr(client, "submit", lambda _bootstrap, raw: produced.append(raw) or client.Submitted("j", 0, 1))
+    monkeypatch.setattr(
+        client, "submit", lambda _bootstrap, raw, _signed=(): produced.append(raw) or client.Submitted("j", 0, 1)
+    )
     example = json.loads(main.EXAMPLE.read_text())
     given = tmp_path / "given.json"
     given.write_text(json.dumps({**example, "owner": "bob"}))
