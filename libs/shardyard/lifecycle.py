@@ -87,6 +87,21 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return None
 
 
+RELEASED_FROM: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
+"""The states a release (``JobReady``) moves a job from: a requeue is ``JobPreempted`` or ``JobRecovering``."""
+
+
+def moves(current: JobState | None, event: LifecycleFact) -> JobState | None:
+    """The state ``event`` moves a job in ``current`` to; None when it moves nothing (it updates only a reason, or
+    the table refuses it: late or duplicated). A release moves only a held job, so a release published twice (a
+    queue replica that lost its partitions publishing what its successor published too), the second after the job
+    started, moves nothing."""
+    target = target_state(event)
+    if target is None or (isinstance(event, JobReady) and current not in RELEASED_FROM):
+        return None
+    return target if can_move(current, target) else None
+
+
 def can_move(current: JobState | None, target: JobState) -> bool:
     """True when a job in ``current`` (None: not seen yet) may move to ``target``."""
     if current is None:

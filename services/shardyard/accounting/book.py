@@ -24,7 +24,7 @@ from shardyard.events import (
     JobSucceeded,
 )
 from shardyard.jobdb.record import JobRecord
-from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -59,8 +59,8 @@ class JobFold:
 
     def apply(self, event: LifecycleFact) -> bool:
         """Fold one fact; False when it changes nothing (refused by the table, or a fact the record does not keep)."""
-        target = target_state(event)
-        if target is None or not can_move(self.state, target):
+        target = moves(self.state, event)
+        if target is None:
             return False
         if isinstance(event, JobScheduled):
             if event.term < self.placed_term:

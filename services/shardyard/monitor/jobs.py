@@ -32,7 +32,7 @@ from shardyard.events import (
     ShardProgress,
     ShardStarted,
 )
-from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, moves, target_state
 from shardyard.monitor.progress import SERIES_POINTS as SERIES_POINTS  # re-exported: its home was here
 from shardyard.monitor.progress import ProgressSeries, SeriesPoint, SyncPace
 from shardyard.monitor.timeline import MAX_NOTES, Timeline
@@ -125,7 +125,7 @@ class JobView:
             detail = f"attempt {event.attempt} under term {event.term}: term {self.placed_term} placed the job"
             self.note(event.occurred_at, "stale placement fenced", detail)
             return False
-        if target is not None and not can_move(self.state, target):
+        if target is not None and moves(self.state, event) is None:
             return False  # late or duplicated: the transition table keeps the job where it is
         if target is not None:
             self.state = target

@@ -44,7 +44,7 @@ from shardyard.events import (
     QueuesConfigured,
     RejectReason,
 )
-from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
+from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
 from shardyard.queue.auth import Denied, Gate
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 from shardyard.signing import Credentials
@@ -116,8 +116,8 @@ class QueueBook:
             self._note_cancel_request(event)
             return
         job_id = event.job_id
-        target = target_state(event)
-        if target is not None and can_move(self.states.get(job_id), target):
+        target = moves(self.states.get(job_id), event)
+        if target is not None:
             self.states[job_id] = target
             if isinstance(event, JobAccepted):
                 self._add_job(event.spec)

@@ -195,7 +195,9 @@ def test_a_shard_failed_at_its_start_deadline_shows_the_cause() -> None:
 
 
 def test_shard_events_of_an_older_attempt_are_ignored() -> None:
-    requeued = JobReady(occurred_at=at(3), job_id="job-1", spec=SPEC)
+    requeued = JobPreempted(
+        occurred_at=at(3), job_id="job-1", attempt=1, by_job="other", checkpoint_dir=None, checkpoint_step=None
+    )
     view = view_of([*FULL_RUN[:3], requeued, scheduled("job-1", attempt=2, occurred_at=at(4))])
     assert view.jobs["job-1"].attempt == 2
 

@@ -21,7 +21,7 @@ from shardyard.events import (
     PendingReason,
     RejectReason,
 )
-from shardyard.lifecycle import TERMINAL, TRANSITIONS, JobState, LifecycleFact, can_move, target_state
+from shardyard.lifecycle import TERMINAL, TRANSITIONS, JobState, LifecycleFact, can_move, moves, target_state
 from tests.unit.builders import T0, job_spec, scheduled
 
 S = JobState
@@ -174,3 +174,31 @@ def test_target_state_table_covers_every_lifecycle_event_class() -> None:
         JobCancelled,
     }
     assert set(LifecycleFact.__args__) == classes  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("current", "moved"),
+    [
+        (JobState.ACCEPTED, JobState.READY),
+        (JobState.WAITING, JobState.READY),
+        (JobState.READY, None),
+        (JobState.SCHEDULED, None),
+        (JobState.RUNNING, None),
+        (JobState.SUCCEEDED, None),
+        (None, None),
+    ],
+)
+def test_a_release_moves_only_a_held_job(current: JobState | None, moved: JobState | None) -> None:
+    """A queue replica that lost its partitions can publish a release its successor published too; the second,
+    landing after the job started, must not take the job back to READY (a requeue is JobPreempted)."""
+    release = JobReady(occurred_at=T0, job_id="j", spec=job_spec(job_id="j"))
+
+    assert moves(current, release) is moved
+
+
+def test_a_requeue_moves_a_running_job_back_to_ready() -> None:
+    requeued = JobPreempted(
+        occurred_at=T0, job_id="j", attempt=1, by_job="k", checkpoint_dir=None, checkpoint_step=None
+    )
+
+    assert moves(JobState.RUNNING, requeued) is JobState.READY
