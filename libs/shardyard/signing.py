@@ -164,7 +164,8 @@ def verify(
         return None
     if credential is None or signature is None:
         return Refused(Refusal.UNAUTHENTICATED, f"a signed submission has both {AUTH_HEADER} and {SIGNATURE_HEADER}")
-    parts = credential.decode(errors="replace").split(";")
+    text = credential.decode(errors="replace")  # bytes that are not UTF-8 cannot match: refused below, not raised
+    parts = text.split(";")
     if len(parts) != 6 or parts[0] != VERSION or not parts[3].isdigit() or not parts[4].isdigit():
         return Refused(Refusal.UNAUTHENTICATED, f"the credential is not {VERSION};TEAM;KEY;ISSUED;TTL;NONCE")
     _v, team, key_id, issued, ttl, nonce = parts
@@ -173,7 +174,7 @@ def verify(
     if spec is None or spec.revoked:
         what = "revoked" if spec is not None else "unknown"
         return Refused(Refusal.UNAUTHENTICATED, f"key {key_id!r} of team {team!r} is {what}")
-    if not hmac.compare_digest(_mac(spec.secret, credential.decode(), body), signature.decode(errors="replace")):
+    if not hmac.compare_digest(_mac(spec.secret, text, body).encode(), signature):
         return Refused(Refusal.UNAUTHENTICATED, "the signature does not match the submission and its credential")
     issued_s, ttl_s = int(issued), min(int(ttl), MAX_TTL_S)
     if not issued_s - CLOCK_SKEW_S <= now_s <= issued_s + ttl_s + CLOCK_SKEW_S:

@@ -61,6 +61,10 @@ CASES = {
         body("j11"), lambda d: [(AUTH_HEADER, signed(d)[0][1])], RejectReason.UNAUTHENTICATED
     ),
     "body-changed-after-signing": (body("j12"), lambda d: signed(body("other")), RejectReason.UNAUTHENTICATED),
+    "credential-not-utf8": (
+        body("j14"), lambda d: [(AUTH_HEADER, b"v1;team-a;k2;1;300;\xff\xfe"), ("x-shardyard-signature", b"\xff")],
+        RejectReason.UNAUTHENTICATED,
+    ),
     "other-team-signs-its-own": (body("j13", "team-b"), lambda d: signed(d, "team-b", "k1", B_KEY), None),
 }  # fmt: skip
 
