@@ -91,6 +91,8 @@ class PlacementCycle:
         """Job shape -> the shortest expected run of that shape that failed to backfill since the last reservation."""
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
         self._victims: list[VictimEntry] | None = None
+        self._stopping: set[str] = set()
+        """The gangs this cycle preempts."""
         """The gangs preemption may stop, in victim order (``contention.victim_order``), once a job needs them."""
         self.reservations = self.policy.reservations
         self.held: list[tuple[datetime, list[Slot]]] = []
@@ -146,8 +148,7 @@ class PlacementCycle:
             return [placed]
         verdict, passing = explain(index, job, self.now)
         if quota is not None and verdict.reason is PendingReason.QUOTA_EXCEEDED:
-            models = [job.spec.gpu_model] if job.spec.gpu_model and not job.degraded else quota.capacity
-            return [replace(verdict, message=f"{quota.why(pending_job, models)}; {verdict.message}")]
+            return self._over_quota(job, verdict)
         victims = self.waiting_on.get(job.spec.job_id)
         if victims:
             hold_for(index, victims, job.spec.job_id)
@@ -158,6 +159,7 @@ class PlacementCycle:
             chosen = self._choose_victims(job, self._victims, passing)
             if chosen:
                 hold_for(index, chosen, job.spec.job_id)
+                self._stopping.update(victim.job_id for victim in chosen)
                 return [
                     *(Preempt(victim.job_id, job.spec.job_id) for victim in chosen),
                     preempting_verdict(verdict, chosen),
@@ -184,6 +186,43 @@ class PlacementCycle:
             job.pending, queue_models(job.eligible), lambda: outranked(job, order, policy, now), now
         )
         return enough(self.index, job, victims, passing)
+
+    def _over_quota(self, job: Candidate, verdict: Unschedulable) -> list[Decision]:
+        """A job its queue has no headroom for: it preempts the gangs of its queue it outranks that give the queue
+        the room (``QuotaCycle.freeing``), and those the gang then needs to fit, or waits ``QUOTA_EXCEEDED`` naming
+        its queue and models."""
+        quota, pending = self.quota, job.pending
+        assert quota is not None
+        models = [job.spec.gpu_model] if job.spec.gpu_model and not job.degraded else list(quota.capacity)
+        verdict = replace(verdict, message=f"{quota.why(pending, models)}; {verdict.message}")
+        victims = self.waiting_on.get(job.spec.job_id)
+        if victims:
+            hold_for(self.index, victims, job.spec.job_id)
+            return [preempting_verdict(verdict, victims)]
+        if not self.policy.preemption:
+            return [verdict]
+        if self._victims is None:
+            self._victims = victim_order(self.running, self.policy, self.now)
+        own = [
+            gang
+            for gang in outranked(job, self._victims, self.policy, self.now)
+            if gang.queue == job.spec.queue and gang.job_id not in self._stopping
+        ]
+        model, freeing = quota.freeing(pending, models, own)
+        there = Candidate(pending, self.index, self.now, frozenset({model})) if freeing else None
+        if there is None or not there.eligible:
+            return [verdict]
+        physical, passing = explain(self.index, there, self.now)
+        if physical.reason not in RESERVABLE and physical.reason is not PendingReason.QUOTA_EXCEEDED:
+            return [verdict]  # something other than GPUs keeps it out (data, disks): no room is worth a preemption
+        freed = {gang.job_id for gang in freeing}
+        fits = enough(self.index, there, [*freeing, *(g for g in own if g.job_id not in freed)], passing)
+        if not fits:
+            return [verdict]
+        chosen = [*freeing, *(g for g in fits if g.job_id not in freed)]
+        hold_for(self.index, chosen, job.spec.job_id)
+        self._stopping.update(victim.job_id for victim in chosen)
+        return [*(Preempt(victim.job_id, job.spec.job_id) for victim in chosen), preempting_verdict(verdict, chosen)]
 
     def _hold_placed(self, job: PendingJob, placed: Place) -> None:
         """A gang placed this cycle holds its nodes, until its expected end, for a reservation there too."""

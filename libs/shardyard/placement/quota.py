@@ -11,6 +11,11 @@ and the borrowed gangs a queue may reclaim. Pure; a cycle without ``Snapshot.quo
 - **Reclaim.** A job that would stay within its queue's nominal quota of a model may preempt gangs of other queues
   that borrow that model: borrowers only, lowest priority first, then the most recently started, each once it has
   run ``min_runtime_s``, and no more of a borrower than it borrows. Priority preemption stays within a queue.
+- **Room in the quota.** A job its queue has no headroom for (``QUOTA_EXCEEDED``) may preempt gangs of its own
+  queue that it outranks (as priority preemption would, lower priority or under LAS a later queue past the minimum
+  run time) until its queue's headroom holds the gang (``freeing``). Without it, a wide job starves behind its own
+  queue's small ones: each that ends gives its GPUs to the next small job, never enough at once to the wide one (the
+  one-queue core's reservation keeps them for it; a quota has no nodes to reserve).
 """
 
 import heapq
@@ -134,6 +139,34 @@ class QuotaCycle:
         it in the rest of the cycle (borrowing is of idle quota only)."""
         for model in self.within_nominal(job):
             self.ledger.claim(job.spec.queue, model, job.spec.gpu_count)
+
+    def freeing(
+        self, job: PendingJob, models: Iterable[str], own: Iterable[RunningJob]
+    ) -> tuple[str, list[RunningJob]]:
+        """The fewest of ``own`` (gangs of ``job``'s queue it outranks, in victim order) whose GPUs of one of
+        ``models`` give the queue headroom for the gang there, with that model: the one that frees the fewest GPUs.
+        ("", []) when no model's headroom is short, or all of ``own`` would not do."""
+        queue, need = job.spec.queue, job.spec.gpu_count
+        gangs = list(own)
+        best: tuple[int, str, list[RunningJob]] | None = None
+        for model in sorted(models):
+            if self.ledger.headroom(queue, model) >= need:
+                return "", []  # quota is not what holds the job back there
+            chosen, freed = [], 0
+            for gang in gangs:
+                gpus = self._gpus_of.get(gang.job_id, {}).get(model, 0)
+                if gpus == 0:
+                    continue
+                chosen.append(gang)
+                freed += gpus
+                self.ledger.add(queue, model, -gpus)
+                if self.ledger.headroom(queue, model) >= need:
+                    break
+            room = self.ledger.headroom(queue, model) >= need
+            self.ledger.add(queue, model, freed)
+            if room and (best is None or freed < best[0]):
+                best = (freed, model, chosen)
+        return ("", []) if best is None else (best[1], best[2])
 
     # --- reclaim -------------------------------------------------------------------------------------------------
     def victims(

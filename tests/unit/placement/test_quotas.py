@@ -4,6 +4,7 @@ fair share between queues, and reclaim of borrowed GPUs; and the queues file its
 import random
 from collections import Counter
 from copy import deepcopy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -190,6 +191,66 @@ def test_priority_preemption_stays_within_a_queue() -> None:
     decisions = cycle(config, cluster(4, busy=True), [urgent], gangs, now=1000.0)
 
     assert [d.job_id for d in decisions if isinstance(d, Preempt)] in (["b-run-2"], ["b-run-3"])
+
+
+def own_and_bs(started: float = 0.0) -> tuple[RunningJob, ...]:
+    """a's nominal 4 held by two gangs of a (nodes 0 and 1), b's by two of b (nodes 2 and 3), started at ``started``."""
+    return tuple(
+        running(f"{q}-run-{i}", (f"a100-{i}", (0, 1)), queue=q, started_at=at(started))
+        for q, i in (("a", 0), ("a", 1), ("b", 2), ("b", 3))
+    )
+
+
+TWO_OF_FOUR = "queues:\n  a: {cohort: lab, gpus: {A100: 4}}\n  b: {cohort: lab, gpus: {A100: 4}}\n"
+
+
+def test_a_job_its_queue_has_no_headroom_for_preempts_the_queues_gangs_it_outranks() -> None:
+    # a's urgent 4-GPU job: a holds its whole nominal. It preempts a's two gangs for the room, none of b's.
+    urgent = pending("a-urgent", queue="a", gpu_count=4, priority=10)
+    decisions = cycle(TWO_OF_FOUR, cluster(4, busy=True), [urgent], own_and_bs(), now=1000.0)
+
+    assert sorted(d.job_id for d in decisions if isinstance(d, Preempt)) == ["a-run-0", "a-run-1"]
+    assert blocked(decisions[-1]).reason is PendingReason.PREEMPTING
+
+
+def test_a_job_whose_queues_gangs_are_stopping_for_it_preempts_no_more() -> None:
+    # The next cycle: a's gangs are checkpointing for a-urgent and still hold the quota. It waits on them.
+    gangs = tuple(replace(g, preempted_by="a-urgent") if g.queue == "a" else g for g in own_and_bs())
+    urgent = pending("a-urgent", queue="a", gpu_count=4, priority=10)
+    decisions = cycle(TWO_OF_FOUR, cluster(4, busy=True), [urgent], gangs, now=1001.0)
+
+    assert not [d for d in decisions if isinstance(d, Preempt)]
+    assert blocked(decisions[-1]).reason is PendingReason.PREEMPTING
+
+
+def test_a_job_short_of_headroom_preempts_no_more_of_its_queue_than_the_room_needs() -> None:
+    # a holds 4 of nominal 6 (b lends none, using its own): a 4-GPU job needs 2 of them back, one gang.
+    config = TWO_OF_FOUR.replace("a: {cohort: lab, gpus: {A100: 4}}", "a: {cohort: lab, gpus: {A100: 6}}")
+    urgent = pending("a-urgent", queue="a", gpu_count=4, priority=10)
+    nodes = [*cluster(4, busy=True), node("a100-4", "A100")]
+    decisions = cycle(config, nodes, [urgent], own_and_bs(), now=1000.0)
+
+    assert len([d for d in decisions if isinstance(d, Preempt)]) == 1
+    assert {d.job_id for d in decisions if isinstance(d, Preempt)} <= {"a-run-0", "a-run-1"}
+
+
+def test_a_wide_job_is_not_starved_by_its_own_queues_small_ones() -> None:
+    # Under LAS a new job outranks its queue's gangs that have run past the minimum run time: the wide job gets
+    # its queue's room instead of waiting for GPUs its queue's next small jobs would take as each ends.
+    wide = pending("a-wide", queue="a", gpu_count=4, ready=999.0)
+    decisions = cycle(TWO_OF_FOUR, cluster(4, busy=True), [wide], own_and_bs(), now=100_000.0)
+
+    assert sorted(d.job_id for d in decisions if isinstance(d, Preempt)) == ["a-run-0", "a-run-1"]
+
+
+def test_a_job_that_outranks_none_of_its_queues_gangs_waits_on_quota() -> None:
+    # The same wide job, with a's gangs just started (within the minimum run time): it preempts nothing.
+    wide = pending("a-wide", queue="a", gpu_count=4, ready=999.0)
+    decisions = cycle(TWO_OF_FOUR, cluster(4, busy=True), [wide], own_and_bs(started=999.0), now=1000.0)
+
+    assert not [d for d in decisions if isinstance(d, Preempt)]
+    verdict = blocked(decisions[-1])
+    assert verdict.reason is PendingReason.QUOTA_EXCEEDED and "queue a" in verdict.message
 
 
 def test_a_job_of_an_unknown_queue_waits_on_quota() -> None:
