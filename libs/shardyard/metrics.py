@@ -45,6 +45,12 @@ EVENTS_CONSUMED = Counter(
     "shardyard_events_consumed", "Messages this process consumed, decodable or not", labelnames=["topic"]
 )
 EVENTS_PUBLISHED = Counter("shardyard_events_published", "Events this process published", labelnames=["topic"])
+EVENTS_REJECTED = Counter(
+    "shardyard_events_rejected",
+    "Events this process refused for their seal (shardyard.bus.seal): unsealed, a seal that does not verify, or a "
+    "sealer that may not publish them, by topic and reason",
+    labelnames=["topic", "reason"],
+)
 EVENTS_DEAD_LETTERED = Counter(
     "shardyard_events_dead_lettered",
     "Messages this process sent to the dead-letter topic, by the topic they came from",

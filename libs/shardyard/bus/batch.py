@@ -31,6 +31,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 
 from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
+from shardyard.bus.seal import Refusal, Seal, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 from shardyard.events import Event
@@ -68,6 +69,8 @@ class Sender(Protocol):
 
     async def send_dead_letter(self, raw: bytes, record: Record, error: str) -> "asyncio.Future[Any]": ...
 
+    async def send_refused(self, raw: bytes, record: Record, why: Refusal) -> "asyncio.Future[Any]": ...
+
 
 def source_of(record: Record) -> str:
     return f"{record.topic}/{record.partition}/{record.offset}"
@@ -82,8 +85,12 @@ class BatchConsumer:
         bus: Sender,
         routes: Mapping[Topic, BatchHandler],
         raw_routes: Mapping[Topic, RawBatchHandler] | None = None,
+        *,
+        seal: Seal | None = None,
     ) -> None:
         self.bus = bus
+        self.seal = seal
+        """What checks each event's seal before it is applied (``shardyard.bus.seal``); None: nothing is checked."""
         self.routes = dict(routes)
         self.raw_routes = dict(raw_routes or {})
         self.by_name = {topic.name: topic for topic in [*self.routes, *self.raw_routes]}
@@ -137,6 +144,10 @@ class BatchConsumer:
             except EventDecodeError as exc:
                 log.warning("%s: dead-lettering a message of %s: %s", self.bus.service, topic.name, exc)
                 pending.append(await self.bus.send_dead_letter(raw, record, str(exc)))
+                continue
+            why = screen(self.seal, topic.name, record.key, raw, record.headers, event)
+            if why is not None:
+                pending.append(await self.bus.send_refused(raw, record, why))
                 continue
             tracing.observe(event, record.headers)  # later publications about its job carry its trace
             by_topic.setdefault(topic, []).append((event, record))

@@ -19,6 +19,7 @@ from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.forgotten import LogWatch
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.seal import checker, refused, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -55,6 +56,8 @@ class Follower:
         self._progress = asyncio.Event()
         self._stopped = False
         self._watch = LogWatch(name)
+        self._seal = checker()
+        """Checks each event's seal (``shardyard.bus.seal``): a refused one is skipped, logged and counted."""
         """Whether the broker still holds what was followed (``shardyard.bus.forgotten``)."""
 
     async def start(self) -> None:
@@ -111,7 +114,7 @@ class Follower:
             self._watch.read(tp, (record.offset for record in records))  # a service exits on news of a lost log
             topic = self.topics[tp.topic]
             for record in records:
-                await self._hand_over(topic, tp, record.offset, record.value, record.headers)
+                await self._hand_over(topic, tp, record.offset, record.value, record.headers, record.key)
                 self._done[tp] = record.offset + 1
         if batches and self.after_batch is not None:
             try:
@@ -132,11 +135,16 @@ class Follower:
         offset: int,
         raw: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None = None,
+        key: bytes | None = None,
     ) -> None:
         try:
             event = decode(topic, raw or b"")
         except EventDecodeError as exc:
             log.warning("%s skips %s@%d: %s", self.name, tp, offset, exc)
+            return
+        why = screen(self._seal, topic.name, key, raw or b"", headers, event)
+        if why is not None:
+            log.warning("%s skips %s@%d: %s", self.name, tp, offset, refused(why, topic.name, headers))
             return
         tracing.observe(event, headers)  # what the handler publishes about its job continues the job's trace
         metrics.CONSUMER_LAG.ensure_sampling()

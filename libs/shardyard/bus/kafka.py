@@ -22,6 +22,7 @@ from faststream.middlewares import AckPolicy
 from shardyard import metrics, tracing
 from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, AfterBatch, BatchConsumer, BatchHandler, RawBatchHandler
 from shardyard.bus.codec import decode, encode, key_of, topic_of
+from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, for_component, refused, screen
 from shardyard.bus.topics import DEADLETTER, Topic
 from shardyard.errors import EventDecodeError
 from shardyard.events import Event
@@ -113,19 +114,24 @@ def source_of_record(record: ConsumerRecord[bytes, bytes]) -> str:
 class Bus:
     """Publishing and subscribing for one service process."""
 
-    def __init__(self, broker: KafkaBroker, *, service: str) -> None:
+    def __init__(
+        self, broker: KafkaBroker, *, service: str, component: str | None = None, seal: Seal | None = None
+    ) -> None:
         self.broker = broker
         self.service = service
+        self.seal = seal if seal is not None else for_component(service, component or service)
+        """What seals this process's events and checks those it consumes (``shardyard.bus.seal``): from the
+        cluster secret the environment names; None without one (nothing sealed or checked)."""
 
     async def send(self, event: Event) -> "asyncio.Future[Any]":
         """Hand ``event`` to the producer and return without waiting for the broker: the future resolves once the
         broker acknowledged it. Sends keep their order within a partition. An event about a job carries the job's
         trace context in its headers (taken now, from the span current at the call)."""
         headers = tracing.headers_for(event)
-        name = topic_of(event).name
-        future = _pending(
-            await self.broker.publish(encode(event), topic=name, key=key_of(event), headers=headers, no_confirm=True)
-        )
+        name, body, key = topic_of(event).name, encode(event), key_of(event)
+        if self.seal is not None:
+            headers = {**(headers or {}), **self.seal.headers(name, key, body)}
+        future = _pending(await self.broker.publish(body, topic=name, key=key, headers=headers, no_confirm=True))
         metrics.EVENTS_PUBLISHED.labels(name).inc()
         metrics.CONSUMER_LAG.ensure_sampling()
         return future
@@ -165,11 +171,12 @@ class Bus:
         await (await self.send_dead_letter(raw, record, error))
 
     async def send_dead_letter(
-        self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str
+        self, raw: bytes, record: ConsumerRecord[bytes, bytes], error: str, *, forged: Refusal | None = None
     ) -> "asyncio.Future[Any]":
         """Hand a dead letter to the producer; the future resolves once the broker has it. A message too large to
         send whole keeps its first ``MAX_DEAD_LETTER_BYTES`` (``x-shardyard-truncated`` gives its size); the
-        source header names where the whole of it still lies in the log."""
+        source header names where the whole of it still lies in the log. ``forged``: an event refused for its seal
+        (``x-shardyard-forged``, which the monitor counts for ``FORGED_EVENTS``); the dead letter is sealed."""
         headers = {
             "x-shardyard-error": error[:2000],
             "x-shardyard-source": f"{record.topic}/{record.partition}/{record.offset}",
@@ -178,11 +185,26 @@ class Bus:
         if len(raw) > MAX_DEAD_LETTER_BYTES:
             headers["x-shardyard-truncated"] = str(len(raw))
             raw = raw[:MAX_DEAD_LETTER_BYTES]
+        if forged is not None:
+            headers[FORGED_HEADER] = forged.value
+        if self.seal is not None:
+            headers |= self.seal.headers(DEADLETTER.name, record.key, raw)
         future = _pending(
             await self.broker.publish(raw, topic=DEADLETTER.name, key=record.key, headers=headers, no_confirm=True)
         )
         metrics.EVENTS_DEAD_LETTERED.labels(record.topic).inc()
         return future
+
+    async def refuse(self, raw: bytes, record: ConsumerRecord[bytes, bytes], why: Refusal) -> None:
+        """Dead-letter an event refused for its seal (``screen`` counted it)."""
+        await (await self.send_refused(raw, record, why))
+
+    async def send_refused(
+        self, raw: bytes, record: ConsumerRecord[bytes, bytes], why: Refusal
+    ) -> "asyncio.Future[Any]":
+        error = refused(why, record.topic, record.headers)
+        log.warning("%s: %s", self.service, error)
+        return await self.send_dead_letter(raw, record, error, forged=why)
 
     def subscribe(
         self,
@@ -213,7 +235,12 @@ class Bus:
                 log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
                 await self.dead_letter(body, message, str(exc))
                 return
-            tracing.observe(event, source_record(message).headers)  # later publications about its job carry it
+            record = source_record(message)
+            why = screen(self.seal, topic.name, record.key, body, record.headers, event)
+            if why is not None:
+                await self.refuse(body, record, why)
+                return
+            tracing.observe(event, record.headers)  # later publications about its job carry it
             await self._call(routes[topic], event, body, message)
 
         async def measured(body: bytes, message: KafkaMessage) -> None:
@@ -253,7 +280,7 @@ class Bus:
         """One group membership for busy topics, read a batch at a time: each topic's handler takes the batch's
         events of its topic and returns the events they cause; those are published without awaiting each, and the
         batch is committed once they are all acknowledged (see :mod:`shardyard.bus.batch`)."""
-        consumer = BatchConsumer(self, routes, raw_routes)
+        consumer = BatchConsumer(self, routes, raw_routes, seal=self.seal)
 
         async def on_batch(_body: Any, message: KafkaMessage) -> None:
             records = message.raw_message

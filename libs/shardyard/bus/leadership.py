@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -38,6 +39,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from shardyard.bus.codec import encode
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.seal import for_component
 from shardyard.bus.topics import LEADERSHIP, SERVICES
 from shardyard.clock import Clock
 from shardyard.events import LeaderElected, LeadershipClaimed
@@ -159,6 +161,8 @@ class Leadership:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._seal = for_component(self.service, self.instance)
+        """Seals the claims and announcements (``shardyard.bus.seal``); None without a cluster secret."""
 
     @property
     def leading(self) -> bool:
@@ -229,7 +233,7 @@ class Leadership:
             claim = LeadershipClaimed(occurred_at=self.clock.now(), service=self.service, instance=self.instance)
             try:
                 sent = await self._producer.send_and_wait(
-                    LEADERSHIP.name, encode(claim), key=self.service.encode(), partition=0
+                    LEADERSHIP.name, partition=0, **self._sealed(LEADERSHIP.name, encode(claim))
                 )
             except KafkaError:
                 log.exception("%s: could not write a leadership claim; claiming again shortly", self.instance)
@@ -243,12 +247,20 @@ class Leadership:
                 return
             await self._elected(term)
 
+    def _sealed(self, topic: str, body: bytes) -> dict[str, Any]:
+        """The value, key and headers of a record about this service, sealed where a cluster secret is configured."""
+        key = self.service.encode()
+        if self._seal is None:
+            return {"value": body, "key": key}
+        headers = [(name, value.encode()) for name, value in self._seal.headers(topic, key, body).items()]
+        return {"value": body, "key": key, "headers": headers}
+
     async def _elected(self, term: int) -> None:
         assert self._producer is not None
         log.info("%s leads %s under term %d", self.instance, self.service, term)
         elected = LeaderElected(occurred_at=self.clock.now(), service=self.service, instance=self.instance, term=term)
         try:
-            await self._producer.send_and_wait(SERVICES.name, encode(elected), key=self.service.encode())
+            await self._producer.send_and_wait(SERVICES.name, **self._sealed(SERVICES.name, encode(elected)))
         except KafkaError:
             log.warning("%s: could not announce term %d", self.instance, term)
         self._announced = True

@@ -9,6 +9,7 @@ from aiokafka import TopicPartition
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.kafka import JOB_PATH_FETCH_MS
+from shardyard.bus.seal import checker, refused, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -22,7 +23,7 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     """
     by_name = {topic.name: topic for topic in topics}
     consumer, partitions = await assigned_consumer(bootstrap, by_name.values(), fetch_max_wait_ms=JOB_PATH_FETCH_MS)
-    applied = 0
+    applied, seal = 0, checker()
     try:
         if not partitions:
             return 0
@@ -38,6 +39,10 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
                         event = decode(by_name[tp.topic], record.value)
                     except EventDecodeError as exc:
                         log.warning("replay skips %s@%s: %s", tp, record.offset, exc)
+                        continue
+                    why = screen(seal, tp.topic, record.key, record.value or b"", record.headers, event)
+                    if why is not None:
+                        log.warning("replay skips %s@%s: %s", tp, record.offset, refused(why, tp.topic, record.headers))
                         continue
                     apply(by_name[tp.topic], event)
                     applied += 1

@@ -3,6 +3,7 @@ status API, and reading the shard logs the agents write."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -147,12 +148,16 @@ async def _publish(bootstrap: str, event: Event) -> None:
     from aiokafka.errors import KafkaError
 
     from shardyard.bus.codec import encode, key_of, topic_of
+    from shardyard.bus.seal import ADMIN, for_component
 
+    topic, body, key = topic_of(event).name, encode(event), key_of(event)
+    seal = for_component(ADMIN, _operator())  # an operator's command, sealed where the cluster has a secret
+    headers = None if seal is None else [(n, v.encode()) for n, v in seal.headers(topic, key, body).items()]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
     try:
         await producer.start()
         try:
-            await producer.send_and_wait(topic_of(event).name, encode(event), key=key_of(event))
+            await producer.send_and_wait(topic, body, key=key, headers=headers)
         finally:
             await producer.stop()
     except KafkaError as exc:
@@ -318,3 +323,11 @@ class LogTail:
         taken = data if final else data[: data.rfind(b"\n") + 1]
         self.offsets[log.path] = offset + len(taken)
         return [(log, line) for line in taken.decode(errors="replace").splitlines()]
+
+
+def _operator() -> str:
+    """Who runs this command, for the seal's component name."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no user name in the environment or the password database
+        return "operator"

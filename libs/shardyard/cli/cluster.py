@@ -30,7 +30,7 @@ from shardyard.cli.children import (
 from shardyard.cli.inert import inert_json
 from shardyard.cli.rundir import SHARD_LOGS, new_run_id
 from shardyard.cli.stopping import stop_processes
-from shardyard.cli.team_files import team_files
+from shardyard.cli.team_files import cluster_secret, sealed_env, team_files
 from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
@@ -85,6 +85,8 @@ class ClusterInfo:
     """How often the supervisor started each process again after it died."""
     supervisor_pid: int | None = None
     """The process that restarts the others (``shardyard.cli.supervisor``); None until ``up`` is ready."""
+    secret_file: str = ""
+    """The cluster secret every process seals its events with (``shardyard.bus.seal``); empty: none."""
 
     def live(self) -> "ClusterInfo":
         """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
@@ -212,17 +214,16 @@ def up(
     demo_data: bool = False,
     queues_file: Path | None = None,
     credentials_file: Path | None = None,
+    sign_events: bool = False,
 ) -> ClusterInfo:
     """Start a local cluster; return once every service announced itself and every node is ALIVE. A process that
     exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest is stopped; one
     that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times. Once ready,
-    ``supervise`` leaves a supervisor behind that restarts whatever dies (``shardyard.cli.supervisor``). Jobs are
-    accounted in ``accounting_url`` (default ``RUN_DIR/accounting.db``); ``demo_data``: ``demo.data_root``;
-    ``queues_file``, ``credentials_file``: the teams' queues and keys, checked first (``team_files``)."""
+    ``supervise`` leaves a supervisor that restarts whatever dies (``cli.supervisor``). ``accounting_url``: default
+    ``RUN_DIR/accounting.db``; ``demo_data``: ``demo.data_root``; the rest: ``team_files``."""
     files = team_files(queues_file, credentials_file)
     _refuse_a_running_cluster(run_dir)
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    (logs := run_dir / "logs").mkdir(parents=True, exist_ok=True)
     demo.data_root(data_root, with_demo=demo_data, say=say)
     started = time.monotonic()
     broker: EmbeddedBroker | None = None
@@ -234,6 +235,7 @@ def up(
         embedded_broker=bootstrap is None,
         started_at=time.time(),
         accounting_url=accounting_url or default_url(run_dir),
+        secret_file=cluster_secret(run_dir, sign_events),
     )
     try:
         broker = _start_broker(info, logs, say) if bootstrap is None else None
@@ -280,7 +282,7 @@ def start_supervisor(info: ClusterInfo, children: Children, broker: EmbeddedBrok
     """Write what ``up`` started to ``supervise.json`` and start the supervisor on it (see its module)."""
     from shardyard.cli.supervisor import Spec, Specs
 
-    extra = {"SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
+    extra = {"SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1", **sealed_env(info.secret_file)}
     specs = Specs(info.run_dir, info.bootstrap)
     for name, child in children.started.items():
         specs.processes.append(Spec(name, [str(a) for a in child.process.args], extra, str(child.log)))  # type: ignore[union-attr]
@@ -321,7 +323,12 @@ def _start_processes(
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
-    env = {**os.environ, "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap,
+        "PYTHONUNBUFFERED": "1",
+        **sealed_env(info.secret_file),
+    }
     children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
     for service in SERVICES:
         roles = ("http", "metrics") if service == "monitor" else ("metrics",)

@@ -17,6 +17,7 @@ from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
+from shardyard.cli.team_files import sealed_env
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
 
@@ -24,7 +25,11 @@ EXAMPLE = Path(__file__).with_name("example_job.json")
 
 
 def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
-    return cluster.ClusterInfo.load(run_dir_of(args)).live()
+    """The running cluster; a command that publishes seals what it sends with the cluster's secret, if it has one."""
+    info = cluster.ClusterInfo.load(run_dir_of(args)).live()
+    for name, value in sealed_env(info.secret_file).items():
+        os.environ.setdefault(name, value)
+    return info
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -39,6 +44,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         demo_data=args.demo_data,
         queues_file=Path(args.queues_file) if args.queues_file else None,
         credentials_file=Path(args.credentials_file) if args.credentials_file else None,
+        sign_events=args.sign_events,
     )
     remember(run_dir)
     return 0
@@ -271,6 +277,12 @@ def _cluster_commands(sub: Commands) -> None:
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
     up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
+    up.add_argument(
+        "--sign-events",
+        action="store_true",
+        help="every process seals its events under a new cluster secret (RUN_DIR/cluster.secret) and refuses the "
+        "unsealed (README: Security)",
+    )
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster", **usage.of("down")).set_defaults(func=cmd_down)

@@ -1,8 +1,10 @@
 """The teams' files ``shardyard up`` hands the services: the queues file (the queue and the scheduler read it, again
 on each change, and publish it) and the credentials file (the queue verifies submissions with it)."""
 
+import os
 from pathlib import Path
 
+from shardyard.cluster_secret import SECRET_ENV, read_secret, write_secret
 from shardyard.errors import ClusterError
 
 QUEUES_FILE_TO = ("queue", "scheduler")
@@ -27,3 +29,20 @@ def team_files(queues: Path | None, credentials: Path | None) -> dict[str, list[
         read_credentials(credentials)  # a CredentialsError names the file and the fault
         extra.setdefault("queue", []).extend(["--credentials-file", str(credentials.resolve())])
     return extra
+
+
+def cluster_secret(run_dir: Path, sign_events: bool) -> str:
+    """The cluster secret's file: a new one in the run folder for ``sign_events``, else the environment's, if any."""
+    if sign_events:
+        return str(write_secret(run_dir.resolve() / "cluster.secret"))
+    named = os.environ.get(SECRET_ENV)
+    if named:
+        read_secret(Path(named))  # refused now, naming the file, rather than by every process it starts
+        return str(Path(named).resolve())
+    return ""
+
+
+def sealed_env(secret_file: str) -> dict[str, str]:
+    """The environment that makes a process seal its events with the cluster secret in ``secret_file`` (empty:
+    none)."""
+    return {SECRET_ENV: secret_file} if secret_file else {}

@@ -46,6 +46,10 @@ class AlertRule(StrEnum):
     QUEUE_STARVED = "QUEUE_STARVED"
     """A team's queue has had a job that fits in its nominal quota waiting longer than the queues file's
     ``starving_after_s`` (borrowers not reclaimable yet, or capacity missing). Per queue."""
+    FORGED_EVENTS = "FORGED_EVENTS"
+    """Events of a topic were refused for their seal recently (``shardyard.bus.seal``): unsealed, a seal that does
+    not verify, or a sealer that may not publish them. Someone without the cluster secret writes to the bus, or a
+    component runs without it. Per topic."""
 
 
 class AlertSeverity(StrEnum):

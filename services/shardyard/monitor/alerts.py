@@ -26,7 +26,8 @@ from datetime import datetime, timedelta
 
 from shardyard.events import AlertFiring, AlertResolved, AlertRule
 from shardyard.events.alert import alert_event_id, alert_key
-from shardyard.monitor.rules import RULES, AlertPolicy, Condition, conditions
+from shardyard.monitor.condition import Condition
+from shardyard.monitor.rules import RULES, AlertPolicy, conditions
 from shardyard.monitor.views import ClusterView
 
 RESEND_AFTER_S = 5.0

@@ -165,7 +165,7 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     bus = Bus(broker, service=SERVICE)
     view = ClusterView(telemetry=Telemetry(clock=clock), network=settings.network())
     exported = MonitorMetrics(view, clock)
-    handlers = MonitorHandlers(view, exported.events, bus)
+    handlers = MonitorHandlers(view, exported.events, bus, bus.seal)
     # No consumer group: every monitor replica reads every topic (heartbeats from their end) and so rebuilds its view.
     feed = Feed(
         settings.bootstrap,

@@ -15,6 +15,7 @@ from prometheus_client import Counter
 
 from shardyard import metrics
 from shardyard.bus.codec import decode
+from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 from shardyard.monitor.feed import Record
@@ -28,12 +29,16 @@ class DeadLetters(Protocol):
 
     async def dead_letter_record(self, raw: bytes, record: Record, error: str) -> None: ...
 
+    async def refuse(self, raw: bytes, record: Record, why: Refusal) -> None: ...
+
 
 class MonitorHandlers:
-    def __init__(self, view: ClusterView, events: Counter, bus: DeadLetters) -> None:
+    def __init__(self, view: ClusterView, events: Counter, bus: DeadLetters, seal: Seal | None = None) -> None:
         self.view = view
         self.events = events
         self.bus = bus
+        self.seal = seal
+        """Checks each event's seal, and a dead letter's before it counts as a forged event (``bus.seal``)."""
 
     async def on_records(self, topic: Topic, records: Sequence[Record]) -> None:
         """Fold a batch of one topic's records, in order."""
@@ -43,24 +48,41 @@ class MonitorHandlers:
                 source = headers.get("x-shardyard-source", "unknown/0/0").rsplit("/", 2)[0]
                 at = datetime.fromtimestamp(record.timestamp / 1000, UTC)
                 service, error = headers.get("x-shardyard-service", "?"), headers.get("x-shardyard-error", "")
-                self.view.dead_letter(source, at, service, error)
+                forged = FORGED_HEADER in headers and self._sealed(record)
+                self.view.dead_letter(source, at, service, error, forged=forged)
             metrics.handled(topic.name, [0.0] * len(records))
             return
         seconds: list[float] = []
         refused: list[tuple[Record, str]] = []
+        unsealed: list[tuple[Record, Refusal]] = []
         for record in records:
             began = time.perf_counter()
             try:
-                self.view.apply(decode(topic, record.value or b""))
+                event = decode(topic, record.value or b"")
+                why = screen(self.seal, topic.name, record.key, record.value or b"", record.headers, event)
+                if why is None:
+                    self.view.apply(event)
+                else:
+                    unsealed.append((record, why))
             except EventDecodeError as exc:
                 refused.append((record, str(exc)))
             except Exception as exc:  # a bug in a fold must not stop the monitor: the record is kept aside
                 log.exception("monitor: folding %s/%d/%d failed", record.topic, record.partition, record.offset)
                 refused.append((record, f"handler failed: {exc!r}"))
             seconds.append(time.perf_counter() - began)
-        if len(refused) < len(records):  # counted once folded: a refused record is not a consumed event
-            self.events.labels(topic.name).inc(len(records) - len(refused))
+        if len(refused) + len(unsealed) < len(records):  # counted once folded: a refused record is not consumed
+            self.events.labels(topic.name).inc(len(records) - len(refused) - len(unsealed))
         metrics.handled(topic.name, seconds)
         for record, error in refused:
             log.warning("monitor: dead-lettering %s/%d/%d: %s", record.topic, record.partition, record.offset, error)
             await self.bus.dead_letter_record(record.value or b"", record, error)
+        for record, why in unsealed:
+            await self.bus.refuse(record.value or b"", record, why)
+
+    def _sealed(self, record: Record) -> bool:
+        """Whether a dead letter comes from a component of this cluster: its own seal verifies (anyone can write a
+        dead letter that says forged; only a component's counts). Without a secret here, any counts."""
+        if self.seal is None:
+            return True
+        _sealer, why = self.seal.check(record.topic, record.key, record.value or b"", record.headers)
+        return why is None

@@ -306,10 +306,17 @@ def alert_families(view: ClusterView) -> Iterator[Family]:
         "Unix time of the newest dead letter from each topic (its messages nobody could use)",
         ["topic"],
     )
+    forged = Family(
+        "shardyard_forged_event_last_timestamp_seconds",
+        "Unix time of the newest event of each topic refused for its seal (shardyard.bus.seal), as dead-lettered",
+        ["topic"],
+    )
     for topic, seen in sorted(view.dead_lettered.items()):
         if seen.last_at is not None:
             dead.add((topic,), seen.last_at.timestamp())
-    yield from (firing, lag, dead, *_node_liveness(view), *_job_progress(view), *_node_disks(view))
+        if seen.forged_at is not None:
+            forged.add((topic,), seen.forged_at.timestamp())
+    yield from (firing, lag, dead, forged, *_node_liveness(view), *_job_progress(view), *_node_disks(view))
 
 
 def _node_liveness(view: ClusterView) -> Iterator[Family]:

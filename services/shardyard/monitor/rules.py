@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from shardyard.events import AlertRule, AlertSeverity, NodeStatus, PendingReason
 from shardyard.events.alert import alert_key
 from shardyard.lifecycle import TERMINAL, JobState
+from shardyard.monitor.condition import Condition
+from shardyard.monitor.forged import forged_events
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import gang_nodes
 from shardyard.monitor.views import ClusterView
@@ -63,21 +65,6 @@ class AlertPolicy:
     @property
     def disk_floor(self) -> str:
         return format_bytes(self.disk_floor_bytes)
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A rule's condition holding for one subject now."""
-
-    rule: AlertRule
-    subject: str
-    severity: AlertSeverity
-    summary: str
-    value: float
-    threshold: float
-    since: datetime | None
-    """When it began, where the data say; None: from when the book first saw it."""
-    for_s: float = 0.0
 
 
 # --- what the rules read from the view (also exported as metrics, so Prometheus judges the same figures) -------
@@ -389,6 +376,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.SLOW_LINK: slow_link,
     AlertRule.DISK_FULL: disk_full,
     AlertRule.QUEUE_STARVED: queue_starved,
+    AlertRule.FORGED_EVENTS: forged_events,
 }
 
 

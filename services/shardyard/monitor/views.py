@@ -72,6 +72,10 @@ class DeadLettered:
     last_at: datetime | None = None
     last_service: str = ""
     last_error: str = ""
+    forged: int = 0
+    """Of them, events refused for their seal (``x-shardyard-forged``, on a dead letter whose own seal verifies)."""
+    forged_at: datetime | None = None
+    forged_error: str = ""
 
 
 @dataclass
@@ -135,12 +139,17 @@ class ClusterView:
         self._dead_letters = count
         self.revision += 1
 
-    def dead_letter(self, source_topic: str, at: datetime, service: str, error: str) -> None:
-        """A message of ``source_topic`` reached the dead-letter topic at ``at``, sent there by ``service``."""
+    def dead_letter(self, source_topic: str, at: datetime, service: str, error: str, *, forged: bool = False) -> None:
+        """A message of ``source_topic`` reached the dead-letter topic at ``at``, sent there by ``service``;
+        ``forged``: an event refused for its seal."""
         seen = self.dead_lettered.setdefault(source_topic, DeadLettered())
         seen.count += 1
         if seen.last_at is None or at >= seen.last_at:
             seen.last_at, seen.last_service, seen.last_error = at, service, error[:300]
+        if forged:
+            seen.forged += 1
+            if seen.forged_at is None or at >= seen.forged_at:
+                seen.forged_at, seen.forged_error = at, f"{service}: {error[:300]}"
         self.dead_letters += 1
 
     def job(self, job_id: str) -> JobView:

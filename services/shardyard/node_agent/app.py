@@ -349,7 +349,7 @@ def build_app(
     disk: PathProbe | None = None,
 ) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.node_id}")
-    bus = Bus(broker, service=SERVICE)
+    bus = Bus(broker, service=SERVICE, component=settings.node_id)  # sealed with the node's key
     probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops))
     measured = MeasuredTflops(probe)
     bench = bench or SubprocessBench(

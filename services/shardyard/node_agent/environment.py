@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardyard.cluster_secret import SECRET_ENV
 from shardyard.events import ShardAssignment
 from shardyard.node_agent.mounts import resolve
 from shardyard.training import entry, store
@@ -135,7 +136,7 @@ def shard_env(
             entry.CHECKPOINT_DIR_ENV: str(paths.output / CHECKPOINT_SUBDIR),
             **hosted_store(assignment),
         }
-    return (
+    env = (
         {
             **first,
             "RANK": str(assignment.shard_index),
@@ -156,6 +157,8 @@ def shard_env(
         | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
         | peer_state_env(assignment, options)
     )
+    env.pop(SECRET_ENV, None)  # the cluster secret is the agent's, never the job's
+    return env
 
 
 def hosted_store(assignment: ShardAssignment) -> dict[str, str]:

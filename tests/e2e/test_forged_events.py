@@ -1,0 +1,200 @@
+"""Forged events against a real cluster that seals its events (``shardyard up --sign-events``; ``shardyard.bus.seal``)
+and takes only signed submissions. With a plain Kafka producer, as anyone who reaches the broker could, the test
+forges: a cancel of a running job, a drain of a node, a heartbeat of a fake node, a ``shard.completed`` of the
+running job (and the same sealed with the key of an agent that does not run that shard), an assignment of a job
+nobody submitted under a term of 10^12, a leader announcement, and a replay of the running job's signed submission.
+
+Each is refused: dead-lettered with its reason (``x-shardyard-forged``) or, for the replay, answered ``REJECTED
+REPLAYED``; the state is unchanged (the job runs on and its shards stay where they were, the node takes shards, no
+fake node, no shard of the forged job, the leader is the real one); ``FORGED_EVENTS`` fires for each topic; and a
+cancel by ``shardyard cancel`` (an operator's, sealed) then does take effect."""
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardyard.bus.codec import encode, key_of, topic_of
+from shardyard.bus.replay import replay
+from shardyard.bus.seal import AGENT, FORGED_HEADER, Keys, Seal
+from shardyard.bus.topics import ASSIGNMENTS, DEADLETTER, HEARTBEATS, SUBMISSIONS
+from shardyard.cli.client import signature
+from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cluster_secret import read_secret
+from shardyard.events import (
+    Event,
+    Heartbeat,
+    JobCancelRequested,
+    LeaderElected,
+    NodeDrain,
+    ShardAssignment,
+    ShardCompleted,
+)
+from shardyard.training.artifacts import create_demo_artifacts
+from tests.e2e.test_placement_e2e import document, until
+from tests.support import wait
+from tests.support.cluster import ONE_REPLICA, cli
+from tests.support.events import Producer
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+CREDENTIALS = "teams:\n  team-a:\n    keys:\n      k1: {secret: %s}\n" % ("a1" * 32)
+FORGED_ON = {
+    "shardyard.jobs.lifecycle",
+    "shardyard.nodes.heartbeats",
+    "shardyard.shards.events",
+    "shardyard.assignments",
+    "shardyard.services",
+}
+"""The topics the forgeries go to: FORGED_EVENTS fires for each."""
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterInfo]]:
+    run_dir = tmp_path_factory.mktemp("sealed")
+    create_demo_artifacts(run_dir / "data")
+    credentials = run_dir / "credentials.yaml"
+    credentials.write_text(CREDENTIALS)
+    credentials.chmod(0o600)
+    started = cli(
+        "up", *ONE_REPLICA, "--node", "A100:1", "--node", "A100:1", "--sign-events",
+        "--credentials-file", str(credentials), run_dir=run_dir, timeout=180,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield run_dir, ClusterInfo.load(run_dir)
+    finally:
+        cli("down", run_dir=run_dir, timeout=120)
+
+
+def newest(bootstrap: str, kind: type[Event], **fields: Any) -> Any:
+    found: list[Any] = []
+
+    def keep(_topic: object, event: object) -> None:
+        if isinstance(event, kind) and all(getattr(event, k) == v for k, v in fields.items()):
+            found.append(event)
+
+    asyncio.run(replay(bootstrap, [topic_of_kind(kind)], keep))
+    return found[-1] if found else None
+
+
+def topic_of_kind(kind: type[Event]) -> Any:
+    return {Heartbeat: HEARTBEATS, ShardAssignment: ASSIGNMENTS}[kind]
+
+
+def forged_letters(bootstrap: str) -> dict[str, set[str]]:
+    """Source topic -> the reasons its events were refused for, from the dead-letter topic."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def read() -> dict[str, set[str]]:
+        consumer = AIOKafkaConsumer(DEADLETTER.name, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            batches = await consumer.getmany(timeout_ms=2000)
+        finally:
+            await consumer.stop()
+        reasons: dict[str, set[str]] = {}
+        for records in batches.values():
+            for record in records:
+                headers = {name: value.decode() for name, value in record.headers or ()}
+                if FORGED_HEADER in headers:
+                    source = headers["x-shardyard-source"].rsplit("/", 2)[0]
+                    reasons.setdefault(source, set()).add(headers[FORGED_HEADER])
+        return reasons
+
+    return asyncio.run(read())
+
+
+async def forge(bootstrap: str, events: list[tuple[Event, list[tuple[str, bytes]] | None]]) -> None:
+    async with Producer(bootstrap) as send:
+        for event, headers in events:
+            await send.raw(topic_of(event).name, encode(event), key=key_of(event), headers=headers)
+
+
+def agent_sealed(secret_file: str, node_id: str, event: Event) -> list[tuple[str, bytes]]:
+    """``event`` sealed with the key of ``node_id``'s agent (what a compromised agent could send)."""
+    seal = Seal(Keys(read_secret(Path(secret_file))), AGENT, node_id)
+    return [(n, v.encode()) for n, v in seal.headers(topic_of(event).name, key_of(event), encode(event)).items()]
+
+
+@pytest.mark.timeout(600)
+def test_each_forged_event_is_refused_and_the_cluster_goes_on_as_before(sealed: tuple[Path, ClusterInfo]) -> None:
+    run_dir, info = sealed
+    assert info.secret_file and Path(info.secret_file).stat().st_mode & 0o077 == 0
+    victim = document("victim", shard_count=2, sync_interval=5, training={"max_steps": 100000, "batch_size": 2})
+    victim["resource_requirements"]["gpu"]["count"] = 2
+    raw = json.dumps({**victim, "queue": "team-a"}).encode()
+    signed = signature(raw, str(run_dir / "credentials.yaml"))  # as `shardyard submit --credentials` signs
+    asyncio.run(submission(info.bootstrap, raw, signed))
+    running = until(run_dir, "victim", lambda j: j["state"] == "RUNNING" and (j.get("step") or 0) >= 10, 240)
+    placed = {int(i): shard["node_id"] for i, shard in running["shards"].items()}
+    assignment = newest(info.bootstrap, ShardAssignment, job_id="victim", shard_index=0)
+    beat = newest(info.bootstrap, Heartbeat, node_id=placed[0])
+    assert assignment is not None and beat is not None
+    now, other = beat.occurred_at, placed[1]
+
+    completed = ShardCompleted(
+        occurred_at=now, job_id="victim", shard_index=0, attempt=assignment.attempt, node_id=placed[0],
+        final_loss=0.0, steps=1, checkpoint_dir=None,
+    )  # fmt: skip
+    asyncio.run(
+        forge(
+            info.bootstrap,
+            [
+                (JobCancelRequested(occurred_at=now, job_id="victim", requested_by="mallory"), None),
+                (NodeDrain(occurred_at=now, node_id=placed[0], draining=True), None),
+                (beat.model_copy(update={"node_id": "node-mallory", "agent_instance": "mallory"}), None),
+                (completed, None),
+                (completed, agent_sealed(info.secret_file, other, completed)),  # not the node running shard 0
+                (assignment.model_copy(update={"job_id": "mallory-job", "term": 10**12}), None),
+                (LeaderElected(occurred_at=now, service="scheduler", instance="mallory", term=10**12), None),
+            ],
+        )
+    )
+    asyncio.run(submission(info.bootstrap, raw, signed))  # the same record again: a replay
+
+    alerts = wait.until(
+        lambda: forged_alerts(info) >= FORGED_ON or None,
+        "FORGED_EVENTS for every topic forged on",
+        90,
+        every_s=1.0,
+        describe=lambda: {"firing": sorted(forged_alerts(info)), "letters": forged_letters(info.bootstrap)},
+    )
+    assert alerts
+    letters = forged_letters(info.bootstrap)
+    assert letters.keys() >= FORGED_ON, letters
+    assert "NOT_PERMITTED" in letters["shardyard.shards.events"], letters
+    assert "UNSEALED" in letters["shardyard.jobs.lifecycle"], letters
+
+    # Nothing forged took effect: the job trains on where it was, rejected once as a replay and nothing more.
+    later = until(run_dir, "victim", lambda j: (j.get("step") or 0) >= (running.get("step") or 0) + 10, 120)
+    assert later["state"] == "RUNNING", later
+    assert {int(i): s["node_id"] for i, s in later["shards"].items()} == placed
+    assert "REPLAYED" in json.dumps(later["timeline"]), later["timeline"]
+    nodes = {n["node_id"]: n for n in get_json(f"{info.monitor_url}/api/nodes")["nodes"]}
+    assert "node-mallory" not in nodes and not nodes[placed[0]].get("draining"), nodes
+    leaders = get_json(f"{info.monitor_url}/api/services")["leaders"]
+    assert leaders["scheduler"]["instance"] != "mallory", leaders
+    assert newest(info.bootstrap, ShardAssignment, job_id="mallory-job") is not None  # it is on the bus, refused
+    assert "mallory-job" not in json.dumps(get_json(f"{info.monitor_url}/api/jobs"))
+
+    # The operator's own cancel, sealed by the CLI with the cluster's secret, does take effect.
+    cancelled = cli("cancel", "victim", run_dir=run_dir)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    until(run_dir, "victim", lambda j: j["state"] == "CANCELLED", 120)
+
+
+def forged_alerts(info: ClusterInfo) -> set[str]:
+    try:
+        answer = get_json(f"{info.monitor_url}/api/alerts")
+    except (OSError, ValueError):
+        return set()
+    return {a["subject"] for a in answer.get("firing", []) if a.get("rule") == "FORGED_EVENTS"}
+
+
+async def submission(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]]) -> None:
+    async with Producer(bootstrap) as send:
+        await send.raw(SUBMISSIONS.name, raw, key=b"victim", headers=headers)
