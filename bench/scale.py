@@ -47,6 +47,7 @@ from scale_nodes import DATASET_PATH, MODEL_PATH
 from scale_report import MIX, burst_figures, lag_figures, latencies, node_faults, summarize, window_figures
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli import cluster
+from shardyard.cli.team_files import sealed_env
 
 NODES_SCRIPT = Path(__file__).with_name("scale_nodes.py")
 NOTES = [
@@ -101,13 +102,21 @@ class NodesProcess:
         self.log = log
 
     @classmethod
-    async def start(cls, args: argparse.Namespace, bootstrap: str, n: int, root: Path, max_s: float) -> "NodesProcess":
+    async def start(
+        cls, args: argparse.Namespace, bootstrap: str, n: int, root: Path, max_s: float, secret_file: str = ""
+    ) -> "NodesProcess":
         log = root / "nodes.log"
         argv = [str(NODES_SCRIPT), "--bootstrap", bootstrap, "--nodes", str(n), "--data-root", str(root / "data")]
         argv += ["--shard-s", str(args.shard_s), "--max-s", str(max_s)]
+        env = {**os.environ, **sealed_env(secret_file)}
         with log.open("wb") as err:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err
+                sys.executable,
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                env=env,
             )
         return cls(process, log)
 
@@ -216,8 +225,9 @@ async def measure(info: cluster.ClusterInfo, args: argparse.Namespace, n: int, r
     sub = Submitter(info.bootstrap, f"scale-{n}-{run}", seed=run)
     await asyncio.gather(watch.start(), lag.start(), sub.producer.start())
     budget = 180 + args.ready_timeout_s + args.warmup_s + args.window_s + args.drain_s + args.burst_timeout_s
-    nodes = await NodesProcess.start(args, info.bootstrap, n, root, max_s=budget)
+    nodes = await NodesProcess.start(args, info.bootstrap, n, root, max_s=budget, secret_file=info.secret_file)
     result: dict[str, Any] = {"nodes": n, "run": run + 1, "mode": "burst" if burst else "stream"}
+    result["sealed"] = bool(info.secret_file)
     report: dict[str, Any] = {}
     try:
         ready = await nodes.expect("ready", 60 + n / 100)
@@ -309,6 +319,11 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=0, help="submit this many jobs at once instead of a stream")
     parser.add_argument("--burst-timeout-s", type=float, default=120.0)
     parser.add_argument("--logs", type=Path, default=None, help="copy each cluster's logs under this folder")
+    parser.add_argument(
+        "--sign-events",
+        action="store_true",
+        help="the cluster seals every event (up --sign-events) and the simulated nodes seal theirs with their keys",
+    )
     args = parser.parse_args()
     args.nodes = args.nodes or ("1000" if args.burst else "100,1000,5000,10000")
     if args.stop_after_s is None:
@@ -324,7 +339,9 @@ def main() -> None:
                 (root / "data").mkdir()
                 say(f"{n} nodes, run {run + 1}/{args.runs}: starting the cluster")
                 try:
-                    info = cluster.up(root / "run", nodes=(), data_root=root / "data", say=say)
+                    info = cluster.up(
+                        root / "run", nodes=(), data_root=root / "data", say=say, sign_events=args.sign_events
+                    )
                     try:
                         runs.append(asyncio.run(measure(info, args, n, run, root)))
                     finally:

@@ -35,7 +35,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from shardyard.bus.codec import decode, encode, key_of
+from shardyard.bus.seal import AGENT, Keys, Seal, screen
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, SHARD_EVENTS
+from shardyard.cluster_secret import secret_from_env
 from shardyard.errors import EventDecodeError
 from shardyard.events import Heartbeat, RunningShard, ShardAssignment, ShardRevocation, ShardStarted, ShardStopRequest
 from shardyard.node_agent.book import AgentBook, ShardKey, Verdict
@@ -169,7 +171,7 @@ class Nodes:
         self.nodes = [SimNode(f"sim-{i:05d}", args.data_root) for i in range(args.nodes)]
         self.by_id = {node.id: node for node in self.nodes}
         self.counts = {"sent": 0, "send_errors": 0, "assignments": 0, "started": 0, "completed": 0, "revoked": 0}
-        self.counts |= {"preempted": 0, "spares": 0, "ignored_dead": 0, "undecodable": 0}
+        self.counts |= {"preempted": 0, "spares": 0, "ignored_dead": 0, "undecodable": 0, "refused": 0}
         self.late_ms_max = 0.0
         self.pending: set[asyncio.Future[Any]] = set()
         self.producer = AIOKafkaProducer(
@@ -181,6 +183,17 @@ class Nodes:
             max_request_size=4 * 1024 * 1024,
         )
         self.done = asyncio.Event()
+        secret = secret_from_env()
+        self.keys = None if secret is None else Keys(secret)
+        """With the cluster's secret (``--sign-events``): each node seals what it sends with its agent's key, and
+        what it is assigned is checked, as an agent does (``shardyard.bus.seal``)."""
+        self.checker = None if secret is None else Seal(Keys(secret), "", "")
+
+    def sealed(self, node_id: str, topic: str, key: bytes, value: bytes) -> list[tuple[str, bytes]] | None:
+        if self.keys is None:
+            return None
+        headers = Seal(self.keys, AGENT, node_id).headers(topic, key, value)
+        return [(name, text.encode()) for name, text in headers.items()]
 
     def _sent(self, futures: list[asyncio.Future[Any]]) -> None:
         batch = asyncio.ensure_future(asyncio.gather(*futures, return_exceptions=True))
@@ -205,7 +218,8 @@ class Nodes:
                 if not node.alive:
                     continue
                 for topic, key, value in node.beats.next(now):
-                    futures.append(await self.producer.send(topic, value, key=key))
+                    headers = self.sealed(node.id, topic, key, value)
+                    futures.append(await self.producer.send(topic, value, key=key, headers=headers))
                 node.last_beat = wall
             self.counts["sent"] += len(futures)
             self._sent(futures)
@@ -215,7 +229,12 @@ class Nodes:
                 await asyncio.wait_for(self.done.wait(), max(0.0, next_at - loop.time()))
 
     async def publish(self, events: list[Any]) -> None:
-        self._sent([await self.producer.send(SHARD_EVENTS.name, encode(e), key=key_of(e)) for e in events])
+        futures = []
+        for event in events:
+            key, value = key_of(event), encode(event)
+            headers = self.sealed(event.node_id, SHARD_EVENTS.name, key, value)
+            futures.append(await self.producer.send(SHARD_EVENTS.name, value, key=key, headers=headers))
+        self._sent(futures)
 
     async def answer(self, consumer: AIOKafkaConsumer) -> None:
         while not self.done.is_set():
@@ -227,6 +246,10 @@ class Nodes:
                         event = decode(ASSIGNMENTS, record.value or b"")
                     except EventDecodeError:
                         self.counts["undecodable"] += 1
+                        continue
+                    raw = record.value or b""
+                    if screen(self.checker, ASSIGNMENTS.name, record.key, raw, record.headers, event) is not None:
+                        self.counts["refused"] += 1
                         continue
                     events.extend(self.on_assignment(event))
             if events:

@@ -3,6 +3,7 @@
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from shardyard.errors import ConfigError
@@ -32,3 +33,8 @@ def write_secret(path: Path) -> Path:
     with os.fdopen(fd, "w") as out:
         out.write(os.urandom(SECRET_BYTES).hex() + "\n")
     return path
+
+
+def secret_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
+    named = (os.environ if environ is None else environ).get(SECRET_ENV)
+    return read_secret(Path(named)) if named else None

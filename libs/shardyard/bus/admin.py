@@ -10,6 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from shardyard.bus.topics import CATALOGUE, Topic
+from shardyard.bus.transport import client_options
 from shardyard.errors import BrokerError
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = CATALOGUE, *, 
     deadline = time.monotonic() + timeout_s
     wanted = list(topics)
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="shardyard-admin")
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="shardyard-admin", **client_options())
         try:
             await admin.start()
             existing = set(await admin.list_topics())

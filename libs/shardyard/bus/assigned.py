@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard.bus.topics import Topic
+from shardyard.bus.transport import client_options
 
 
 async def assigned_consumer(
@@ -30,6 +31,7 @@ async def assigned_consumer(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         **named,
+        **client_options(),
     )
     await consumer.start()
     try:

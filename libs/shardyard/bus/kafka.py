@@ -24,6 +24,7 @@ from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, AfterBatch, Batch
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, for_component, refused, screen
 from shardyard.bus.topics import DEADLETTER, Topic
+from shardyard.bus.transport import faststream_security
 from shardyard.errors import EventDecodeError
 from shardyard.events import Event
 
@@ -80,6 +81,7 @@ def make_broker(bootstrap: str, *, client_id: str, middlewares: Sequence[Any] = 
         # scheduling cycle's thousands of assignments would go out 16 KiB (aiokafka's default) a round trip.
         max_batch_size=MAX_BATCH_BYTES,
         middlewares=tuple(middlewares),
+        security=faststream_security(),  # TLS and SASL from the environment (``shardyard.bus.transport``)
         logger=logging.getLogger("shardyard.bus.faststream"),
         log_level=logging.DEBUG,  # one line per message is noise at 1 Hz heartbeats per node
     )

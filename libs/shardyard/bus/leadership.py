@@ -41,6 +41,7 @@ from shardyard.bus.codec import encode
 from shardyard.bus.kafka import BACKGROUND_FETCH_MS
 from shardyard.bus.seal import for_component
 from shardyard.bus.topics import LEADERSHIP, SERVICES
+from shardyard.bus.transport import client_options
 from shardyard.clock import Clock
 from shardyard.events import LeaderElected, LeadershipClaimed
 
@@ -175,6 +176,7 @@ class Leadership:
             client_id=f"{self.service}-{self.instance}-election",
             enable_idempotence=False,
             acks="all",
+            **client_options(),
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
@@ -188,6 +190,7 @@ class Leadership:
             heartbeat_interval_ms=t.heartbeat_interval_ms,
             rebalance_timeout_ms=t.rebalance_timeout_ms,
             partition_assignment_strategy=(sticky_assignor(lambda: self._held_term),),
+            **client_options(),
         )
         await self._consumer.start()
         self._consumer.subscribe([LEADERSHIP.name], listener=_Listener(self))

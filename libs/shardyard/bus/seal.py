@@ -28,14 +28,12 @@ again, and every consumer is idempotent on event ids and states); submissions ca
 
 import hashlib
 import hmac
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 
 from shardyard import metrics
-from shardyard.cluster_secret import SECRET_ENV, read_secret
+from shardyard.cluster_secret import secret_from_env
 from shardyard.events import (
     Event,
     Heartbeat,
@@ -84,11 +82,6 @@ class Refusal(StrEnum):
     UNSEALED = "UNSEALED"
     BAD_SEAL = "BAD_SEAL"
     NOT_PERMITTED = "NOT_PERMITTED"
-
-
-def secret_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
-    named = (os.environ if environ is None else environ).get(SECRET_ENV)
-    return read_secret(Path(named)) if named else None
 
 
 @dataclass

@@ -82,7 +82,9 @@ async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] 
 
     named = named_job(raw)
     key = named.encode() if named else None
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    from shardyard.bus.transport import client_options
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **client_options())
     await producer.start()
     try:
         meta = await producer.send_and_wait(SUBMISSIONS.name, raw, key=key, headers=headers or None)
@@ -153,7 +155,9 @@ async def _publish(bootstrap: str, event: Event) -> None:
     topic, body, key = topic_of(event).name, encode(event), key_of(event)
     seal = for_component(ADMIN, _operator())  # an operator's command, sealed where the cluster has a secret
     headers = None if seal is None else [(n, v.encode()) for n, v in seal.headers(topic, key, body).items()]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    from shardyard.bus.transport import client_options
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **client_options())
     try:
         await producer.start()
         try:

@@ -202,6 +202,7 @@ def test_paths_go_through_the_mounts() -> None:
 
 
 def test_shard_env() -> None:
+    # The agent's own environment, less the cluster secret's path (the agent's, never the job's), and the runtime's.
     shard = assignment(
         shard_index=1,
         world_size=2,
@@ -213,7 +214,9 @@ def test_shard_env() -> None:
     )
     paths = ShardPaths(model=Path("/m"), dataset=Path("/d"), output=Path("/o"))
 
-    env = shard_env(shard, paths, base_env={"PATH": "/usr/bin", "RANK": "stale"})
+    env = shard_env(
+        shard, paths, base_env={"PATH": "/usr/bin", "RANK": "stale", "SHARDYARD_CLUSTER_SECRET_FILE": "/run/secret"}
+    )
 
     assert env == {
         "PATH": "/usr/bin",

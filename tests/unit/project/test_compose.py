@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -283,6 +284,81 @@ def test_the_dashboard_shows_every_s7_figure(metric: str) -> None:
 
 
 def test_every_service_is_restarted_when_it_dies() -> None:
-    """As ``shardyard up``'s supervisor restarts what dies locally: compose's ``unless-stopped`` for every container."""
-    policies = {name: svc.get("restart") for name, svc in COMPOSE["services"].items()}
+    """As ``shardyard up``'s supervisor restarts what dies locally: compose's ``unless-stopped`` for every container
+    but the one-shot set-up jobs others wait to have completed (the certificates, the credentials and ACLs)."""
+    one_shot = {
+        name
+        for svc in COMPOSE["services"].values()
+        if isinstance(svc.get("depends_on"), dict)
+        for name, wait in svc["depends_on"].items()
+        if wait.get("condition") == "service_completed_successfully"
+    }
+    assert one_shot == {"kafka-certs", "kafka-setup"}
+    policies = {name: svc.get("restart") for name, svc in COMPOSE["services"].items() if name not in one_shot}
     assert policies and all(policy == "unless-stopped" for policy in policies.values()), policies
+    assert all("restart" not in COMPOSE["services"][name] for name in one_shot)
+
+
+# --- transport security -----------------------------------------------------------------------------------------
+KAFKA_ENV: dict[str, Any] = COMPOSE["services"]["kafka"]["environment"]
+ACLS = (ROOT / "deploy" / "kafka" / "acls.sh").read_text()
+
+
+def principal(name: str) -> str:
+    return "node-agent" if SHARDYARD[name]["command"][0] == "shardyard.node_agent" else re.sub(r"-\d+$", "", name)
+
+
+def test_the_broker_takes_only_tls_with_scram_from_outside_its_own_namespace() -> None:
+    protocols = dict(pair.split(":") for pair in KAFKA_ENV["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    advertised = {
+        url.split("://")[0]: url.split("://")[1] for url in KAFKA_ENV["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    }
+    for listener, address in advertised.items():
+        assert protocols[listener] == "SASL_SSL" or address.startswith("localhost:1"), (listener, address)
+    assert KAFKA_ENV["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert KAFKA_ENV["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert KAFKA_ENV["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert "SSL" not in KAFKA_ENV["KAFKA_ADVERTISED_LISTENERS"].replace("SASL_SSL", "")
+    for listener in ("INTERNAL", "EXTERNAL"):
+        assert f"KAFKA_LISTENER_NAME_{listener}_SCRAM___SHA___512_SASL_JAAS_CONFIG" in KAFKA_ENV
+    assert COMPOSE["services"]["kafka"]["ports"] == ["9094:9094"]  # the plain listeners are not published
+
+
+@pytest.mark.parametrize("name", sorted(SHARDYARD), ids=str)
+def test_every_process_is_its_own_principal_over_tls_and_seals_its_events(name: str) -> None:
+    from shardyard.bus.transport import client_options
+
+    env = SHARDYARD[name]["environment"]
+    who = principal(name)
+    assert env["SHARDYARD_KAFKA_USERNAME"] == who and env["SHARDYARD_KAFKA_PASSWORD_FILE"] == f"/secrets/{who}"
+    assert env["SHARDYARD_KAFKA_CA_FILE"] == "/secrets/ca.pem"
+    assert env["SHARDYARD_CLUSTER_SECRET_FILE"] == "/secrets/cluster.secret"
+    readable = {**env, "SHARDYARD_KAFKA_PASSWORD_FILE": __file__, "SHARDYARD_KAFKA_CA_FILE": ""}
+    assert client_options(readable)["security_protocol"] == "SASL_SSL"
+    assert f" {who}" in ACLS or f"({who} " in ACLS or f"={who}" in ACLS
+
+
+def test_the_acl_script_covers_every_internal_topic_and_gives_teams_only_submissions() -> None:
+    listed = re.search(r"INTERNAL=\(([^)]*)\)", ACLS)
+    assert listed is not None
+    internal = {f"shardyard.{name}" for name in listed.group(1).split()}
+    assert internal == set(BY_NAME) - {"shardyard.jobs.submissions"}
+    team_block = ACLS[ACLS.index('for team in "${TEAMS[@]}"') :]
+    assert re.findall(r"--topic (\S+)", team_block) == ["shardyard.jobs.submissions"] * 2
+    agent_writes = re.search(r'for topic in ([^;]*); do\n  acl "\$AGENT" Write', ACLS)
+    assert agent_writes is not None and set(agent_writes.group(1).split()) == {
+        "nodes.heartbeats",
+        "shards.events",
+        "links",
+        "deadletter",
+    }
+    checked = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "kafka" / "acls.sh")], check=False)
+    assert checked.returncode == 0
+
+
+def test_prometheus_sends_the_monitors_read_token() -> None:
+    [cluster_job] = [job for job in PROMETHEUS["scrape_configs"] if job["job_name"] == CLUSTER_JOB]
+    token_file = cluster_job["authorization"]["credentials_file"]
+    prometheus = COMPOSE["services"]["prometheus"]
+    assert token_file in " ".join(prometheus["entrypoint"]) and "SHARDYARD_HTTP_READ_TOKEN" in prometheus["environment"]
+    assert COMPOSE["services"]["monitor"]["environment"]["SHARDYARD_HTTP_READ_TOKEN"].startswith("${")
