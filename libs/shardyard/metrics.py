@@ -58,8 +58,9 @@ EVENTS_DEAD_LETTERED = Counter(
 )
 SUBMISSIONS_ANSWERED = Counter(
     "shardyard_queue_submissions",
-    "Submissions a queue replica answered, by outcome (accepted, rejected, forwarded to the job's partition, or a "
-    "redelivery answered before) and rejection reason; dead-lettered ones are in shardyard_events_dead_lettered",
+    "Submissions a queue replica answered, by outcome (accepted, rejected, forwarded to the job's partition, a "
+    "redelivery answered before, or a team's cancel: cancel, cancel_refused) and rejection reason; dead-lettered ones "
+    "are in shardyard_events_dead_lettered",
     labelnames=["outcome", "reason"],
 )
 HANDLER_SECONDS = Histogram(

@@ -2,12 +2,13 @@
 and takes only signed submissions. With a plain Kafka producer, as anyone who reaches the broker could, the test
 forges: a cancel of a running job, a drain of a node, a heartbeat of a fake node, a ``shard.completed`` of the
 running job (and the same sealed with the key of an agent that does not run that shard), an assignment of a job
-nobody submitted under a term of 10^12, a leader announcement, and a replay of the running job's signed submission.
+nobody submitted under a term of 10^12, a leader announcement, a replay of the running job's signed submission, and
+a cancel signed by another team.
 
 Each is refused: dead-lettered with its reason (``x-shardyard-forged``) or, for the replay, answered ``REJECTED
 REPLAYED``; the state is unchanged (the job runs on and its shards stay where they were, the node takes shards, no
-fake node, no shard of the forged job, the leader is the real one); ``FORGED_EVENTS`` fires for each topic; and a
-cancel by ``shardyard cancel`` (an operator's, sealed) then does take effect."""
+fake node, no shard of the forged job, the leader is the real one); ``FORGED_EVENTS`` fires for each topic; and
+then a cancel by the job's own team (signed, through the queue) and one by the operator (sealed) take effect."""
 
 import asyncio
 import json
@@ -41,7 +42,11 @@ from tests.support.events import Producer
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
-CREDENTIALS = "teams:\n  team-a:\n    keys:\n      k1: {secret: %s}\n" % ("a1" * 32)
+A_KEY, B_KEY = "a1" * 32, "b1" * 32
+TEAM_B = f"  team-b:\n    keys:\n      k1: {{secret: {B_KEY}}}\n"
+CREDENTIALS = f"teams:\n  team-a:\n    keys:\n      k1: {{secret: {A_KEY}}}\n{TEAM_B}"
+ONLY_B = "teams:\n" + TEAM_B
+"""What team B's user holds: its own key only."""
 FORGED_ON = {
     "shardyard.jobs.lifecycle",
     "shardyard.nodes.heartbeats",
@@ -155,6 +160,11 @@ def test_each_forged_event_is_refused_and_the_cluster_goes_on_as_before(sealed: 
         )
     )
     asyncio.run(submission(info.bootstrap, raw, signed))  # the same record again: a replay
+    # Team B signs a cancel of team A's job with its own key (the CLI would not: it holds no key of team A).
+    by_b = json.dumps({"cancel": "victim", "queue": "team-b"}).encode()
+    team_b = run_dir / "team-b.yaml"
+    team_b.write_text(ONLY_B)
+    asyncio.run(submission(info.bootstrap, by_b, signature(by_b, str(team_b))))
 
     alerts = wait.until(
         lambda: forged_alerts(info) >= FORGED_ON or None,
@@ -181,10 +191,17 @@ def test_each_forged_event_is_refused_and_the_cluster_goes_on_as_before(sealed: 
     assert newest(info.bootstrap, ShardAssignment, job_id="mallory-job") is not None  # it is on the bus, refused
     assert "mallory-job" not in json.dumps(get_json(f"{info.monitor_url}/api/jobs"))
 
-    # The operator's own cancel, sealed by the CLI with the cluster's secret, does take effect.
-    cancelled = cli("cancel", "victim", run_dir=run_dir)
-    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    until(run_dir, "victim", lambda j: j["state"] == "CANCELLED", 120)
+    # The job's own team cancels it (signed with its key, through the queue); the operator cancels any job (sealed
+    # by the CLI with the cluster's secret): both take effect.
+    waiting = json.dumps({**victim, "task_id": "waiting", "queue": "team-a"}).encode()
+    asyncio.run(submission(info.bootstrap, waiting, signature(waiting, str(run_dir / "credentials.yaml")), "waiting"))
+    until(run_dir, "waiting", lambda j: j["state"] == "READY", 60)
+    by_operator = cli("cancel", "waiting", run_dir=run_dir)
+    assert by_operator.returncode == 0, by_operator.stdout + by_operator.stderr
+    by_a = cli("cancel", "victim", "--credentials", str(run_dir / "credentials.yaml"), run_dir=run_dir)
+    assert by_a.returncode == 0, by_a.stdout + by_a.stderr
+    assert "team team-a" in json.dumps(until(run_dir, "victim", lambda j: j["state"] == "CANCELLED", 120))
+    until(run_dir, "waiting", lambda j: j["state"] == "CANCELLED", 60)
 
 
 def forged_alerts(info: ClusterInfo) -> set[str]:
@@ -195,6 +212,6 @@ def forged_alerts(info: ClusterInfo) -> set[str]:
     return {a["subject"] for a in answer.get("firing", []) if a.get("rule") == "FORGED_EVENTS"}
 
 
-async def submission(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]]) -> None:
+async def submission(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]], job_id: str = "victim") -> None:
     async with Producer(bootstrap) as send:
-        await send.raw(SUBMISSIONS.name, raw, key=b"victim", headers=headers)
+        await send.raw(SUBMISSIONS.name, raw, key=job_id.encode(), headers=headers)

@@ -74,15 +74,17 @@ def job_id_of(raw: bytes, partition: int, offset: int) -> str:
     return named_job(raw) or f"invalid-{partition}-{offset}"
 
 
-async def _produce(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] | None = None) -> Submitted:
+async def _produce(
+    bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]] | None = None, *, job_id: str | None = None
+) -> Submitted:
     from aiokafka import AIOKafkaProducer
 
     from shardyard.admission import named_job
     from shardyard.bus.topics import SUBMISSIONS
-
-    named = named_job(raw)
-    key = named.encode() if named else None
     from shardyard.bus.transport import client_options
+
+    named = job_id or named_job(raw)
+    key = named.encode() if named else None
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **client_options())
     await producer.start()
@@ -181,6 +183,15 @@ def request_cancel(bootstrap: str, job_id: str, *, requested_by: str) -> JobCanc
     request = JobCancelRequested(occurred_at=datetime.now(UTC), job_id=job_id, requested_by=requested_by)
     publish(bootstrap, request)
     return request
+
+
+def request_team_cancel(bootstrap: str, job_id: str, queue: str, credentials_file: str) -> Submitted:
+    """A team's cancel of its own job: ``{"cancel": JOB, "queue": QUEUE}`` on the submissions topic, keyed by the
+    job, signed with the key of ``queue``'s team (the queue checks both: ``shardyard.queue.team_cancel``)."""
+    import asyncio
+
+    raw = json.dumps({"cancel": job_id, "queue": queue}).encode()
+    return asyncio.run(_produce(bootstrap, raw, signature(raw, credentials_file), job_id=job_id))
 
 
 def request_drain(bootstrap: str, node_id: str, *, draining: bool) -> NodeDrain:

@@ -109,7 +109,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return _fail(f"no job {args.job!r} (see `shardyard jobs`)")
     if found["state"] in client.TERMINAL_STATES:
         return _fail(f"job {args.job!r} already ended {found['state']}; there is nothing to cancel")
-    client.request_cancel(info.bootstrap, args.job, requested_by=_requester())
+    credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV)
+    if credentials:  # a team's cancel of its own job, signed with the team's key, through the queue
+        client.request_team_cancel(info.bootstrap, args.job, str(found.get("queue") or "default"), credentials)
+    else:  # the operator's, sealed with the cluster's secret where it has one
+        client.request_cancel(info.bootstrap, args.job, requested_by=_requester())
     print(f"cancel requested for {args.job} (state {found['state']})")
     if not args.wait:
         return 0
@@ -308,6 +312,9 @@ def _job_commands(sub: Commands) -> None:
     cancel = sub.add_parser("cancel", help="ask the cluster to cancel a job that has not ended", **usage.of("cancel"))
     cancel.add_argument("job")
     cancel.add_argument("--wait", action="store_true", help="wait until the monitor shows the job CANCELLED")
+    cancel.add_argument(
+        "--credentials", help="cancel as the job's team, signed with its key from this file (env SHARDYARD_CREDENTIALS)"
+    )
     cancel.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits at most")
     cancel.set_defaults(func=cmd_cancel)
 

@@ -18,6 +18,7 @@ by ``task_id``) is forwarded there (``forward_to``), so one replica alone decide
 """
 
 import json
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,9 +46,12 @@ from shardyard.events import (
     RejectReason,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
+from shardyard.queue import team_cancel
 from shardyard.queue.auth import Denied, Gate
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 from shardyard.signing import Credentials
+
+log = logging.getLogger(__name__)
 
 HELD: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
 """The states in which the queue owns a job."""
@@ -100,6 +104,8 @@ class QueueBook:
         self.children: dict[str, list[str]] = {}
         self.waiting: dict[str, WaitingFor] = {}
         self.cancel_requests: dict[str, str] = {}
+        self.queue_of: dict[str, str] = {}
+        """Every unfinished job's queue: whose team may cancel it (``team_cancel``)."""
         """Held job -> who asked to cancel it."""
         self._cancel_request_ids: set[str] = set()
         self._waiting_ids: dict[str, set[str]] = {}
@@ -121,6 +127,9 @@ class QueueBook:
             self.states[job_id] = target
             if isinstance(event, JobAccepted):
                 self._add_job(event.spec)
+                self.queue_of[job_id] = event.spec.queue
+            if target in TERMINAL:
+                self.queue_of.pop(job_id, None)
             if target not in HELD:
                 self.specs.pop(job_id, None)
                 self.waiting.pop(job_id, None)
@@ -178,6 +187,9 @@ class QueueBook:
         or the message ``key`` name (``rejection_id``)."""
         if source in self.sources:
             return []
+        target = team_cancel.cancel_target(raw)
+        if target is not None:
+            return self._team_cancel(target, raw, headers, source, now)
         anonymous = "invalid-" + source.rsplit("/", 2)[-2] + "-" + source.rsplit("/", 1)[-1]
         fallback_id = rejection_id(raw, key, anonymous, self.policy.limits)
         signed = self.gate.check(raw, headers, now.timestamp())
@@ -200,6 +212,19 @@ class QueueBook:
         )
         self.apply(accepted)
         return [accepted, *self._settle([spec.job_id], now)]
+
+    def _team_cancel(
+        self, job_id: str, raw: bytes, headers: Sequence[tuple[str, bytes]] | None, source: str, now: datetime
+    ) -> list[Event]:
+        """A team's signed cancel of its own job (``team_cancel``): the request, or nothing (refused, logged)."""
+        signed = self.gate.check(raw, headers, now.timestamp())
+        queue = self.queue_of.get(job_id)
+        decided = team_cancel.decide(self.gate, signed, job_id, queue, event_id=verdict_id(source), now=now)
+        if isinstance(decided, Denied):
+            log.warning("cancel of %r at %s refused (%s): %s", job_id, source, decided.reason, decided.message)
+            return []
+        self.apply(decided)
+        return [decided]
 
     def _reject(
         self,

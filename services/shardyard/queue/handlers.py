@@ -11,8 +11,9 @@ from shardyard.bus.batch import Record, pace
 from shardyard.bus.kafka import Bus, source_of_record
 from shardyard.bus.topics import SUBMISSIONS, Topic
 from shardyard.clock import Clock
-from shardyard.events import JobAccepted, JobRejected, QueuesConfigured
+from shardyard.events import JobAccepted, JobCancelRequested, JobRejected, QueuesConfigured
 from shardyard.lifecycle import LifecycleFact
+from shardyard.queue import team_cancel
 from shardyard.queue.book import QueueBook
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,14 @@ class QueueHandlers:
         events = self.book.on_submission(raw, source=source, now=self.clock.now(), key=key, headers=signed)
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
-            metrics.SUBMISSIONS_ANSWERED.labels("redelivered", "").inc()
+            refused = team_cancel.cancel_target(raw) is not None  # a team's cancel the queue refused (it logged why)
+            metrics.SUBMISSIONS_ANSWERED.labels("cancel_refused" if refused else "redelivered", "").inc()
             return []
         verdict = events[0]
         if isinstance(verdict, JobRejected):
             metrics.SUBMISSIONS_ANSWERED.labels("rejected", verdict.reason.value).inc()
+        elif isinstance(verdict, JobCancelRequested):
+            metrics.SUBMISSIONS_ANSWERED.labels("cancel", "").inc()  # a team's signed cancel of its own job
         else:
             metrics.SUBMISSIONS_ANSWERED.labels("accepted", "").inc()
         # The admission span continues the submitter's trace (its ``traceparent`` header), or starts the job's trace

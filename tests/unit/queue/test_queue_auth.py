@@ -115,3 +115,50 @@ def test_a_signature_covers_the_body() -> None:
     headers = signed(data)
     assert verify(data, headers, CREDENTIALS, NOW) is not None
     assert isinstance(verify(data + b" ", headers, CREDENTIALS, NOW), Refused)
+
+
+def cancel_of(job_id: str, queue: str = "team-a") -> bytes:
+    return f'{{"cancel": "{job_id}", "queue": "{queue}"}}'.encode()
+
+
+def accepted(book: QueueBook, task_id: str, queue: str, offset: int) -> None:
+    data = body(task_id, queue)
+    verdict = answer(book, data, signed(data, team=queue, key_id="k1" if queue == "team-b" else "k2",
+                                        secret=B_KEY if queue == "team-b" else A_NEW), offset)  # fmt: skip
+    assert isinstance(verdict, JobAccepted), verdict
+    book.apply(verdict)
+
+
+@pytest.mark.parametrize(
+    ("headers", "job", "cancelled"),
+    [
+        (lambda d: signed(d), "a-job", True),  # its own team
+        (lambda d: signed(d, team="team-b", key_id="k1", secret=B_KEY), "a-job", False),  # another team's job
+        (lambda d: None, "a-job", False),  # unsigned
+        (tampered, "a-job", False),
+        (lambda d: signed(d, issued=NOW - 400), "a-job", False),  # expired
+        (lambda d: signed(d), "no-such-job", False),
+    ],
+)
+def test_a_team_cancels_only_its_own_unfinished_job_through_the_queue(headers, job, cancelled) -> None:  # type: ignore[no-untyped-def]
+    book = QueueBook(DEFAULT_TFLOPS, credentials=CREDENTIALS)
+    accepted(book, "a-job", "team-a", 1)
+    data = cancel_of(job)
+    events = book.on_submission(data, source="shardyard.jobs.submissions/0/9", now=at(1000), headers=headers(data))
+
+    if cancelled:
+        [request] = events
+        assert type(request).__name__ == "JobCancelRequested" and request.job_id == job  # type: ignore[attr-defined]
+        assert request.requested_by == "team team-a"  # type: ignore[attr-defined]
+    else:
+        assert events == []
+
+
+def test_a_replayed_team_cancel_is_refused() -> None:
+    book = QueueBook(DEFAULT_TFLOPS, credentials=CREDENTIALS)
+    accepted(book, "a-job", "team-a", 1)
+    data = cancel_of("a-job")
+    headers = signed(data)
+    first = book.on_submission(data, source="shardyard.jobs.submissions/0/9", now=at(1000), headers=headers)
+    again = book.on_submission(data, source="shardyard.jobs.submissions/0/10", now=at(1000), headers=headers)
+    assert len(first) == 1 and again == []
