@@ -5,9 +5,9 @@ every service replica, agent and operator command seals what it publishes on the
 checks the seal before it applies an event. Without one nothing is sealed or checked (as before).
 
 - **Keys.** A component's key is derived from the cluster secret for its role and name:
-  ``HMAC-SHA256(secret, "shardyard-seal-v1" 0 role 0 component)``. Roles: each service's name (``scheduler``,
-  ``queue``, ``resource-pool``, ``fault-manager``, ``monitor``, ``accounting``), ``node-agent`` (the component is
-  the node id) and ``admin`` (an operator's command).
+  ``HMAC-SHA256(secret, "shardyard-seal-v1" role component)``, role and component each length-prefixed. Roles:
+  each service's name (``scheduler``, ``queue``, ``resource-pool``, ``fault-manager``, ``monitor``,
+  ``accounting``), ``node-agent`` (the component is the node id) and ``admin`` (an operator's command).
 - **The seal.** Two headers: ``x-shardyard-from: ROLE/COMPONENT`` and ``x-shardyard-seal``, the hex HMAC-SHA256
   under that component's key over the topic, the record key and the body, each length-prefixed, and the from header.
   A consumer derives the claimed component's key and compares in constant time.
@@ -78,6 +78,9 @@ OWN_SERVICE_EVENTS: tuple[type[Event], ...] = (LeadershipClaimed, LeaderElected,
 """Events a service may publish only under its own name (their ``service`` field)."""
 
 
+SERVICE_ROLES = frozenset({"scheduler", "queue", "resource-pool", "fault-manager", "monitor", "accounting"})
+
+
 class Refusal(StrEnum):
     UNSEALED = "UNSEALED"
     BAD_SEAL = "BAD_SEAL"
@@ -96,7 +99,9 @@ class Keys:
         key = self._cache.get(sealer)
         if key is None:
             role, _, component = sealer.partition("/")
-            material = b"\0".join((_DOMAIN, role.encode(), component.encode()))
+            material = _DOMAIN + b"".join(
+                len(part).to_bytes(4, "big") + part for part in (role.encode(), component.encode())
+            )
             key = hmac.new(self.secret, material, hashlib.sha256).digest()
             if len(self._cache) < _MAX_KEYS:
                 self._cache[sealer] = key
@@ -155,9 +160,6 @@ def permitted(sealer: str, event: Event) -> bool:
     if isinstance(event, OWN_SERVICE_EVENTS):
         return getattr(event, "service", None) == role
     return role in SERVICE_ROLES
-
-
-SERVICE_ROLES = frozenset({"scheduler", "queue", "resource-pool", "fault-manager", "monitor", "accounting"})
 
 
 def for_component(role: str, component: str, environ: Mapping[str, str] | None = None) -> Seal | None:
