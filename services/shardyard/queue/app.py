@@ -1,5 +1,6 @@
 """Wiring of the queue service: the only place that connects its book to the bus."""
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from faststream import FastStream
@@ -12,6 +13,7 @@ from shardyard.clock import Clock
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.queue.book import QueueBook
+from shardyard.queue.credentials_watch import CredentialsWatch
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.queues_file import POLL_S, QueuesWatch
 from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
@@ -78,10 +80,18 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
         raw_routes={SUBMISSIONS: handlers.on_submissions},
         fetch_max_wait_ms=JOB_PATH_FETCH_MS,
     )
-    ticker = None
+    ticks: list[Callable[[], Awaitable[None]]] = []
     if settings.queues_file is not None:
         who = f"{SERVICE}-{settings.instance}"
-        watch = QueuesWatch(settings.queues_file, bus, clock, in_force=handlers.queues_in_force, who=who)
-        ticker = Periodic("queues-file", POLL_S, watch.tick)  # started once the log was read: the version in force
+        ticks.append(QueuesWatch(settings.queues_file, bus, clock, in_force=handlers.queues_in_force, who=who).tick)
+    if settings.credentials_file is not None:
+        ticks.append(CredentialsWatch(Path(settings.credentials_file), book.gate).tick)
+
+    async def watch_files() -> None:
+        for tick in ticks:
+            await tick()
+
+    # Started once the log was read (the queues version in force is the topic's).
+    ticker = Periodic("team-files", POLL_S, watch_files) if ticks else None
     follow = Follow([LIFECYCLE, QUEUES], handlers.on_followed)
     return partitioned_app(bus, settings, clock, follow=follow, split=split, ticker=ticker)

@@ -162,3 +162,24 @@ def test_a_replayed_team_cancel_is_refused() -> None:
     first = book.on_submission(data, source="shardyard.jobs.submissions/0/9", now=at(1000), headers=headers)
     again = book.on_submission(data, source="shardyard.jobs.submissions/0/10", now=at(1000), headers=headers)
     assert len(first) == 1 and again == []
+
+
+def test_a_changed_credentials_file_is_in_force_at_the_next_poll_and_a_bad_one_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from shardyard.queue.credentials_watch import CredentialsWatch
+    from shardyard.signing import read_credentials
+
+    path = tmp_path / "credentials.yaml"
+    path.write_text(f"teams:\n  team-a:\n    keys:\n      k2: {{secret: {A_NEW}}}\n")
+    book = QueueBook(DEFAULT_TFLOPS, credentials=read_credentials(path))
+    watch = CredentialsWatch(path, book.gate)
+    assert watch.poll() is False  # unchanged
+    assert isinstance(answer(book, body("r1"), signed(body("r1")), 1), JobAccepted)
+
+    path.write_text(f"teams:\n  team-a:\n    keys:\n      k2: {{secret: {A_NEW}, revoked: true}}\n")
+    assert watch.poll() is True
+    refused = answer(book, body("r2"), signed(body("r2")), 2)
+    assert isinstance(refused, JobRejected) and refused.reason is RejectReason.UNAUTHENTICATED
+
+    path.write_text("teams: [not, a, mapping]\n")
+    assert watch.poll() is False and watch.error is not None
+    assert isinstance(answer(book, body("r3"), signed(body("r3")), 3), JobRejected)  # the revocation stays in force
