@@ -215,3 +215,26 @@ def forged_alerts(info: ClusterInfo) -> set[str]:
 async def submission(bootstrap: str, raw: bytes, headers: list[tuple[str, bytes]], job_id: str = "victim") -> None:
     async with Producer(bootstrap) as send:
         await send.raw(SUBMISSIONS.name, raw, key=job_id.encode(), headers=headers)
+
+
+@pytest.mark.timeout(400)
+def test_up_secure_makes_a_local_key_and_the_readme_commands_still_run_the_example(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run_dir = tmp_path_factory.mktemp("secure")
+    create_demo_artifacts(run_dir / "data")
+    started = cli("up", *ONE_REPLICA, "--node", "A100:1", "--node", "A100:1", "--secure", run_dir=run_dir, timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        info = ClusterInfo.load(run_dir)
+        assert Path(info.credentials_file).stat().st_mode & 0o077 == 0 and info.secret_file
+        example = Path(__file__).parents[2] / "examples" / "fine_tune_gpt2.json"
+        done = cli("submit", str(example), "--wait", run_dir=run_dir, timeout=300)  # signed with the local key
+        assert done.returncode == 0 and "SUCCEEDED" in done.stdout, done.stdout + done.stderr
+
+        unsigned = json.dumps(document("unsigned")).encode()
+        asyncio.run(submission(info.bootstrap, unsigned, [], "unsigned"))
+        refused = until(run_dir, "unsigned", lambda j: j["state"] == "REJECTED", 60)
+        assert "UNAUTHENTICATED" in json.dumps(refused), refused
+    finally:
+        cli("down", run_dir=run_dir, timeout=120)

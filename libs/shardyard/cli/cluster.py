@@ -87,6 +87,9 @@ class ClusterInfo:
     """The process that restarts the others (``shardyard.cli.supervisor``); None until ``up`` is ready."""
     secret_file: str = ""
     """The cluster secret every process seals its events with (``shardyard.bus.seal``); empty: none."""
+    credentials_file: str = ""
+    """The teams' keys the queue checks submissions with (``shardyard.signing``); empty: none. ``submit`` and
+    ``cancel`` sign with it unless told another file."""
 
     def live(self) -> "ClusterInfo":
         """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
@@ -225,7 +228,6 @@ def up(
     _refuse_a_running_cluster(run_dir)
     (logs := run_dir / "logs").mkdir(parents=True, exist_ok=True)
     demo.data_root(data_root, with_demo=demo_data, say=say)
-    started = time.monotonic()
     broker: EmbeddedBroker | None = None
     info = ClusterInfo(
         run_dir=str(run_dir.resolve()),
@@ -236,6 +238,7 @@ def up(
         started_at=time.time(),
         accounting_url=accounting_url or default_url(run_dir),
         secret_file=cluster_secret(run_dir, sign_events),
+        credentials_file=str(credentials_file.resolve()) if credentials_file else "",
     )
     try:
         broker = _start_broker(info, logs, say) if bootstrap is None else None
@@ -257,7 +260,7 @@ def up(
         raise
     if supervise:
         start_supervisor(info, children, broker, logs)
-    say(f"cluster ready in {time.monotonic() - started:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
+    say(f"cluster ready in {time.time() - info.started_at:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
 
 

@@ -17,7 +17,7 @@ from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
-from shardyard.cli.team_files import sealed_env
+from shardyard.cli.team_files import sealed_env, secured
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
 
@@ -34,6 +34,7 @@ def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
 
 def cmd_up(args: argparse.Namespace) -> int:
     run_dir = run_dir_of(args)
+    credentials, sealed = secured(args, run_dir)
     cluster.up(
         run_dir,
         nodes=args.node or cluster.DEFAULT_NODES,
@@ -43,8 +44,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
         demo_data=args.demo_data,
         queues_file=Path(args.queues_file) if args.queues_file else None,
-        credentials_file=Path(args.credentials_file) if args.credentials_file else None,
-        sign_events=args.sign_events,
+        credentials_file=credentials,
+        sign_events=sealed,
     )
     remember(run_dir)
     return 0
@@ -72,9 +73,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if refused is not None:
         print(render.refusal(refused), file=sys.stderr)
         return 2
-    credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV)
-    signed = client.signature(raw, credentials) if credentials else []
     info = _info(args)
+    credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV) or info.credentials_file
+    signed = client.signature(raw, credentials) if credentials else []
     submitted = client.submit(info.bootstrap, raw, signed)
     print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
     if not args.wait:
@@ -210,11 +211,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
     print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
     create_demo_artifacts(data_root)
-    info = cluster.up(run_dir, data_root=data_root, bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None)
+    credentials, sealed = secured(args, run_dir)
+    bootstrap = os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None
+    info = cluster.up(
+        run_dir, data_root=data_root, bootstrap=bootstrap, credentials_file=credentials, sign_events=sealed
+    )
     try:
-        raw = EXAMPLE.read_bytes()
-        print(f"submitting the example job (S15):\n{raw.decode().strip()}")
-        submitted = client.submit(info.bootstrap, client.with_owner(raw, _user()))
+        raw = client.with_owner(EXAMPLE.read_bytes(), _user())
+        print(f"submitting the example job (S15):\n{EXAMPLE.read_text().strip()}")
+        signed = client.signature(raw, str(credentials)) if credentials else []
+        submitted = client.submit(info.bootstrap, raw, signed)
         final = _follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
         print(render.job_detail(detail))
@@ -281,6 +287,12 @@ def _cluster_commands(sub: Commands) -> None:
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
     up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="--sign-events, and a local key of the default team (RUN_DIR/credentials.yaml) unless --credentials-file "
+        "names the teams' keys: the queue takes only signed submissions; submit signs with it",
+    )
     up.add_argument(
         "--sign-events",
         action="store_true",
@@ -360,6 +372,7 @@ def _demo_command(sub: Commands) -> None:
     )
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.add_argument("--secure", action="store_true", help="as up --secure: signed submissions, sealed events")
     demo.set_defaults(func=cmd_demo)
 
 

@@ -1,6 +1,8 @@
-"""The teams' files ``shardyard up`` hands the services: the queues file (the queue and the scheduler read it, again
-on each change, and publish it) and the credentials file (the queue verifies submissions with it)."""
+"""The files ``shardyard up`` hands the services: the queues file (the queue and the scheduler read it, again on each
+change, and publish it), the credentials file (the queue verifies submissions with it; ``--secure`` makes a local
+one) and the cluster secret every process seals its events with (``shardyard.bus.seal``)."""
 
+import argparse
 import os
 from pathlib import Path
 
@@ -46,3 +48,27 @@ def sealed_env(secret_file: str) -> dict[str, str]:
     """The environment that makes a process seal its events with the cluster secret in ``secret_file`` (empty:
     none)."""
     return {SECRET_ENV: secret_file} if secret_file else {}
+
+
+def local_credentials(run_dir: Path) -> Path:
+    """A credentials file for a cluster started ``--secure`` without one: a new key of the ``default`` team (the
+    queue a job goes to when it names none), in ``RUN_DIR/credentials.yaml``, mode 600; ``submit`` signs with it."""
+    from shardyard.signing import new_secret
+
+    path = run_dir.resolve() / "credentials.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(
+            f"# made by shardyard up --secure\nteams:\n  default:\n    keys:\n      k1: {{secret: {new_secret()}}}\n"
+        )
+    return path
+
+
+def secured(args: argparse.Namespace, run_dir: Path) -> tuple[Path | None, bool]:
+    """``up``'s and ``demo``'s credentials file and whether to seal events: ``--secure`` makes a local key where no
+    ``--credentials-file`` is given, and seals."""
+    given = Path(args.credentials_file) if getattr(args, "credentials_file", None) else None
+    if not args.secure:
+        return given, bool(getattr(args, "sign_events", False))
+    return given or local_credentials(run_dir), True
