@@ -139,6 +139,7 @@ def test_each_forged_event_is_refused_and_the_cluster_goes_on_as_before(sealed: 
     assignment = newest(info.bootstrap, ShardAssignment, job_id="victim", shard_index=0)
     beat = newest(info.bootstrap, Heartbeat, node_id=placed[0])
     assert assignment is not None and beat is not None
+    assert forged_letters(info.bootstrap) == {}  # a healthy sealed cluster refuses nothing of its own
     now, other = beat.occurred_at, placed[1]
 
     completed = ShardCompleted(

@@ -12,8 +12,9 @@ checks the seal before it applies an event. Without one nothing is sealed or che
   under that component's key over the topic, the record key and the body, each length-prefixed, and the from header.
   A consumer derives the claimed component's key and compares in constant time.
 - **Who may publish what** (``permitted``): an agent only heartbeats, leases, shard events and link measurements
-  of its own node (the event's ``node_id`` is the sealing node); an operator only cancel requests and drains; a
-  leadership claim or a service announcement only for the sealing service's own name; a service anything else.
+  of its own node (the event's ``node_id`` is the sealing node), and its own announcement; an operator only cancel
+  requests and drains; a leadership claim or a service announcement only for the sealing service's own name; a
+  service anything else.
 
 A consumer refuses an event that is unsealed (``UNSEALED``), whose seal does not verify (``BAD_SEAL``), or whose
 sealer may not publish it (``NOT_PERMITTED``): it is dead-lettered with the reason (``x-shardyard-forged``), counted
@@ -154,6 +155,8 @@ def permitted(sealer: str, event: Event) -> bool:
     """Whether ``sealer`` (``ROLE/COMPONENT``, verified) may publish ``event`` (see the module's doc)."""
     role, _, component = sealer.partition("/")
     if role == AGENT:
+        if isinstance(event, ServiceReady):  # an agent announces itself: as the node it is
+            return event.service == AGENT and event.instance == component
         return isinstance(event, AGENT_EVENTS) and getattr(event, "node_id", None) == component
     if role == ADMIN:
         return isinstance(event, ADMIN_EVENTS)

@@ -27,6 +27,7 @@ from shardyard.events import (
     JobCancelRequested,
     LeaderElected,
     NodeDrain,
+    ServiceReady,
     ShardCompleted,
 )
 from shardyard.monitor.forged import forged_events
@@ -107,6 +108,21 @@ def test_each_component_has_a_key_of_its_own() -> None:
         ("queue/queue-0", LeaderElected(occurred_at=at(1), service="scheduler", instance="q", term=9), False),
         ("scheduler/scheduler-0", completed(), True),  # a service relays and republishes what it learned
         ("mallory/x", completed(), False),
+        (
+            "node-agent/node-a",
+            ServiceReady(occurred_at=at(1), service="node-agent", instance="node-a", pid=1, host="h"),
+            True,
+        ),
+        (
+            "node-agent/node-a",
+            ServiceReady(occurred_at=at(1), service="node-agent", instance="node-b", pid=1, host="h"),
+            False,
+        ),
+        (
+            "node-agent/node-a",
+            ServiceReady(occurred_at=at(1), service="scheduler", instance="node-a", pid=1, host="h"),
+            False,
+        ),
     ],
 )
 def test_who_may_publish_what(sealer: str, event: Event, allowed: bool) -> None:
