@@ -137,7 +137,8 @@ def test_the_runner_trains_on_cuda_local_rank_over_nccl(
         assert f"training on cuda:{shard.rank} over nccl" in shard.stderr()
         assert shard.lines[-1]["kind"] == "finished" and shard.lines[-1]["steps"] == 60
         progress = shard.progress()
-        assert progress[-1]["loss"] < progress[0]["loss"]
+        # The first progress line is the first step's; on a fast GPU all 60 steps can fall in its one second.
+        assert shard.lines[-1]["final_loss"] < progress[0]["loss"]
         if world > 1:
             assert any(p["allreduce_bytes"] > 0 for p in progress)
     assert (tmp_path / "out" / "config.json").is_file()

@@ -111,6 +111,7 @@ def shard_env(
     options: RunnerOptions = RunnerOptions(),
     local_world_size: int = 1,
     home: Path | None = None,
+    user_name: str | None = None,
 ) -> dict[str, str]:
     """The torchrun-compatible environment of one shard, plus the runner's ``SHARDYARD_*`` inputs.
 
@@ -118,14 +119,16 @@ def shard_env(
     ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` (as torchrun scripts do) lands on its assigned GPU.
 
     An entrypoint's environment is the interface gloo and NCCL listen on (``options.net_env()``), the agent's,
-    ``home`` as HOME and TMPDIR (a shard under a user of its own cannot write the agent's), then
+    ``home`` as HOME and TMPDIR (a shard under a user of its own cannot write the agent's) and ``user_name`` as USER
+    and LOGNAME (that user's, not the agent's: a per-job uid has no passwd entry, and ``getpass.getuser()``, which
+    torch calls on CUDA to name its caches, reads these before it asks the user database), then
     :data:`ENTRY_DEFAULTS`, then the job's ``env``, then the runtime's variables, which nothing overrides: these,
     ``LOCAL_WORLD_SIZE`` (``local_world_size``, the node's GPU count, so that LOCAL_RANK < LOCAL_WORLD_SIZE),
     ``SHARDYARD_CHECKPOINT_DIR`` (``<output>/checkpoint``) and, for a gang, the hosted store's (:func:`hosted_store`).
     """
     workload = assignment.workload
     local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
-    base = {**options.net_env(), **base_env, **private_home(home)}
+    base = {**options.net_env(), **base_env, **private_home(home), **login_names(user_name)}
     if workload.entrypoint is None:
         first: dict[str, str] = {**base, "OMP_NUM_THREADS": "1"}
         last: dict[str, str] = {}
@@ -173,6 +176,11 @@ def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
 def private_home(home: Path | None) -> dict[str, str]:
     """HOME and TMPDIR of a shard that has a private directory of its own (None: the agent's stay)."""
     return {} if home is None else {"HOME": str(home), "TMPDIR": str(home)}
+
+
+def login_names(user_name: str | None) -> dict[str, str]:
+    """USER and LOGNAME of a shard under a user of its own (None: the agent's stay)."""
+    return {} if user_name is None else {"USER": user_name, "LOGNAME": user_name}
 
 
 def peer_state_dir(options: RunnerOptions, job_id: str) -> Path | None:

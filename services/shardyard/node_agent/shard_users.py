@@ -63,6 +63,15 @@ class ShardUsers:
         return ShardUser(uid=uid, gid=uid)
 
 
+def login_name(user: ShardUser, lookup: Callable[[int], str]) -> str:
+    """The name ``user`` goes by: its name in the user database (``lookup``: a uid -> its name, KeyError when it has
+    none, as ``pwd.getpwuid``), else ``shard-UID`` (a per-job uid has no entry)."""
+    try:
+        return lookup(user.uid)
+    except KeyError:
+        return f"shard-{user.uid}"
+
+
 def job_slot(job_id: str, count: int) -> int:
     """A stable number in ``[0, count)`` for ``job_id``: the same on every node and in every process (Python's own
     ``hash`` of a string changes from process to process)."""

@@ -5,6 +5,7 @@ stop signal that asks it to checkpoint first). What its reports and its exit mea
 
 import asyncio
 import json
+import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.inventory import GpuProbe
 from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
 from shardyard.node_agent.private_files import ShardFiles
+from shardyard.node_agent.shard_users import login_name
 
 TERMINATE_GRACE_S = 5.0
 
@@ -87,6 +89,7 @@ class Supervisor:
             options=self.me.runner,
             local_world_size=local_world_size,
             home=self.files.home(job, user),
+            user_name=None if user is None else login_name(user, lambda uid: pwd.getpwuid(uid).pw_name),
         )
         return LaunchSpec(
             argv=shard_argv(assignment, paths, python=self.me.python),

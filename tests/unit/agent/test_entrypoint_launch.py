@@ -120,6 +120,18 @@ def test_a_private_home_and_the_nodes_interface_under_what_the_agent_and_the_job
     assert (runner["HOME"], runner["TMPDIR"]) == ("/s/job-1", "/s/job-1") and "GLOO_SOCKET_IFNAME" not in runner
 
 
+def test_a_shard_under_a_user_of_its_own_goes_by_that_users_name_not_the_agents() -> None:
+    base = {"USER": "root", "LOGNAME": "root", "HOME": "/root"}
+
+    for env in (
+        shard_env(_assignment(), _paths(), base_env=base, home=Path("/s/job-1"), user_name="shard-262959"),
+        shard_env(_assignment(Entrypoint(command=["train"])), _paths(), base_env=base, user_name="shard-262959"),
+    ):
+        assert (env["USER"], env["LOGNAME"]) == ("shard-262959", "shard-262959")
+    as_agent = shard_env(_assignment(), _paths(), base_env=base)
+    assert (as_agent["USER"], as_agent["LOGNAME"]) == ("root", "root")
+
+
 def test_a_gang_of_a_jobs_own_script_rendezvous_at_the_runtimes_store() -> None:
     entrypoint = Entrypoint(command=["train"], env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
     third = assignment(attempt=3, workload=workload(entrypoint=entrypoint))

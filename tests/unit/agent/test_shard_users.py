@@ -4,7 +4,7 @@ when told so or when it cannot switch; a named user for every shard."""
 import pytest
 
 from shardyard.errors import ConfigError
-from shardyard.node_agent.shard_users import ShardUser, ShardUsers, choose, job_slot
+from shardyard.node_agent.shard_users import ShardUser, ShardUsers, choose, job_slot, login_name
 
 USERS = {"shard": (5000, 5001), "root": (0, 0)}
 
@@ -61,3 +61,13 @@ def test_a_dedicated_user_that_cannot_be_had_is_a_config_error(setting: str, age
 def test_as_the_agent_nobody_is_switched_to() -> None:
     assert ShardUsers().of("job-a") is None and not ShardUsers().isolated
     assert ShardUsers(fixed=ShardUser(5000, 5001)).of("job-a") == ShardUser(5000, 5001)
+
+
+def test_a_user_is_named_by_the_user_database_else_by_its_uid() -> None:
+    names = {1001: "trainer"}
+
+    def lookup(uid: int) -> str:
+        return names[uid]  # KeyError for a uid with no entry, as pwd.getpwuid
+
+    assert login_name(ShardUser(uid=1001, gid=1001), lookup) == "trainer"
+    assert login_name(ShardUser(uid=262959, gid=262959), lookup) == "shard-262959"
