@@ -295,6 +295,10 @@ def probing(args: argparse.Namespace) -> dict[str, Any]:
             ]
             for run in order if i % 2 == 0 else order[::-1]:
                 run()
+            print(
+                f"probing run {i}: on {on[-1]['steps_per_s']:.3f}, off {off[-1]['steps_per_s']:.3f} steps/s",
+                file=sys.stderr,
+            )
     medians = {name: statistics.median(r["steps_per_s"] for r in runs) for name, runs in (("on", on), ("off", off))}
     agents_cpu = {
         name: statistics.median(r["agents_cpu_s_per_s"] for r in runs) for name, runs in (("on", on), ("off", off))

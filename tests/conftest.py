@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from shardyard.cli.cluster import RENDEZVOUS_BASE_ENV
 from tests.support.broker import real_broker
 from tests.support.cluster import reachable_by_shards, shard_users_unavailable
 
@@ -17,26 +18,66 @@ def pytest_configure(config: pytest.Config) -> None:
     # `shardyard up` records the cluster it started as the user's default (~/.config/shardyard/run-dir): the tests'
     # clusters go to a folder of this session's, not to the home of whoever runs them.
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="shardyard-tests-config-")
+    worker = xdist_worker()
+    if worker is not None and RENDEZVOUS_BASE_ENV not in os.environ:
+        # Workers' clusters run side by side: each worker's agents take rendezvous ports of their own.
+        os.environ[RENDEZVOUS_BASE_ENV] = str(WORKER_PORT_BASE + worker * WORKER_PORT_SPAN)
     why = shard_users_unavailable()
     if os.geteuid() == 0 and why is not None and "SHARDYARD_SHARD_USER" not in os.environ:
         os.environ["SHARDYARD_SHARD_USER"] = "agent"
         warnings.warn(f"shards run as the agent in these tests: {why}", stacklevel=1)
 
 
+WORKER_PORT_BASE = 20_000
+WORKER_PORT_SPAN = 1_000
+"""pytest-xdist worker N's agents take rendezvous ports from 20,000 + 1,000 N (below the kernel's ephemeral range):
+up to 20 nodes of 50 ports each per worker, and no two workers' clusters share a port."""
+
+
+def xdist_worker() -> int | None:
+    """This process's pytest-xdist worker number (``gw3`` -> 3); None when the tests run in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return int(worker.removeprefix("gw")) if worker else None
+
+
 LAYERS = ("unit", "integration", "e2e", "chaos", "gpu")
-"""The order the layers run in: the quick ones first, so a failure there shows at once, and the timing-sensitive
-clusters of chaos and e2e after the CPU-bound lint and type-check that ``./dev test`` runs beside the tests."""
+"""The order the layers run in, in one process: the quick ones first, so a failure there shows at once, and the
+timing-sensitive clusters of chaos and e2e after the CPU-bound lint and type-check that ``./dev test`` runs beside
+the tests."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the layers in ``LAYERS`` order; the order within one layer (module by module) stays as collected."""
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``-n N``: the two lanes of :mod:`tests.support.scheduling`, whatever ``--dist`` says."""
+    from tests.support.scheduling import TwoLaneScheduling
+
+    return TwoLaneScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the layers in ``LAYERS`` order; the order within one layer (module by module) stays as collected. Under
+    xdist, in the lanes' order (``tests/support/scheduling.py``)."""
 
     def layer(item: pytest.Item) -> int:
-        parts = item.path.parts
-        found = next((part for part in LAYERS if part in parts[-3:-1]), None)
-        return LAYERS.index(found) if found else len(LAYERS)
+        found = _layer_of(item)
+        return LAYERS.index(found) if found in LAYERS else len(LAYERS)
 
-    items.sort(key=layer)
+    if parallel(config):
+        from tests.support.scheduling import rank
+
+        items.sort(key=lambda item: rank(item.nodeid))
+    else:
+        items.sort(key=layer)
+
+
+def _layer_of(item: pytest.Item) -> str | None:
+    parts = item.path.parts
+    return next((part for part in LAYERS if part in parts[-3:-1]), None)
+
+
+def parallel(config: pytest.Config) -> bool:
+    """Whether pytest-xdist runs the tests in worker processes (``-n N``, N > 0), seen from the controller or a
+    worker."""
+    return xdist_worker() is not None or bool(getattr(config.option, "numprocesses", None))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -39,7 +39,7 @@ from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers
 from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.interfaces import advertised_interface
-from shardyard.node_agent.inventory import GpuProbe, MeasuredTflops, detect
+from shardyard.node_agent.inventory import GpuProbe, GpuProbeChoice, MeasuredTflops, detect
 from shardyard.node_agent.launcher import Launcher, SubprocessLauncher
 from shardyard.node_agent.links import LinkProber, ProbeSettings, Probing, probing_parts
 from shardyard.node_agent.load import LoadSetting, load_source
@@ -73,6 +73,7 @@ class AgentSettings(ServiceSettings):
 
     node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     gpus: list[str] = Field(default_factory=list, description="simulated GPUs when NVML finds none, e.g. A100:2")
+    gpu_probe: GpuProbeChoice = Field(default="auto", description="auto (NVML, else --gpus), simulated (--gpus), nvml")
     gpu_tflops: GpuFigures = Field(default_factory=list, description="catalogue overrides, MODEL=TFLOPS")
     measure_tflops: MeasureMode = Field(
         default="auto", description="benchmark the GPUs at start-up: auto (real GPUs only), on, off"
@@ -350,7 +351,7 @@ def build_app(
 ) -> FastStream:
     broker = make_broker(settings.bootstrap, client_id=f"{SERVICE}-{settings.node_id}")
     bus = Bus(broker, service=SERVICE, component=settings.node_id)  # sealed with the node's key
-    probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops))
+    probe = gpus or detect(settings.gpus, catalogue_with(settings.gpu_tflops), choice=settings.gpu_probe)
     measured = MeasuredTflops(probe)
     bench = bench or SubprocessBench(
         sys.executable, size=settings.tflops_size, dtype=settings.tflops_dtype, seconds=settings.tflops_seconds

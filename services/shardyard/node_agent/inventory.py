@@ -8,7 +8,7 @@ instead of the catalogue's.
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from shardyard.errors import ConfigError
 from shardyard.events import GpuStatus
@@ -181,11 +181,23 @@ class MeasuredTflops:
         )
 
 
-def detect(declared: Sequence[str], catalogue: Mapping[str, float] = DEFAULT_TFLOPS) -> GpuProbe:
-    """NVML if it finds GPUs, else the declared simulated inventory (which may be empty: a CPU-only node)."""
+GpuProbeChoice = Literal["auto", "nvml", "simulated"]
+
+
+def detect(
+    declared: Sequence[str], catalogue: Mapping[str, float] = DEFAULT_TFLOPS, *, choice: GpuProbeChoice = "auto"
+) -> GpuProbe:
+    """NVML if it finds GPUs, else the declared simulated inventory (which may be empty: a CPU-only node).
+    ``choice``: ``simulated`` takes the declared inventory without asking NVML; ``nvml`` raises
+    :class:`GpuProbeUnavailable` where NVML finds none, instead of falling back."""
+    if choice == "simulated":
+        log.info("using the declared simulated GPUs %s (gpu_probe=simulated)", list(declared))
+        return SimulatedGpus(declared, catalogue)
     try:
         probe = NvmlGpus(catalogue)
     except GpuProbeUnavailable as exc:
+        if choice == "nvml":
+            raise
         log.info("NVML unavailable (%s); using the declared simulated GPUs %s", exc, list(declared))
         return SimulatedGpus(declared, catalogue)
     if declared:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from shardyard.errors import ConfigError
+from shardyard.node_agent import inventory
 from shardyard.node_agent.inventory import MeasuredTflops, SimulatedGpus
 
 GIB = 1024**3
@@ -78,3 +79,25 @@ def test_measured_figures_replace_the_catalogue_by_index() -> None:
     assert (first.tflops, first.tflops_source) == (35.0, "catalogue")
     assert (second.tflops, second.tflops_source, second.utilization) == (21.5, "measured", 0.5)
     assert probe.simulated and probe.uuids() == (None, None)
+
+
+@pytest.mark.parametrize("nvml_finds_gpus", [True, False], ids=["nvml-gpus", "no-nvml"])
+def test_the_probe_choice(monkeypatch: pytest.MonkeyPatch, nvml_finds_gpus: bool) -> None:
+    real = SimulatedGpus(["H100:8"])  # stands in for NVML's GPUs
+
+    def nvml(catalogue: object) -> SimulatedGpus:
+        if not nvml_finds_gpus:
+            raise inventory.GpuProbeUnavailable("NVML Shared Library Not Found")
+        return real
+
+    monkeypatch.setattr(inventory, "NvmlGpus", nvml)
+
+    auto = inventory.detect(["A100:2"])
+    assert auto is real if nvml_finds_gpus else [g.model for g in auto.probe({})] == ["A100", "A100"]
+    simulated = inventory.detect(["A100:2"], choice="simulated")
+    assert simulated is not real and [g.model for g in simulated.probe({})] == ["A100", "A100"]
+    if nvml_finds_gpus:
+        assert inventory.detect(["A100:2"], choice="nvml") is real
+    else:
+        with pytest.raises(inventory.GpuProbeUnavailable, match="NVML Shared Library Not Found"):
+            inventory.detect(["A100:2"], choice="nvml")
