@@ -16,6 +16,7 @@ from shardyard.cli import client, cluster, listing, render, show, usage
 from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
+from shardyard.cli import token as token_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
 from shardyard.cli.team_files import sealed_env, secured
 from shardyard.errors import ClusterError, ShardyardError
@@ -250,6 +251,7 @@ def parser() -> argparse.ArgumentParser:
     _node_commands(sub)
     _view_commands(sub)
     queues_cli.add_parser(sub, lambda args: _info(args).monitor_url)
+    token_cli.add_parser(sub)
     history_cli.add_parser(sub, run_dir_of)
     _logs_command(sub)
     sim_cli.add_parser(sub)

@@ -10,11 +10,13 @@ from shardyard.cluster_secret import SECRET_ENV, read_secret, write_secret
 from shardyard.errors import ClusterError
 
 QUEUES_FILE_TO = ("queue", "scheduler")
+CREDENTIALS_FILE_TO = ("queue", "monitor")
+"""The queue verifies submissions with the teams' keys; the monitor takes each team's read token."""
 
 
 def team_files(queues: Path | None, credentials: Path | None) -> dict[str, list[str]]:
     """The options that give the services the teams' files: the queues to the queue and the scheduler, the keys to
-    the queue. Each file is checked first: a bad one starts nothing."""
+    the queue and the monitor. Each file is checked first: a bad one starts nothing."""
     from shardyard.queues_file import read_queues
     from shardyard.quotas import QueuesFileError
     from shardyard.signing import read_credentials
@@ -29,7 +31,8 @@ def team_files(queues: Path | None, credentials: Path | None) -> dict[str, list[
             extra.setdefault(service, []).extend(["--queues-file", str(queues.resolve())])
     if credentials is not None:
         read_credentials(credentials)  # a CredentialsError names the file and the fault
-        extra.setdefault("queue", []).extend(["--credentials-file", str(credentials.resolve())])
+        for service in CREDENTIALS_FILE_TO:
+            extra.setdefault(service, []).extend(["--credentials-file", str(credentials.resolve())])
     return extra
 
 

@@ -71,6 +71,11 @@ USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
         "share (the weighted dominant share of the cluster it holds: the queue with the lowest goes first).",
         ("shardyard queues", "shardyard queues -o wide", "shardyard queues -o json"),
     ),
+    "token": (
+        "A team's read token for the monitor's API, from its newest key not revoked in a credentials file. With it\n"
+        "(SHARDYARD_MONITOR_TOKEN) the CLI and the dashboard read every job, but other teams' entrypoints hidden.",
+        ("shardyard token --credentials team-a.yaml", "shardyard token --credentials keys.yaml --team team-a"),
+    ),
     "top": (
         "A live view, redrawn every second: nodes (GPUs, utilisation, load, temperature, status), jobs (state, step,\n"
         "loss) and the alerts firing. Ctrl-C ends it.",

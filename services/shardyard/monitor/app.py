@@ -3,6 +3,7 @@ measurements too; the view out over HTTP; alert transitions out to the alerts to
 
 import gc
 from dataclasses import fields
+from pathlib import Path
 
 from aiohttp import web
 from faststream import FastStream
@@ -29,7 +30,7 @@ from shardyard.bus.topics import (
 from shardyard.clock import Clock
 from shardyard.links import SLOW_MIN_EXCESS_MS, SLOW_RATIO, LinkTable
 from shardyard.metrics import ConsumerLag
-from shardyard.monitor.access import check_exposure
+from shardyard.monitor.access import TeamsFile, check_exposure
 from shardyard.monitor.alerts import AlertBook, CatchUp
 from shardyard.monitor.feed import Feed
 from shardyard.monitor.handlers import MonitorHandlers
@@ -56,6 +57,9 @@ class MonitorSettings(ServiceSettings):
     http_port: int = Field(default=8787, ge=0, lt=65536)
     http_read_token: str | None = Field(
         default=None, min_length=16, description="the token every API request must carry (see monitor/access.py)"
+    )
+    credentials_file: Path | None = Field(
+        default=None, description="the teams' keys: each team's token reads its own jobs' entrypoints only"
     )
     alert_interval_s: float = Field(default=0.5, gt=0, le=60, description="how often the alert rules are judged (s)")
     lag_interval_s: float = Field(default=1.0, gt=0, le=60, description="how often this replica measures its lag (s)")
@@ -177,7 +181,12 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
     check_exposure(settings.http_host, settings.http_read_token)
     http = build_http(
-        view, exported, clock=clock, accounting_url=settings.accounting_url, read_token=settings.http_read_token
+        view,
+        exported,
+        clock=clock,
+        accounting_url=settings.accounting_url,
+        read_token=settings.http_read_token,
+        teams=TeamsFile(settings.credentials_file) if settings.credentials_file else None,
     )
     runner = web.AppRunner(http, access_log=None)
     app = FastStream(broker)

@@ -16,10 +16,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 
 from shardyard.clock import Clock
-from shardyard.monitor.access import token_guard
+from shardyard.monitor.access import reader, spec_for, token_guard
 from shardyard.monitor.history import HistoryApi
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.views import ClusterView
+from shardyard.signing import Credentials
 
 DASHBOARD_FILES = {
     "dashboard.html": "text/html",
@@ -77,7 +78,8 @@ class StatusApi:
         found = self.view.jobs.get(request.match_info["job_id"])
         if found is None or found.state is None:
             return _answer(json_body({"error": "no such job"}), status=404)
-        return _answer(json_body(self.view.job_detail(found, self.clock.now())))
+        detail = self.view.job_detail(found, self.clock.now())
+        return _answer(json_body({**detail, "spec": spec_for(detail.get("spec"), reader(request))}))
 
     async def series(self, request: web.Request) -> web.Response:
         found = self.view.jobs.get(request.match_info["job_id"])
@@ -128,13 +130,16 @@ def build_http(
     clock: Clock | None = None,
     accounting_url: str | None = None,
     read_token: str | None = None,
+    teams: Callable[[], Credentials | None] | None = None,
 ) -> web.Application:
     """The API over ``view``; ``clock`` (the metrics' unless given) tells which link measurements are fresh;
     ``/api/history`` reads ``accounting_url`` (see monitor/history.py); with ``read_token`` every request but the
-    health probe must carry it (``monitor/access.py``). Every route is a read."""
+    health probe must carry it, and with ``teams`` (the credentials in force) a team's token reads as that team
+    (``monitor/access.py``). Every route is a read."""
     api = StatusApi(view, metrics, clock if clock is not None else metrics.clock)
     history = HistoryApi(accounting_url, api.clock)
-    app = web.Application(middlewares=[token_guard(read_token)] if read_token else [])
+    guarded = read_token is not None or teams is not None
+    app = web.Application(middlewares=[token_guard(read_token, teams or (lambda: None))] if guarded else [])
     app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
     app.router.add_get("/api/jobs/{job_id}", api.job)
     app.router.add_get("/api/jobs/{job_id}/series", api.series)

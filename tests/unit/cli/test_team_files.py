@@ -20,6 +20,7 @@ def test_each_file_goes_to_the_services_that_read_it(tmp_path: Path) -> None:
     assert extra == {
         "queue": ["--queues-file", str(queues.resolve()), "--credentials-file", str(keys.resolve())],
         "scheduler": ["--queues-file", str(queues.resolve())],
+        "monitor": ["--credentials-file", str(keys.resolve())],
     }
     assert team_files(None, None) == {}
 
