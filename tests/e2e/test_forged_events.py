@@ -12,6 +12,7 @@ then a cancel by the job's own team (signed, through the queue) and one by the o
 
 import asyncio
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import pytest
 from shardyard.bus.codec import encode, key_of, topic_of
 from shardyard.bus.replay import replay
 from shardyard.bus.seal import AGENT, FORGED_HEADER, Keys, Seal
-from shardyard.bus.topics import ASSIGNMENTS, DEADLETTER, HEARTBEATS, SUBMISSIONS
+from shardyard.bus.topics import ASSIGNMENTS, CATALOGUE, DEADLETTER, HEARTBEATS, SUBMISSIONS
 from shardyard.cli.client import signature
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.cluster_secret import read_secret
@@ -239,3 +240,53 @@ def test_up_secure_makes_a_local_key_and_the_readme_commands_still_run_the_examp
         assert "UNAUTHENTICATED" in json.dumps(refused), refused
     finally:
         cli("down", run_dir=run_dir, timeout=120)
+
+
+SECRET_VALUE = "s3cret-value-42"
+
+
+@pytest.mark.timeout(400)
+def test_an_entrypoints_environment_reaches_its_shard_and_is_on_no_topic_in_the_clear(
+    sealed: tuple[Path, ClusterInfo],
+) -> None:
+    run_dir, info = sealed
+    check = f"import os, sys; sys.exit(0 if os.environ.get('API_TOKEN') == {SECRET_VALUE!r} else 3)"
+    job = document("with-secret", shard_count=1, sync_interval=5)
+    job["resource_requirements"]["gpu"]["count"] = 1
+    job.update(
+        queue="team-a", entrypoint={"command": [sys.executable, "-c", check], "env": {"API_TOKEN": SECRET_VALUE}}
+    )
+    done = cli(
+        "submit", "-", "--wait", "--timeout", "240", "--credentials", str(run_dir / "credentials.yaml"),
+        run_dir=run_dir, stdin=json.dumps(job).encode(), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "with-secret: SUCCEEDED" in done.stdout, done.stdout + done.stderr
+
+    found = raw_records(info.bootstrap)
+    assert any(b"with-secret" in value for value in found["shardyard.assignments"])  # read what was sent
+    assert any(b"sy-enc:v1:team/team-a/k1:" in value for value in found["shardyard.jobs.submissions"])
+    assert any(b"sy-enc:v1:agents:" in value for value in found["shardyard.jobs.lifecycle"])
+    clear = sorted(topic for topic, values in found.items() if any(SECRET_VALUE.encode() in v for v in values))
+    assert clear == [], clear
+    shown = get_json(f"{info.monitor_url}/api/jobs/with-secret")["spec"]["entrypoint"]["env"]
+    assert shown == {"API_TOKEN": "<redacted>"}
+
+
+def raw_records(bootstrap: str) -> dict[str, list[bytes]]:
+    """Every record's value on every topic of the catalogue, as a reader of the broker sees it."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def read() -> dict[str, list[bytes]]:
+        names = [topic.name for topic in CATALOGUE]
+        consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        found: dict[str, list[bytes]] = {name: [] for name in names}
+        try:
+            while batches := await consumer.getmany(timeout_ms=3000, max_records=10_000):
+                for tp, records in batches.items():
+                    found[tp.topic].extend(record.value or b"" for record in records)
+        finally:
+            await consumer.stop()
+        return found
+
+    return asyncio.run(read())

@@ -113,21 +113,49 @@ CREDENTIALS_ENV = "SHARDYARD_CREDENTIALS"
 """The credentials file ``submit`` signs with (``--credentials``), as the queue's ``--credentials-file``."""
 
 
-def signature(raw: bytes, credentials_file: str) -> list[tuple[str, bytes]]:
-    """The headers that sign ``raw`` with the key of the team its queue names (``default`` when none)."""
-    from shardyard.signing import CredentialsError, read_credentials, sign
-
+def _document(raw: bytes) -> Any:
     try:
-        document = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, RecursionError):
-        document = {}
+        return {}
+
+
+def _team_key(document: Any, credentials_file: str) -> tuple[str, str, str]:
+    """The team the document's queue names (``default`` when none), and its key to sign with: (team, id, secret)."""
+    from shardyard.signing import CredentialsError, read_credentials
+
     queue = document.get("queue") if isinstance(document, dict) else None
     team = queue if isinstance(queue, str) and queue else "default"
     credentials = read_credentials(Path(credentials_file))
     if team not in credentials.teams:
         raise CredentialsError(f"{credentials_file} holds no key of team {team!r} (the job's queue)")
-    key_id, secret = credentials.key(team)
+    return (team, *credentials.key(team))
+
+
+def signature(raw: bytes, credentials_file: str) -> list[tuple[str, bytes]]:
+    """The headers that sign ``raw`` with the key of the team its queue names (``default`` when none)."""
+    from shardyard.signing import sign
+
+    team, key_id, secret = _team_key(_document(raw), credentials_file)
     return sign(raw, team=team, key_id=key_id, secret=secret, now_s=time.time())
+
+
+def sealed_submission(raw: bytes, credentials_file: str) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """``raw`` as ``shardyard submit --credentials`` sends it: its entrypoint's environment values encrypted to the
+    queue under the team's key (``shardyard.secret_env``), then signed (``signature``)."""
+    from shardyard import secret_env
+
+    document = _document(raw)
+    entrypoint = document.get("entrypoint") if isinstance(document, dict) else None
+    env = entrypoint.get("env") if isinstance(entrypoint, dict) else None
+    job_id = document.get("task_id") if isinstance(document, dict) else None
+    strings = isinstance(env, dict) and bool(env) and all(isinstance(v, str) for v in env.values())
+    if isinstance(entrypoint, dict) and isinstance(env, dict) and strings and isinstance(job_id, str):
+        team, key_id, secret = _team_key(document, credentials_file)
+        sealer = secret_env.team_sealer(team, key_id)
+        entrypoint["env"] = secret_env.encrypt_all(env, secret_env.team_key(secret), job_id, sealer=sealer)
+        raw = json.dumps(document).encode()
+    return raw, signature(raw, credentials_file)
 
 
 def submit(bootstrap: str, raw: bytes, signed: Sequence[tuple[str, bytes]] = ()) -> Submitted:

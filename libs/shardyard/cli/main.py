@@ -76,7 +76,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     info = _info(args)
     credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV) or info.credentials_file
-    signed = client.signature(raw, credentials) if credentials else []
+    raw, signed = client.sealed_submission(raw, credentials) if credentials else (raw, [])
     submitted = client.submit(info.bootstrap, raw, signed)
     print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
     if not args.wait:
@@ -220,7 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         raw = client.with_owner(EXAMPLE.read_bytes(), _user())
         print(f"submitting the example job (S15):\n{EXAMPLE.read_text().strip()}")
-        signed = client.signature(raw, str(credentials)) if credentials else []
+        raw, signed = client.sealed_submission(raw, str(credentials)) if credentials else (raw, [])
         submitted = client.submit(info.bootstrap, raw, signed)
         final = _follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final

@@ -54,6 +54,7 @@ from shardyard.node_agent.shard_users import (
     choose,
 )
 from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, Mode
+from shardyard.secret_env import agents_key_from_env
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
@@ -248,6 +249,7 @@ def _identity(settings: AgentSettings, probe: GpuProbe, probe_port: int | None) 
         address=settings.address,
         rendezvous_ports=(settings.rendezvous_port_base, settings.rendezvous_port_count - settings.probe_links),
         probe_port=probe_port,
+        env_key=agents_key_from_env(),
         cpu_cores=settings.cpu_cores,
         memory_bytes=int(settings.memory_gib * 1024**3),
         mounts=parse_mounts(settings.mounts),
@@ -360,7 +362,7 @@ def build_app(
     bound = bind_endpoint(settings.address, last_port) if settings.probe_links else None
     identity = _identity(settings, probe, bound.getsockname()[1] if bound is not None else None)
     watch = ArtifactWatch(shared_prefixes=parse_shared_mounts(settings.shared_mounts))
-    book = AgentBook(settings.node_id)
+    book = AgentBook(settings.node_id, env_key=identity.env_key)
     prober, probing, endpoint = _probing(settings, bound, bus, clock, book)
     handlers = AgentHandlers(
         identity,

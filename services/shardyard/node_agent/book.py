@@ -7,6 +7,7 @@ redelivered or late assignment, revocation or stop request cannot run an attempt
 running shard is being stopped (the lease lost, a GPU faulted) is noted beside its state: either may meet any live
 state, and only changes how its end is reported."""
 
+import contextlib
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,9 @@ from shardyard.events import (
     ShardStopRequest,
 )
 from shardyard.node_agent import reports
-from shardyard.node_agent.environment import ShardPaths, shard_paths
+from shardyard.node_agent.environment import ShardPaths, opened_env, shard_paths
 from shardyard.node_agent.reports import ShardKey
+from shardyard.secret_env import SecretEnvError
 from shardyard.training.storage import Space
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,8 @@ class AgentBook:
     """Cores each running shard uses (its last progress report's ``cpu_percent`` / 100)."""
     sync_intervals: dict[ShardKey, int] = field(default_factory=dict)
     """Each running shard's sync interval as its last progress report gave it."""
+    env_key: bytes | None = field(default=None, repr=False)
+    """The agents' key to the jobs' environment values: an end's message is redacted of the values themselves."""
 
     # -- the table ---------------------------------------------------------------------------------------------
 
@@ -307,6 +311,8 @@ class AgentBook:
         gpu_fault = self.gpu_faulted.pop(key, None)
         if revoked:
             return None
+        with contextlib.suppress(SecretEnvError):  # refused at launch, then: no value of it reached the shard
+            assignment = opened_env(assignment, self.env_key)
         return reports.ended(
             self.node_id,
             key,

@@ -10,6 +10,7 @@ from pathlib import Path
 from shardyard.cluster_secret import SECRET_ENV
 from shardyard.events import ShardAssignment
 from shardyard.node_agent.mounts import resolve
+from shardyard.secret_env import decrypt_all
 from shardyard.training import entry, store
 from shardyard.training.config import (
     CHECKPOINT_EVERY_ENV,
@@ -193,3 +194,14 @@ def peer_state_env(assignment: ShardAssignment, options: RunnerOptions) -> dict[
     if where is None or assignment.workload.entrypoint is not None:  # a job's own script keeps its own state
         return {}
     return {PEER_STATE_DIR_ENV: str(where)}
+
+
+def opened_env(assignment: ShardAssignment, key: bytes | None) -> ShardAssignment:
+    """``assignment`` with its entrypoint's environment values decrypted (``shardyard.secret_env``), for the shard's
+    environment only; raises :class:`SecretEnvError` for one that cannot be."""
+    entrypoint = assignment.workload.entrypoint
+    if entrypoint is None or not entrypoint.env:
+        return assignment
+    env = decrypt_all(entrypoint.env, key, assignment.job_id)
+    workload = assignment.workload.model_copy(update={"entrypoint": entrypoint.model_copy(update={"env": env})})
+    return assignment.model_copy(update={"workload": workload})

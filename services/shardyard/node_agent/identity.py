@@ -40,6 +40,8 @@ class NodeIdentity:
     scratch_dir: Path | None = None
     probe_port: int | None = None
     """Where peers probe this node's links: the last port of the configured rendezvous range (None: no probing)."""
+    env_key: bytes | None = field(default=None, repr=False)
+    """The agents' key to the jobs' environment values (``shardyard.secret_env``; None: the cluster has no secret)."""
     output_path: str = DEFAULT_OUTPUT_PATH
     """The job path job outputs and checkpoints go under: the heartbeat reports the free space of its disk here."""
     """Where a shard under a user of its own gets its private HOME and TMPDIR, one directory per job."""

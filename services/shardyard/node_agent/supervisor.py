@@ -15,12 +15,13 @@ from shardyard import tracing
 from shardyard.events import FailureCause, ShardAssignment
 from shardyard.node_agent.artifacts import unreadable
 from shardyard.node_agent.book import ShardKey, key_of
-from shardyard.node_agent.environment import PROGRESS_FD_ENV, ShardPaths, shard_argv, shard_env
+from shardyard.node_agent.environment import PROGRESS_FD_ENV, ShardPaths, opened_env, shard_argv, shard_env
 from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.inventory import GpuProbe
 from shardyard.node_agent.launcher import Launcher, LaunchSpec, ShardProcess, tail
 from shardyard.node_agent.private_files import ShardFiles
 from shardyard.node_agent.shard_users import login_name
+from shardyard.secret_env import SecretEnvError
 
 TERMINATE_GRACE_S = 5.0
 
@@ -76,6 +77,10 @@ class Supervisor:
             missing = [f"inputs that cannot be looked at ({unreadable(exc).message})"]
         if missing:
             return Refused(FailureCause.MISSING_ARTIFACT, f"missing on {self.me.node_id}: {', '.join(missing)}")
+        try:
+            assignment = opened_env(assignment, self.me.env_key)
+        except SecretEnvError as exc:
+            return Refused(FailureCause.LAUNCH_ERROR, f"on {self.me.node_id}, entrypoint.env {exc}")
         user = self.me.shard_users.of(job)
         blocked = self.files.blocked(paths, user)
         if blocked is not None:

@@ -16,6 +16,7 @@ from shardyard.queue.book import QueueBook
 from shardyard.queue.credentials_watch import CredentialsWatch
 from shardyard.queue.handlers import QueueHandlers
 from shardyard.queues_file import POLL_S, QueuesWatch
+from shardyard.secret_env import agents_key_from_env
 from shardyard.service import Follow, Periodic, Split, partitioned_app, replica_bus
 from shardyard.settings import GpuFigures, ReplicatedSettings
 from shardyard.signing import Credentials, CredentialsError, read_credentials
@@ -68,7 +69,11 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
     # No partitions until the group gives it some.
     credentials = _credentials(settings.credentials_file)
     book = QueueBook(
-        catalogue_with(settings.gpu_tflops), owned=frozenset(), policy=settings.policy(), credentials=credentials
+        catalogue_with(settings.gpu_tflops),
+        owned=frozenset(),
+        policy=settings.policy(),
+        credentials=credentials,
+        env_key=agents_key_from_env(),  # entrypoint environments travel on encrypted to the agents
     )
     handlers = QueueHandlers(book, bus, clock)
     split = Split(

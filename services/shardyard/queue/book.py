@@ -88,9 +88,10 @@ class QueueBook:
         owned: frozenset[int] | None = None,
         policy: Policy | None = None,
         credentials: Credentials | None = None,
+        env_key: bytes | None = None,
     ) -> None:
         self.catalogue = catalogue
-        self.gate = Gate(credentials)
+        self.gate = Gate(credentials, env_key)
         """Who may submit (``auth``): every submission without credentials."""
         self.policy = policy or Policy()
         """The operator's limits: allowed job-path prefixes and environment names, submission bounds."""
@@ -202,6 +203,10 @@ class QueueBook:
         denied = self.gate.admits(signed, spec.queue)
         if denied is not None:
             return self._reject(spec.job_id, denied.reason, denied.message, source, now)
+        spec_or_denied = self.gate.env_for_agents(spec, signed)
+        if isinstance(spec_or_denied, Denied):
+            return self._reject(spec.job_id, spec_or_denied.reason, spec_or_denied.message, source, now)
+        spec = spec_or_denied
         refusal = self._refusal(spec, source=source, now=now) or self._quota_refusal(spec, source=source, now=now)
         if refusal is not None:
             refusal = refusal.model_copy(update={"event_id": verdict_id(source)})

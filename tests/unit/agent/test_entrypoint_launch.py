@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from shardyard import secret_env
 from shardyard.events import ShardAssignment, ShardCompleted, ShardStarted
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.book import AgentBook
-from shardyard.node_agent.environment import RunnerOptions, ShardPaths, shard_argv, shard_env
+from shardyard.node_agent.environment import RunnerOptions, ShardPaths, opened_env, shard_argv, shard_env
 from shardyard.training.preemption import RESUME_DIR_ENV
 from tests.unit.agent.test_agent_handlers import Agent
 from tests.unit.builders import assignment, workload
@@ -176,3 +177,17 @@ async def test_the_agent_launches_the_entrypoint_with_the_shard_log(tmp_path: Pa
     assert spec.log_path == tmp_path / "logs" / "job-1" / "shard-0-attempt-1.log"
     agent.launcher.processes[0].end(0)
     await agent.until(lambda: agent.bus.of(ShardCompleted))
+
+
+def test_the_agent_opens_values_encrypted_to_it_for_the_shard_and_refuses_others() -> None:
+    key = secret_env.agents_key(b"c" * 32)
+    value = secret_env.encrypt(key, "job-1", "TOKEN", "s3cret", sealer=secret_env.AGENTS)
+    job = _assignment(Entrypoint(command=["train"], env={"TOKEN": value, "PLAIN": "p"}))
+
+    opened = opened_env(job, key)
+
+    assert opened.workload.entrypoint is not None
+    assert opened.workload.entrypoint.env == {"TOKEN": "s3cret", "PLAIN": "p"}
+    assert shard_env(opened, _paths(Entrypoint(command=["train"])), base_env={})["TOKEN"] == "s3cret"
+    with pytest.raises(secret_env.SecretEnvError):
+        opened_env(job, secret_env.agents_key(b"d" * 32))

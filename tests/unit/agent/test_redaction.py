@@ -3,6 +3,7 @@ value of a secret-looking name, becomes ``***``; overlapping secrets are masked 
 
 import pytest
 
+from shardyard import secret_env
 from shardyard.events import ShardFailed
 from shardyard.events.job import Entrypoint
 from shardyard.node_agent.book import AgentBook
@@ -65,3 +66,18 @@ def test_a_failed_entrypoint_shard_reports_its_log_tail_without_the_jobs_secrets
 
     assert isinstance(event, ShardFailed)
     assert event.message == "exit code 1: token is *** | mode abc"
+
+
+def test_a_value_that_travelled_encrypted_is_redacted_as_the_shard_saw_it() -> None:
+    key = secret_env.agents_key(b"c" * 32)
+    job = assignment(workload=workload(entrypoint=Entrypoint(command=["python", "train.py"])))
+    sealed = secret_env.encrypt(key, job.job_id, "HF_TOKEN", "hf_secret_value_123", sealer=secret_env.AGENTS)
+    job = assignment(workload=workload(entrypoint=Entrypoint(command=["python", "train.py"], env={"HF_TOKEN": sealed})))
+    book = AgentBook(job.node_id, env_key=key)
+    book.on_assignment(job)
+
+    event = book.finished(
+        (job.job_id, job.shard_index, job.attempt), 1, now=at(), final=None, message="token is hf_secret_value_123"
+    )
+
+    assert isinstance(event, ShardFailed) and event.message == "token is ***"
