@@ -11,6 +11,7 @@ fake node, no shard of the forged job, the leader is the real one); ``FORGED_EVE
 then a cancel by the job's own team (signed, through the queue) and one by the operator (sealed) take effect."""
 
 import asyncio
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
@@ -250,7 +251,11 @@ def test_an_entrypoints_environment_reaches_its_shard_and_is_on_no_topic_in_the_
     sealed: tuple[Path, ClusterInfo],
 ) -> None:
     run_dir, info = sealed
-    check = f"import os, sys; sys.exit(0 if os.environ.get('API_TOKEN') == {SECRET_VALUE!r} else 3)"
+    digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()  # the command names the value only by its digest
+    check = (
+        "import hashlib, os, sys; "
+        f"sys.exit(0 if hashlib.sha256(os.environ.get('API_TOKEN', '').encode()).hexdigest() == {digest!r} else 3)"
+    )
     job = document("with-secret", shard_count=1, sync_interval=5)
     job["resource_requirements"]["gpu"]["count"] = 1
     job.update(
@@ -273,18 +278,25 @@ def test_an_entrypoints_environment_reaches_its_shard_and_is_on_no_topic_in_the_
 
 
 def raw_records(bootstrap: str) -> dict[str, list[bytes]]:
-    """Every record's value on every topic of the catalogue, as a reader of the broker sees it."""
-    from aiokafka import AIOKafkaConsumer
+    """Every record's value on every topic of the catalogue up to the end each had when reading began, as a reader
+    of the broker sees it (heartbeats keep coming, so reading to an empty fetch would never end)."""
+    from shardyard.bus.assigned import assigned_consumer
 
     async def read() -> dict[str, list[bytes]]:
-        names = [topic.name for topic in CATALOGUE]
-        consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-        await consumer.start()
-        found: dict[str, list[bytes]] = {name: [] for name in names}
+        consumer, partitions = await assigned_consumer(bootstrap, CATALOGUE, fetch_max_wait_ms=200)
+        found: dict[str, list[bytes]] = {topic.name: [] for topic in CATALOGUE}
         try:
-            while batches := await consumer.getmany(timeout_ms=3000, max_records=10_000):
+            ends = await consumer.end_offsets(partitions)
+            pending = {tp for tp, end in ends.items() if end > 0}
+            deadline = asyncio.get_running_loop().time() + 60
+            while pending:
+                assert asyncio.get_running_loop().time() < deadline, f"still unread: {sorted(map(str, pending))}"
+                batches = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
                 for tp, records in batches.items():
-                    found[tp.topic].extend(record.value or b"" for record in records)
+                    found[tp.topic].extend(r.value or b"" for r in records if r.offset < ends[tp])
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
         finally:
             await consumer.stop()
         return found
