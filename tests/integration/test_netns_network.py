@@ -107,20 +107,23 @@ def echo_servers(net: TestNetwork) -> TestNetwork:
     return net
 
 
-def _median_rtt_ms(net: TestNetwork, client: str, server: str) -> float:
+def _least_rtt_ms(net: TestNetwork, client: str, server: str) -> float:
+    """The least of 20 round trips from ``client`` to ``server``: the delays injected are a floor no round trip goes
+    under, and a loaded machine only adds to some of them (the median measured 48 ms for 20.2 injected, once)."""
     argv = [sys.executable, "-c", RTT_CLIENT, net.address(server), str(ECHO_PORT)]
     measured: dict[str, Any] = json.loads(_output(net.run(client, argv, stdout=subprocess.PIPE, text=True), 20))
-    print(f"{client}->{server}: median {measured['median_ms']:.2f} ms of {[round(r, 2) for r in measured['rtts_ms']]}")
-    return float(measured["median_ms"])
+    rtts = [float(r) for r in measured["rtts_ms"]]
+    shown = [round(r, 2) for r in rtts]
+    print(f"{client}->{server}: least {min(rtts):.2f}, median {measured['median_ms']:.2f} ms of {shown}")
+    return min(rtts)
 
 
 def test_round_trips_add_both_ends_delays_in_both_directions(echo_servers: TestNetwork) -> None:
     net = echo_servers
-    expected_ms = 2 * (0.1 + 10.0)
-    assert _median_rtt_ms(net, "a", "b") == pytest.approx(expected_ms, rel=0.2)
-    assert _median_rtt_ms(net, "c", "b") == pytest.approx(expected_ms, rel=0.2)
-    assert _median_rtt_ms(net, "b", "a") == pytest.approx(expected_ms, rel=0.2), "a connection opened from b"
-    assert _median_rtt_ms(net, "a", "c") < 2.0
+    expected_ms = 2 * (0.1 + 10.0)  # each way: a's 0.1 ms and b's 10 ms; one direction alone would be half
+    for client, server in (("a", "b"), ("c", "b"), ("b", "a")):  # b -> a: a connection opened from b
+        assert 0.8 * expected_ms <= _least_rtt_ms(net, client, server) <= 1.5 * expected_ms, (client, server)
+    assert _least_rtt_ms(net, "a", "c") < 2.0
 
 
 def test_the_root_namespace_and_the_nodes_reach_each_other(net: TestNetwork) -> None:
