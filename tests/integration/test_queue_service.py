@@ -310,3 +310,18 @@ async def test_two_replicas_split_the_jobs_and_one_takes_them_all_over_when_the_
         for decided in (JobAccepted, JobReady, JobRejected):
             assert len(watch.of(decided, job_id=job_id)) == 1, f"{job_id}: {decided.__name__} not exactly once"
         assert len(watch.of(JobReady, job_id=child_of(job_id))) == 1
+
+
+async def test_a_header_value_that_is_not_utf8_stops_no_submission(bootstrap: str, log_dir: Path) -> None:
+    """FastStream decodes header values as UTF-8: one that is not failed the queue's whole batch, at every
+    redelivery, and the queue answered nothing after it (found by the hostile flood's garbage credentials)."""
+    await ensure_topics(bootstrap)
+    with service("shardyard.queue", [], bootstrap=bootstrap, log_dir=log_dir):
+        async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+            await watch.first(ServiceReady, service="queue", timeout_s=60)
+            junk = [("x-junk", b"\xff\xfe not utf-8"), ("traceparent", b"\x80")]
+            await send.raw(SUBMISSIONS.name, dumps(variant("q-junk")), key=b"q-junk", headers=junk)
+            await send.raw(SUBMISSIONS.name, dumps(variant("q-after")), key=b"q-junk")  # same partition, after it
+
+            await watch.first(JobAccepted, job_id="q-junk")
+            await watch.first(JobAccepted, job_id="q-after")

@@ -10,9 +10,10 @@
 """
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import ConsumerRecord
 from aiokafka.abc import ConsumerRebalanceListener
@@ -95,6 +96,27 @@ async def _raw_body(message: KafkaMessage) -> bytes:
 async def _no_body(_message: KafkaMessage) -> None:
     """A batch's records are read from the message itself (``raw_message``): nothing to decode per body."""
     return None
+
+
+Records: TypeAlias = "ConsumerRecord[bytes, bytes] | tuple[ConsumerRecord[bytes, bytes], ...]"
+
+
+async def _any_headers(message: Records, parse: Callable[[Records], Awaitable[Any]]) -> Any:
+    """FastStream's parsing, for a record or a batch with a header value that is not UTF-8 too: FastStream decodes
+    every header value as UTF-8, and one that is not (anyone can produce one) would fail the batch before any handler
+    saw it, again at each redelivery. Its own view then gets the value with the bytes replaced; the handlers read
+    the records as they came (``raw_message``), so the seal and signature checks see the real bytes."""
+    try:
+        return await parse(message)
+    except UnicodeDecodeError:
+        records = message if isinstance(message, tuple) else (message,)
+        readable = tuple(
+            dataclasses.replace(r, headers=[(k, v.decode(errors="replace").encode()) for k, v in r.headers])
+            for r in records
+        )
+        parsed = await parse(readable if isinstance(message, tuple) else readable[0])
+        parsed.raw_message = message
+        return parsed
 
 
 def source_record(message: KafkaMessage) -> ConsumerRecord[bytes, bytes]:
@@ -261,6 +283,7 @@ class Bus:
             ack_policy=AckPolicy.ACK if group else AckPolicy.ACK_FIRST,
             auto_offset_reset="earliest" if from_beginning else "latest",
             decoder=_raw_body,
+            parser=_any_headers,
             **options,
         )
         subscriber(measured)
@@ -300,6 +323,7 @@ class Bus:
             ack_policy=AckPolicy.ACK,
             auto_offset_reset="earliest" if from_beginning else "latest",
             decoder=_no_body,
+            parser=_any_headers,
             **options,
         )
         subscriber(on_batch)
