@@ -18,7 +18,9 @@ Replicas split the nodes by the partition of the heartbeats topic their heartbea
 given by the consumer group): a replica judges the liveness of the nodes it owns and publishes their state; it keeps
 the other nodes' state from the node-state topic, ready to take them over. A replica that takes nodes over, or
 finds it was not running for a while (:attr:`PoolBook.pause_after_s`), suspects no ALIVE node for
-:attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them.
+:attr:`PoolBook.catch_up_s`: the heartbeats it has yet to read may clear them. Past that, it suspects no node of a
+partition it has not read up to the present (no heartbeat sent since then read from it) for a whole suspicion window:
+a slow read of a long backlog is not silence.
 
 Node state is published when it changes, not per heartbeat: its status, drain mark or reservations; its inventory
 (GPUs and their health, cores, memory, address, running shards, artifacts, topology, its output disk's free space by
@@ -114,6 +116,9 @@ class PoolBook:
     catch_up_s: float = 1.0
     """After a takeover or a pause, the time an ALIVE node gets before it may be suspected: long enough to read the
     heartbeats that came meanwhile, short enough that a node that died meanwhile is still suspected quickly."""
+    catching_up: dict[int, datetime] = field(default_factory=dict)
+    """The owned partitions not read up to the present since a takeover or a pause, and when that began: their nodes
+    are not suspected until one of their heartbeats sent since then is read, or ``suspect_after_s`` has passed."""
     refresh_s: float = 30.0
     """An unchanged node's state is republished this often."""
     tolerance: Tolerance = field(default_factory=Tolerance)
@@ -139,6 +144,14 @@ class PoolBook:
         for node_id, record in self.nodes.items():
             if record.status is NodeStatus.ALIVE and self.owns(node_id):
                 record.silent_since = max(record.silent_since or record.received_at, earliest)
+        owned = range(HEARTBEATS.partitions) if self.owned is None else self.owned
+        self.catching_up = dict.fromkeys(owned, now)
+
+    def _still_catching_up(self, now: datetime) -> frozenset[int]:
+        """The partitions whose nodes are not suspected now (see :attr:`catching_up`); those past it are dropped."""
+        window = timedelta(seconds=self.suspect_after_s)
+        self.catching_up = {p: since for p, since in self.catching_up.items() if now - since < window}
+        return frozenset(self.catching_up)
 
     def _watch_order(self) -> None:
         """Rebuild ``watched`` from every owned node that is not LOST, oldest receipt first."""
@@ -213,6 +226,11 @@ class PoolBook:
     def _renewed(self, node_id: str, record: NodeRecord, beat: Heartbeat | NodeLease, now: datetime) -> list[Event]:
         was = record.status
         record.status, record.received_at, record.silent_since = NodeStatus.ALIVE, now, silent_since(beat, now)
+        if self.catching_up:
+            partition = partition_of(node_id, HEARTBEATS)
+            began = self.catching_up.get(partition)
+            if began is not None and beat.occurred_at >= began:
+                del self.catching_up[partition]  # read up to what was sent since: the rest is silence again
         if self.owns(node_id):
             self.watched[node_id] = None
             self.watched.move_to_end(node_id)
@@ -299,12 +317,15 @@ class PoolBook:
             self._watch_order()
         suspect_at = self.suspect_after_s - self.check_every_s
         lost_at = self.lost_after_s - self.check_every_s  # like suspicion: up to a check early, never late
+        held = self._still_catching_up(now) if self.catching_up else frozenset()
         out: list[Event] = []
         gone: list[str] = []
         for node_id in self.watched:
             record = self.nodes[node_id]
             if (now - record.received_at).total_seconds() + MAX_TRANSIT_S < suspect_at:
                 break  # this node's silence, and every later one's, is short of suspicion
+            if held and partition_of(node_id, HEARTBEATS) in held:
+                continue  # its partition's newer heartbeats may still be unread
             silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= lost_at:
                 record.status = NodeStatus.LOST

@@ -424,9 +424,30 @@ def test_nodes_taken_over_get_a_fresh_silence_window() -> None:
     book.assign([partition_of(mine, HEARTBEATS), partition_of(theirs, HEARTBEATS)], at(2.9))
 
     assert book.tick(at(3.0)) == []  # the heartbeats since the rebalance began are still to be read
-    assert book.tick(at(3.8)) == []
-    suspected = {e.node_id for e in book.tick(at(3.9)) if isinstance(e, NodeState)}  # type: ignore[attr-defined]
-    assert suspected == {mine, theirs}  # 1 s to catch up after the takeover
+    assert book.tick(at(3.9)) == []  # 1 s to catch up after the takeover: past it, neither partition has been
+    # read up to the present (no heartbeat sent since the takeover read from it)
+    assert [book.tick(at(4.0 + 0.5 * i)) for i in range(4)] == [[]] * 4  # up to 5.5
+    suspected = {e.node_id for e in book.tick(at(5.9)) if isinstance(e, NodeState)}  # type: ignore[attr-defined]
+    assert suspected == {mine, theirs}  # a whole suspicion window of this replica's own without a word
+
+
+def test_a_partition_read_up_to_the_present_is_judged_again_at_once() -> None:
+    mine, theirs = _on_two_partitions()
+    neighbour = next(
+        f"node-{i}"
+        for i in range(200)
+        if f"node-{i}" != mine and partition_of(f"node-{i}", HEARTBEATS) == partition_of(mine, HEARTBEATS)
+    )
+    book = alive_book(mine, theirs, neighbour)  # all last heard at 0
+    book.assign([partition_of(mine, HEARTBEATS), partition_of(theirs, HEARTBEATS)], at(2.9))
+    book.on_heartbeat(heartbeat(neighbour, seq=1, occurred_at=at(1.0)), at(3.0))  # backlog: sent before it
+    assert book.tick(at(3.9)) == []
+    book.on_heartbeat(heartbeat(neighbour, seq=2, occurred_at=at(3.5)), at(3.95))  # sent since: read to the present
+
+    suspected = {e.node_id for e in book.tick(at(4.0)) if isinstance(e, NodeState)}  # type: ignore[attr-defined]
+    assert suspected == {mine}  # its partition is read up to now and it said nothing; theirs may still be unread
+    suspected = {e.node_id for e in book.tick(at(5.9)) if isinstance(e, NodeState)}  # type: ignore[attr-defined]
+    assert suspected == {theirs}
 
 
 def test_a_replica_that_was_not_running_suspects_nobody_for_its_own_gap() -> None:
@@ -436,6 +457,7 @@ def test_a_replica_that_was_not_running_suspects_nobody_for_its_own_gap() -> Non
 
     assert book.tick(at(5.0)) == []  # 4.9 s without a tick: paused, not the node (1 s to catch up)
     book.on_heartbeat(heartbeat(seq=1, occurred_at=at(0.5)), at(5.1))  # the backlog: sent long ago
-    assert [book.tick(at(5.2 + 0.5 * i)) for i in range(5)] == [[]] * 5  # up to 7.2
-    # Its silence counts from its sending, less at most 0.5 s of transit: from 4.6.
-    assert statuses(book.tick(at(7.6))) == [("NodeState", NodeStatus.SUSPECT)]
+    assert [book.tick(at(5.2 + 0.5 * i)) for i in range(6)] == [[]] * 6  # up to 7.7
+    # Its silence counts from its sending, less at most 0.5 s of transit: from 4.6; but nothing sent since the pause
+    # has been read from its partition, so it is judged a whole suspicion window after the pause.
+    assert statuses(book.tick(at(8.0))) == [("NodeState", NodeStatus.SUSPECT)]
