@@ -42,8 +42,8 @@ from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.errors import ClusterError
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
 from shardyard.training.artifacts import create_demo_artifacts
-from tests.e2e.test_cli_cluster import cli
 from tests.support import wait
+from tests.support.cluster import cli, user_submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
@@ -232,7 +232,7 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
     watch.start()
     try:
         for index in range(JOBS - LATE):
-            client.submit(info.bootstrap, json.dumps(job_document(index)).encode())
+            user_submit(info, json.dumps(job_document(index)).encode())
 
         def training() -> int:
             return sum(1 for j in jobs(info).values() if j["state"] == "RUNNING" and (j["step"] or 0) >= 20)
@@ -263,7 +263,7 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
         os.kill(info.pids["fault-manager-0"], signal.SIGKILL)
         os.kill(info.pids["monitor-0"], signal.SIGKILL)
         for index in range(JOBS - LATE, JOBS):
-            client.submit(info.bootstrap, json.dumps(job_document(index)).encode())
+            user_submit(info, json.dumps(job_document(index)).encode())
 
         # 5. An agent with running shards is paused for 10 s, and on until its suspicion fired: its shards fence
         # themselves before they are replaced. (A pause begun while the killed pool replica's nodes had no owner yet

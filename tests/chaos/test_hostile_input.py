@@ -4,11 +4,14 @@ three agents), with a few small valid jobs inside it, as a careless or hostile u
 10,000 generated submissions go through the broker, keyed as ``shardyard submit`` keys them: truncated and non-JSON
 bytes; documents of 1-10 MB; documents nested 10,000 deep; wrong types, NaN and 2^70; unicode, NUL and HTML in ids;
 traversal paths and paths outside the mounts, a 5,000-character path; loader environment overrides and a
-``working_dir`` of ``/proc/1/cwd``; schema-valid numbers of 10^400; and six small valid jobs.
+``working_dir`` of ``/proc/1/cwd``; schema-valid numbers of 10^400; valid jobs with bad signatures (an unknown key,
+a body changed after signing, expired, garbage credentials) or none (the cluster is secured as ``up`` secures it,
+with no anonymous queue); and six small valid jobs signed with the cluster's key, one of them sent twice.
 
 Then, from the log and the monitor:
 
-- every submission got exactly one answer: accepted, rejected with a typed reason, or dead-lettered with a reason.
+- every submission got exactly one answer: accepted, rejected with a typed reason, or dead-lettered with a reason;
+  every badly signed or unsigned valid job is ``UNAUTHENTICATED``, the one sent twice ``REPLAYED``.
   A verdict carries an id derived from its submission's offset, so a verdict delivered twice (a queue replica thrown
   out of its group mid-batch publishes what its successor publishes again) is one answer; two different verdicts,
   or a verdict and a dead letter, for one submission are two;
@@ -43,6 +46,7 @@ from shardyard.bus.topics import DEADLETTER, LIFECYCLE, NODE_STATE, SUBMISSIONS,
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.errors import EventDecodeError
 from shardyard.events import JobAccepted, JobRejected, NodeState, NodeStatus, RejectReason
+from shardyard.signing import AUTH_HEADER, SIGNATURE_HEADER, read_credentials, sign
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support.cluster import cli, wait_for
 
@@ -53,6 +57,10 @@ VALID = 6
 QUEUE_RSS_LIMIT_MIB = 400
 MIB = 1024 * 1024
 SOURCE = "x-shardyard-source"
+Message = tuple[bytes, list[tuple[str, bytes]]]
+"""A submission's body and its Kafka headers."""
+Key = tuple[str, str, str]
+"""A team's signing key: team, key id, secret."""
 
 
 def valid_job(index: int) -> dict[str, Any]:
@@ -68,7 +76,7 @@ def valid_job(index: int) -> dict[str, Any]:
 def hostile(rng: random.Random, index: int) -> bytes:
     """One generated hostile submission: every class of the module docstring, in proportions, none of them valid."""
     base = valid_job(0) | {"task_id": f"hostile-{index}"}
-    kind = index % 8
+    kind = index % 10  # 9: forged (floods)
     if kind == 0:  # truncated JSON, random bytes, not UTF-8
         whole = json.dumps(base).encode()
         return rng.choice([whole[: rng.randrange(1, len(whole) - 1)], rng.randbytes(rng.randrange(1, 300)), b"\xff"])
@@ -108,17 +116,46 @@ def hostile(rng: random.Random, index: int) -> bytes:
         return json.dumps(base | {"training": training}).encode()
     if kind == 6:  # unknown fields, many of them
         return json.dumps(base | {f"extra_{i}": i for i in range(rng.randrange(1, 200))}).encode()
-    return json.dumps(base | {"resource_requirements": {"gpu": {"count": 0}}}).encode()  # out of range
+    if kind == 7:
+        return json.dumps(base | {"resource_requirements": {"gpu": {"count": 0}}}).encode()  # out of range
+    return json.dumps(base | {"task_id": f"unsigned-{index}"}).encode()  # valid, but a secured cluster's queue
+    # takes no unsigned submission
 
 
-def floods() -> list[bytes]:
+def forged(rng: random.Random, index: int, key: Key) -> Message:
+    """A valid job, badly signed: an unknown key, a body changed after signing, expired, or garbage credentials."""
+    raw = json.dumps(valid_job(0) | {"task_id": f"forged-{index}"}).encode()
+    team, key_id, secret = key
+    kind = rng.randrange(4)
+    if kind == 0:
+        return raw, sign(raw, team=team, key_id="k-unknown", secret=secret, now_s=time.time())
+    if kind == 1:
+        return raw.replace(b'"seed": 0', b'"seed": 1'), sign(
+            raw, team=team, key_id=key_id, secret=secret, now_s=time.time()
+        )
+    if kind == 2:
+        return raw, sign(raw, team=team, key_id=key_id, secret=secret, now_s=time.time() - 3600)
+    return raw, [(AUTH_HEADER, rng.randbytes(rng.randrange(1, 200))), (SIGNATURE_HEADER, rng.randbytes(64))]
+
+
+def floods(key: Key) -> list[Message]:
+    """The flood: FLOOD messages, each a body and its headers (the valid jobs' signatures, the forged ones')."""
     rng = random.Random(16)
-    messages = [hostile(rng, i) for i in range(FLOOD - VALID - 25)]
-    messages += [b'{"task_id": "huge", "pad": "' + b"x" * (size * MIB) + b'"}' for size in (1, 2, 4, 8, 10)]
-    messages += [b'{"task_id": "deep", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}" for _ in range(20)]
+    messages: list[Message] = []
+    for i in range(FLOOD - VALID - 26):
+        messages.append(forged(rng, i, key) if i % 10 == 9 else (hostile(rng, i), []))
+    messages += [(b'{"task_id": "huge", "pad": "' + b"x" * (size * MIB) + b'"}', []) for size in (1, 2, 4, 8, 10)]
+    messages += [(b'{"task_id": "deep", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", []) for _ in range(20)]
     step = len(messages) // (VALID + 1)
+    team, key_id, secret = key
     for index in range(VALID):  # spread through the flood
-        messages.insert((index + 1) * step, json.dumps(valid_job(index)).encode())
+        raw = json.dumps(valid_job(index)).encode()
+        messages.insert(
+            (index + 1) * step, (raw, sign(raw, team=team, key_id=key_id, secret=secret, now_s=time.time()))
+        )
+    replayed = messages[2 * step]  # valid-1, sent again later: the same signature
+    assert replayed[0].startswith(b'{"task_id": "valid-1"')
+    messages.insert(4 * step, replayed)
     assert len(messages) == FLOOD
     return messages
 
@@ -133,14 +170,16 @@ def key_of(raw: bytes) -> bytes | None:
     return task_id.encode(errors="surrogatepass") if isinstance(task_id, str) else None
 
 
-async def produce(bootstrap: str, messages: list[bytes]) -> list[str]:
+async def produce(bootstrap: str, messages: list[Message]) -> list[str]:
     """Send every message, pipelined; returns the source (topic/partition/offset) of each."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, max_request_size=16 * MIB
     )
     await producer.start()
     try:
-        futures = [await producer.send(SUBMISSIONS.name, raw, key=key_of(raw)) for raw in messages]
+        futures = [
+            await producer.send(SUBMISSIONS.name, raw, key=key_of(raw), headers=headers) for raw, headers in messages
+        ]
         sent = await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -279,10 +318,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         cli("down", run_dir=run_dir, timeout=180)
 
 
+def unanswered(sources: list[str], messages: list[Message], answered: set[str]) -> str:
+    """How many submissions have no answer yet, and the first few of them."""
+    missing = [(source, message) for source, message in zip(sources, messages, strict=True) if source not in answered]
+    shown = [f"{source}: {raw[:60]!r} {[name for name, _ in headers]}" for source, (raw, headers) in missing[:5]]
+    return f"{len(missing)} submissions unanswered, such as {shown}"
+
+
 @pytest.mark.timeout(900)
 def test_a_flood_of_hostile_submissions_is_answered_and_harms_nobody(cluster: Path) -> None:
     info = ClusterInfo.load(cluster)
-    messages = floods()
+    assert info.credentials_file and info.secret_file, "up secures a cluster by default"
+    team = "default"
+    key_id, secret = read_credentials(Path(info.credentials_file)).key(team)
+    messages = floods((team, key_id, secret))
+    refused = (b'{"task_id": "forged-', b'{"task_id": "unsigned-')
+    unauthenticated = sum(1 for raw, _headers in messages if raw.startswith(refused))
     queues = {name: pid for name, pid in info.pids.items() if name.startswith("queue-")}
 
     with MemoryWatch(queues) as memory, Answers(info.bootstrap) as found:
@@ -294,7 +345,7 @@ def test_a_flood_of_hostile_submissions_is_answered_and_harms_nobody(cluster: Pa
             "an answer to every submission",
             lambda: expected <= found.answered(),
             600,
-            lambda: f"{len(expected - found.answered())} submissions unanswered",
+            lambda: unanswered(sources, messages, found.answered()),
         )
         drained_s = found.last_answer_at - began
         print(f"\nhostile flood: {FLOOD} sent in {sent_s:.1f} s, all answered {drained_s:.1f} s after the first")
@@ -316,6 +367,8 @@ def test_a_flood_of_hostile_submissions_is_answered_and_harms_nobody(cluster: Pa
     for reason in (RejectReason.TOO_LARGE, RejectReason.TOO_DEEP, RejectReason.MALFORMED_JSON):
         assert found.rejected[reason] > 0, f"no {reason} among {dict(found.rejected)}"
     assert found.rejected[RejectReason.TOO_LARGE] == 5
+    assert found.rejected[RejectReason.UNAUTHENTICATED] == unauthenticated > 1000, dict(found.rejected)
+    assert found.rejected[RejectReason.REPLAYED] == 1, dict(found.rejected)
     assert found.rejected[RejectReason.TOO_DEEP] == 20
 
     statuses = node_statuses(info.bootstrap)

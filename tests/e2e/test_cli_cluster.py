@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with local_cluster(tmp_path_factory.mktemp("cluster"), replicas=1) as run_dir:
+    # secured as up secures it; unsigned JSON (kcat, kafka-python) goes into the default queue only
+    options = ("--anonymous-queue", "default")
+    with local_cluster(tmp_path_factory.mktemp("cluster"), replicas=1, options=options) as run_dir:
         yield run_dir
 
 
@@ -124,12 +126,15 @@ def produce_with_kcat(bootstrap: str, task_id: str) -> None:
     assert produced.returncode == 0, produced.stderr
 
 
-def produce_with_kafka_python(bootstrap: str, task_id: str) -> None:
+def produce_with_kafka_python(bootstrap: str, task_id: str, queue: str | None = None) -> None:
     from kafka import KafkaProducer
 
+    raw = job(task_id, max_steps=30)
+    if queue is not None:
+        raw = json.dumps(json.loads(raw) | {"queue": queue}).encode()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     try:
-        producer.send("shardyard.jobs.submissions", job(task_id, max_steps=30), key=task_id.encode()).get(timeout=30)
+        producer.send("shardyard.jobs.submissions", raw, key=task_id.encode()).get(timeout=30)
     finally:
         producer.close()
 
@@ -153,7 +158,11 @@ def test_kcat_submits_like_the_cli(cluster: Path) -> None:
 
 
 def test_an_independent_kafka_client_submits_like_the_cli(cluster: Path) -> None:
-    """kafka-python shares no code with Shardyard's aiokafka producer: plain JSON on the topic is all it takes."""
+    """kafka-python shares no code with Shardyard's aiokafka producer: plain JSON on the topic is all it takes, into
+    the cluster's anonymous queue; into another queue it is refused (``UNAUTHENTICATED``)."""
     produce_with_kafka_python(ClusterInfo.load(cluster).bootstrap, "kafka-python-job")
     view = wait_for_end(cluster, "kafka-python-job")
     assert view.get("state") == "SUCCEEDED", view
+    produce_with_kafka_python(ClusterInfo.load(cluster).bootstrap, "kafka-python-elsewhere", queue="team-x")
+    refused = wait_for_end(cluster, "kafka-python-elsewhere")
+    assert refused.get("state") == "REJECTED" and "UNAUTHENTICATED" in json.dumps(refused), refused

@@ -72,7 +72,8 @@ def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, otel_env: dict[str, str]) -> Iterator[Path]:
-    with local_cluster(tmp_path_factory.mktemp("demo"), replicas=1, env=otel_env) as run_dir:
+    options = ("--anonymous-queue", "default")  # a submission as kcat sends it: unsigned, into the default queue
+    with local_cluster(tmp_path_factory.mktemp("demo"), replicas=1, env=otel_env, options=options) as run_dir:
         yield run_dir
 
 

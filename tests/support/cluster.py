@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shardyard.cli.cluster import get_json
+from shardyard.cli import client
+from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cluster_secret import SECRET_ENV
 from shardyard.node_agent.private_files import interpreter_unreachable
 from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, ShardUser
 from shardyard.training.artifacts import create_demo_artifacts
@@ -170,19 +172,44 @@ def local_cluster(
     replicas: int | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 180,
+    options: Sequence[str] = (),
 ) -> Iterator[Path]:
     """``shardyard up`` (with ``--node`` per entry of ``nodes``; none: the defaults; ``replicas`` processes per
-    service, none: the default two) on the demo's checkpoint and dataset, then ``shardyard down``."""
+    service, none: the default two; and ``options``) on the demo's checkpoint and dataset, then ``shardyard down``.
+    The cluster is secured as ``up`` secures it: see :func:`user_submit` and :func:`as_operator`."""
     create_demo_artifacts(run_dir / "data")
     node_args = [arg for gpus in nodes for arg in ("--node", gpus)]
     replica_args = ["--replicas", str(replicas)] if replicas is not None else []
-    started = cli("up", *node_args, *replica_args, run_dir=run_dir, env=env, timeout=timeout)
+    started = cli("up", *node_args, *replica_args, *options, run_dir=run_dir, env=env, timeout=timeout)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         yield run_dir
     finally:
         stopped = cli("down", run_dir=run_dir, env=env, timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def user_submit(info: ClusterInfo, raw: bytes) -> client.Submitted:
+    """``raw`` submitted from this process as ``shardyard submit`` submits it to ``info``'s cluster: signed with the
+    cluster's credentials file (``up``'s local keys) when it has one."""
+    sealed, signed = client.sealed_submission(raw, info.credentials_file) if info.credentials_file else (raw, [])
+    return client.submit(info.bootstrap, sealed, signed)
+
+
+@contextmanager
+def as_operator(info: ClusterInfo) -> Iterator[None]:
+    """Within: the operator's commands called in this process (``client.request_drain``, ``request_cancel``) are
+    sealed with ``info``'s cluster secret, as ``shardyard drain`` and ``cancel`` seal them."""
+    before = os.environ.get(SECRET_ENV)
+    if info.secret_file:
+        os.environ[SECRET_ENV] = info.secret_file
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SECRET_ENV, None)
+        else:
+            os.environ[SECRET_ENV] = before
 
 
 def wait_for(

@@ -18,7 +18,7 @@ from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
-from shardyard.cli.team_files import sealed_env, secured
+from shardyard.cli.team_files import openness, sealed_env, secure_options, secured
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
 
@@ -36,7 +36,7 @@ def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
 def cmd_up(args: argparse.Namespace) -> int:
     run_dir = run_dir_of(args)
     credentials, sealed = secured(args, run_dir)
-    cluster.up(
+    info = cluster.up(
         run_dir,
         nodes=args.node or cluster.DEFAULT_NODES,
         replicas=args.replicas,
@@ -48,6 +48,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         credentials_file=credentials,
         sign_events=sealed,
     )
+    print(openness(info.secret_file, info.credentials_file))
     remember(run_dir)
     return 0
 
@@ -289,17 +290,12 @@ def _cluster_commands(sub: Commands) -> None:
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
     up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
-    up.add_argument(
-        "--secure",
-        action="store_true",
-        help="--sign-events, and a local key of the default team (RUN_DIR/credentials.yaml) unless --credentials-file "
-        "names the teams' keys: the queue takes only signed submissions; submit signs with it",
-    )
+    secure_options(up)
     up.add_argument(
         "--sign-events",
         action="store_true",
-        help="every process seals its events under a new cluster secret (RUN_DIR/cluster.secret) and refuses the "
-        "unsealed (README: Security)",
+        help="with --insecure: every process still seals its events under a new cluster secret "
+        "(RUN_DIR/cluster.secret) and refuses the unsealed (README: Security)",
     )
     up.set_defaults(func=cmd_up)
 
@@ -374,7 +370,7 @@ def _demo_command(sub: Commands) -> None:
     )
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
-    demo.add_argument("--secure", action="store_true", help="as up --secure: signed submissions, sealed events")
+    secure_options(demo)
     demo.set_defaults(func=cmd_demo)
 
 

@@ -1,9 +1,11 @@
 """The files ``shardyard up`` hands the services: the queues file (the queue and the scheduler read it, again on each
-change, and publish it), the credentials file (the queue verifies submissions with it; ``--secure`` makes a local
-one) and the cluster secret every process seals its events with (``shardyard.bus.seal``)."""
+change, and publish it), the credentials file (the queue verifies submissions with it; ``up`` makes a local one
+unless ``--insecure``) and the cluster secret every process seals its events with (``shardyard.bus.seal``)."""
 
 import argparse
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from shardyard.cluster_secret import SECRET_ENV, read_secret, write_secret
@@ -53,25 +55,82 @@ def sealed_env(secret_file: str) -> dict[str, str]:
     return {SECRET_ENV: secret_file} if secret_file else {}
 
 
-def local_credentials(run_dir: Path) -> Path:
-    """A credentials file for a cluster started ``--secure`` without one: a new key of the ``default`` team (the
-    queue a job goes to when it names none), in ``RUN_DIR/credentials.yaml``, mode 600; ``submit`` signs with it."""
+def local_credentials(run_dir: Path, teams: Iterable[str] = (), anonymous_queue: str | None = None) -> Path:
+    """A credentials file for a cluster started without one: a new key for the ``default`` team (the queue a job goes
+    to when it names none) and for each of ``teams`` (the queues file's queues), and ``anonymous_queue`` if given, in
+    ``RUN_DIR/credentials.yaml``, mode 600; ``submit`` signs with it. Each ``up`` writes new keys."""
     from shardyard.signing import new_secret
 
     path = run_dir.resolve() / "credentials.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
+    names = ["default", *sorted(set(teams) - {"default"})]
+    lines = ["# made by shardyard up: a key per queue; add keys for new queues here (README, Security)"]
+    if anonymous_queue is not None:
+        lines.append(f"anonymous_queue: {anonymous_queue}")
+    lines.append("teams:")
+    for name in names:
+        lines += [f"  {name}:", "    keys:", f"      k1: {{secret: {new_secret()}}}"]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(
-            f"# made by shardyard up --secure\nteams:\n  default:\n    keys:\n      k1: {{secret: {new_secret()}}}\n"
-        )
+        out.write("\n".join(lines) + "\n")
     return path
 
 
 def secured(args: argparse.Namespace, run_dir: Path) -> tuple[Path | None, bool]:
-    """``up``'s and ``demo``'s credentials file and whether to seal events: ``--secure`` makes a local key where no
-    ``--credentials-file`` is given, and seals."""
+    """``up``'s and ``demo``'s credentials file and whether to seal events. By default a cluster is secured: events
+    are sealed, and the queue takes only signed submissions (a local key per queue where no ``--credentials-file``
+    names the teams' keys; unsigned ones only into ``--anonymous-queue``). ``--insecure`` starts an open cluster: only
+    what ``--credentials-file`` and ``--sign-events`` ask for."""
     given = Path(args.credentials_file) if getattr(args, "credentials_file", None) else None
-    if not args.secure:
+    anonymous = getattr(args, "anonymous_queue", None)
+    from shardyard.quotas import NAME_PATTERN
+
+    if anonymous is not None and not re.fullmatch(NAME_PATTERN, anonymous):
+        raise ClusterError(f"--anonymous-queue {anonymous!r}: not a queue name")
+    if getattr(args, "insecure", False):
+        if anonymous is not None:
+            raise ClusterError("--anonymous-queue is for a secured cluster: an --insecure one takes any submission")
         return given, bool(getattr(args, "sign_events", False))
-    return given or local_credentials(run_dir), True
+    if given is not None:
+        if anonymous is not None:
+            raise ClusterError(f"--anonymous-queue with --credentials-file: set anonymous_queue in {given}")
+        return given, True
+    return local_credentials(run_dir, queue_names(getattr(args, "queues_file", None)), anonymous), True
+
+
+def secure_options(command: argparse.ArgumentParser) -> None:
+    """``up``'s and ``demo``'s options for how open the cluster is (secured unless ``--insecure``)."""
+    command.add_argument(
+        "--insecure",
+        action="store_true",
+        help="an open cluster: no local keys and no sealed events; the queue takes any submission unless "
+        "--credentials-file names the teams' keys (default: secured, README: Security)",
+    )
+    command.add_argument(
+        "--anonymous-queue",
+        metavar="QUEUE",
+        help="unsigned submissions (kcat, any Kafka client) are taken into QUEUE only (default: refused)",
+    )
+    command.add_argument("--secure", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
+
+
+def queue_names(queues_file: str | None) -> list[str]:
+    """The queues of the queues file (none without one); a bad file is refused later, by :func:`team_files`."""
+    if not queues_file:
+        return []
+    from shardyard.queues_file import read_queues
+    from shardyard.quotas import QueuesFileError
+
+    try:
+        config, _version = read_queues(Path(queues_file))
+    except QueuesFileError:
+        return []
+    return list(config.queues)
+
+
+def openness(secret_file: str, credentials_file: str) -> str:
+    """What ``up`` says of whether events are sealed and who may submit."""
+    sealed = "events sealed" if secret_file else "events NOT sealed"
+    if credentials_file:
+        return f"{sealed}; submissions signed with the keys in {credentials_file} (shardyard submit uses them)"
+    return f"{sealed}; any submission is taken (an open cluster: --insecure)"
