@@ -20,10 +20,10 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shardyard.broker.embedded import EmbeddedBroker
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.topics import HEARTBEATS
-from shardyard.embedded import EmbeddedBroker
 
 NODES_SCRIPT = Path(__file__).with_name("scale_nodes.py")
 
@@ -34,7 +34,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def read_the_end(bootstrap: str) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=BACKGROUND_FETCH_MS)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=fetch_wait_ms())
     await consumer.start()
     try:
         await consumer.topics()

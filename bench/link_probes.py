@@ -34,6 +34,7 @@ on loopback (the whole namespace's count: other traffic adds to it), a burst's a
 machine and mean nothing here.
 
     python bench/link_probes.py [--nodes 100,300,1000] [--workers 4] [--rounds 3] [--interval-s 2] [--pace 250]
+        [--smoke]
 """
 
 import argparse
@@ -56,18 +57,20 @@ from typing import IO, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shardyard.broker.embedded import EmbeddedBroker
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.codec import decode
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.topics import LINKS
 from shardyard.clock import SystemClock
-from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import LinkMeasured, NodeState, NodeStatus, ShardAssignment, Workload
 from shardyard.links import LinkTable, peers_to_probe
-from shardyard.netprobe import ProbeClient, ProbeServer
+from shardyard.netprobe import ProbeClient, ProbeServer, bind_endpoint
 from shardyard.node_agent.links import LinkProber, ProbeSettings, probing_parts
 from shardyard.scheduler.links import REFRESH_S, LinkFigures, LinkView
 from shardyard.service import Periodic
+from smoke import parse_args
 
 GANG_SIZES = (2, 4, 8)
 HEADER_BYTES = 66
@@ -76,6 +79,7 @@ DEFAULTS = ProbeSettings()
 FORMATION_TIMEOUT_S = 180.0
 TARGET_GROWTH = 1.2
 TARGET_FAILED = 0.01
+SMOKE = {"nodes": "6,12", "workers": 2, "rounds": 1, "interval_s": 1.0}
 
 
 # --- the simulated cluster (both sides build the same one from N) -------------------------------------------------
@@ -241,7 +245,8 @@ async def worker(args: argparse.Namespace) -> None:
     for i in range(args.worker, n, args.workers):
         jobs = frozenset({job_of[i]} if i in job_of else ())
         prober = LinkProber(node_id(i), bus, SystemClock(), knobs, running=training(jobs))
-        _, [_rounds, formed], server = probing_parts(prober, address(i), args.port)
+        # The agent's endpoint: on the port every node's state advertises (each node has an address of its own).
+        _, [_rounds, formed], server = probing_parts(prober, bind_endpoint(address(i), args.port))
         assert server is not None
         for state in states:
             prober.on_node_state(state)
@@ -687,7 +692,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     if args.worker is not None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("aiokafka").setLevel(logging.WARNING)

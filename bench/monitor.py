@@ -12,7 +12,7 @@ heartbeats took to reach it.
 
 This process's own CPU is reported too: the publisher and the readers must not be what loads the machine.
 
-    python bench/monitor.py [--nodes 1000] [--seconds 30] [--pool process|simulated]
+    python bench/monitor.py [--nodes 1000] [--seconds 30] [--pool process|simulated] [--smoke]
 """
 
 import argparse
@@ -31,19 +31,23 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from shardyard.broker.embedded import EmbeddedBroker
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.assigned import partitions_of
 from shardyard.bus.codec import encode, key_of
 from shardyard.bus.topics import HEARTBEATS, NODE_STATE
-from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import GpuStatus, Heartbeat
 from shardyard.events.base import new_event_id
 from shardyard.resource_pool.book import PoolBook
+from smoke import parse_args
 
 TICKS = os.sysconf("SC_CLK_TCK")
 SLICES = 20
 """Each second's heartbeats go out in this many slices, 50 ms apart (a burst of every node at once is no cluster)."""
 FRESH_S = 3.0
 """A node shown with a heartbeat older than this is stale (the resource pool calls it SUSPECT at 3 s)."""
+SMOKE = {"nodes": 20, "seconds": 2.0, "warmup": 1.0}
 
 
 def samples(scraped: bytes, name: str) -> list[tuple[str, float]]:
@@ -156,8 +160,7 @@ async def records_in(bootstrap: str, topic: str) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     await consumer.start()
     try:
-        await consumer.topics()
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        partitions = await partitions_of(consumer, [topic])
         ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
         return sum(ends.values())
     finally:
@@ -229,7 +232,7 @@ def main() -> None:
         default="process",
         help="the node states: from a resource pool process, or published here by the pool's core (the monitor alone)",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
         asyncio.run(ensure_topics(broker.bootstrap))

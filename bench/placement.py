@@ -20,7 +20,7 @@ Targets (issue 3): >= 2,000 decisions/s and p99 < 5 ms at 5,000 nodes; per-decis
 100 to 10,000 nodes.
 
     python bench/placement.py [--sizes 100,1000,5000,10000] [--jobs 10000] [--repeat 3] [--seed 1] [--head 100]
-                              [--head-trials 30]
+                              [--head-trials 30] [--smoke]
 """
 
 import argparse
@@ -36,6 +36,7 @@ from shardyard.events import JobSpec, NodeStatus
 from shardyard.gpus import DEFAULT_TFLOPS
 from shardyard.placement.cycle import PlacementCycle
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Snapshot
+from smoke import parse_args
 
 GIB = 1024**3
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,6 +45,7 @@ SIZES = ((1, 0.35), (2, 0.25), (4, 0.2), (8, 0.15), (16, 0.05))
 DATASETS = tuple(f"/data/datasets/set-{i}" for i in range(8))
 MODEL_DIRS = tuple(f"/data/models/base-{i}" for i in range(4))
 SHARED = {path: "shared" for path in (*DATASETS, *MODEL_DIRS)}
+SMOKE = {"sizes": "20,50", "jobs": 200, "repeat": 1, "head": 10, "head_trials": 2}
 
 
 def _pick(rng: random.Random, weighted: tuple[tuple[Any, float], ...]) -> Any:
@@ -185,7 +187,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--head", type=int, default=100, help="decisions compared like for like across sizes")
     parser.add_argument("--head-trials", type=int, default=30, help="short trials timing the head decisions alone")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     sizes = [int(size) for size in args.sizes.split(",")]
     clusters = {size: cluster(size, random.Random(args.seed)) for size in sizes}
     jobs = backlog(args.jobs, random.Random(args.seed + 1))  # the same backlog at every size

@@ -1,8 +1,9 @@
 """Recovery figures on a local cluster (prints JSON).
 
-For each scenario a fresh cluster of four 1-GPU A100 nodes runs a 2-shard job; mid-training (past step 410, some
-10 s in: the agents start a training shard's warm standby after 5 s of training, ``--standby-after-s``) the agent of
-shard 1's node is killed with SIGKILL (its shards die with it). Measured from the kill:
+For each scenario a fresh cluster of four 1-GPU A100 nodes (``--nodes``) runs a 2-shard job; mid-training (past
+step 410, ``--kill-at-step``, some 10 s in: the agents start a training shard's warm standby after 5 s of training,
+``--standby-after-s``) the agent of shard 1's node is killed with SIGKILL (its shards die with it). Measured from the
+kill:
 
 - ``detection_s``: until the resource pool marks the node SUSPECT (the ``occurred_at`` of the node's first state
   that is not ALIVE, read from the node-state topic); ``detection_seen_s``: until the monitor shows it (polled every
@@ -26,7 +27,8 @@ assignment topic, as an agent, receives it).
 large N the gang can only resume from its survivors' state (``shardyard.training.peer_state``) to lose under one sync
 interval.
 
-    python bench/recovery.py [--runs 1] [--only node-loss|failover] [--checkpoint-every N]
+    python bench/recovery.py [--runs 1] [--only node-loss|failover] [--checkpoint-every N] [--kill-at-step 410]
+        [--smoke]
 """
 
 import argparse
@@ -50,8 +52,14 @@ from shardyard.bus.topics import ASSIGNMENTS, NODE_STATE, Topic
 from shardyard.cli import client, cluster
 from shardyard.cli.rundir import shard_log_dir
 from shardyard.training.artifacts import create_demo_artifacts
+from smoke import parse_args
 
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
+KILL_AT_STEP = 410
+"""Mid-interval (the job syncs every 20 steps), some 10 s into training: past the warm standby's start."""
+NODES = 4
+"""Nodes of a node-loss cluster: the gang, its spare and one free (3 is the least either scenario needs)."""
+SMOKE = {"kill_at_step": 30, "nodes": 3}
 
 
 def _job(job_id: str, *, shards: int = 2) -> bytes:
@@ -107,7 +115,14 @@ def _resumed_step(shard_logs: Path) -> tuple[int | None, bool]:
     return None, False
 
 
-def one_run(root: Path, *, spare: bool, checkpoint_every: int | None = None) -> dict[str, Any]:
+def one_run(
+    root: Path,
+    *,
+    spare: bool,
+    checkpoint_every: int | None = None,
+    kill_at_step: int = KILL_AT_STEP,
+    nodes: int = NODES,
+) -> dict[str, Any]:
     data = root / "data"
     create_demo_artifacts(data)
     settings = {"SHARDYARD_REDUNDANCY_MIN_RATIO": "0.5" if spare else "0"}
@@ -115,7 +130,7 @@ def one_run(root: Path, *, spare: bool, checkpoint_every: int | None = None) -> 
         settings["SHARDYARD_CHECKPOINT_EVERY"] = str(checkpoint_every)  # the agents' --checkpoint-every
     os.environ.update(settings)
     try:
-        info = cluster.up(root / "run", nodes=["A100:1"] * 4, data_root=data, say=lambda _m: None)
+        info = cluster.up(root / "run", nodes=["A100:1"] * nodes, data_root=data, say=lambda _m: None)
     finally:
         for name in settings:
             del os.environ[name]
@@ -126,7 +141,7 @@ def one_run(root: Path, *, spare: bool, checkpoint_every: int | None = None) -> 
         client.submit(info.bootstrap, _job("victim"))
 
         def training(j: dict[str, Any]) -> dict[str, Any] | None:
-            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= 410 else None  # mid-interval
+            return j if j["state"] == "RUNNING" and (j.get("step") or 0) >= kill_at_step else None
 
         job = _poll(job_url, training, 120)
         spares = [p for p in job["placements"] if p.get("spare")]
@@ -289,7 +304,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--only", choices=("failover", "node-loss"), help="run one part only")
     parser.add_argument("--checkpoint-every", type=int, help="the agents' --checkpoint-every (default: theirs, 1)")
-    args = parser.parse_args()
+    parser.add_argument("--kill-at-step", type=int, default=KILL_AT_STEP, help="the gang's step at the agent's kill")
+    parser.add_argument("--nodes", type=int, default=NODES, help="1-GPU nodes of a node-loss cluster (at least 3)")
+    args = parse_args(parser, SMOKE)
     out: dict[str, Any] = {"bench": "recovery", "checkpoint_every": args.checkpoint_every or 1}
     if args.only != "node-loss":
         failovers = []
@@ -305,7 +322,14 @@ def main() -> None:
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                runs.append(one_run(Path(tmp), spare=spare, checkpoint_every=args.checkpoint_every))
+                run = one_run(
+                    Path(tmp),
+                    spare=spare,
+                    checkpoint_every=args.checkpoint_every,
+                    kill_at_step=args.kill_at_step,
+                    nodes=args.nodes,
+                )
+                runs.append(run)
         out[name] = {
             "runs": runs,
             "median_detection_s": statistics.median(r["detection_s"] for r in runs),

@@ -23,7 +23,8 @@ Shardyard's avg-JCT gain over each baseline (baseline avg JCT / Shardyard's) and
 than priority-only's. Target (issue 18): at load >= 0.9 a gain >= 1.3 over every baseline (the oracle is a
 reference, not a baseline), with p99 wait no worse than ``priority``'s.
 
-A last case times one replay of 2,000 jobs on 2,000 nodes under ``shardyard`` (target: under 10 s).
+A last case times one replay of 2,000 jobs on 2,000 nodes under ``shardyard`` (target: under 10 s; the sizes are
+``--scale-jobs`` and ``--scale-nodes``).
 
 The ``teams`` cases (issue 21) share one cluster (16 nodes each of 8 A100 and 8 V100) between three teams' queues of
 equal nominal quota in one cohort (``TEAMS_QUEUES``), whose jobs come 3 : 2 : 1 (the first team offers half the work
@@ -35,6 +36,7 @@ waiting and Jain's index over them (``shardyard.sim.fairness``), and the avg JCT
 one-queue policy's. Target: Jain >= 0.9 with the avg JCT within 5 % of the one-queue policy's.
 
     python bench/schedule_quality.py [--jobs 2000] [--seed 1] [--loads 0.7,0.9,1.1] [--no-scale] [--only teams]
+        [--scale-jobs 2000] [--scale-nodes 2000] [--smoke]
 """
 
 import argparse
@@ -47,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from smoke import parse_args
+
 CASES = {
     "homogeneous": ("helios", "V100:8x16"),
     "heterogeneous": ("helios", "A100:8x8,V100:8x8,T4:8x8"),
@@ -55,7 +59,6 @@ CASES = {
 BASELINES = ("fifo", "priority", "first-fit")
 POLICIES = ("shardyard", *BASELINES, "sjf-oracle")
 TARGET_GAIN = 1.3
-SCALE_CLUSTER = "A100:8x1000,V100:8x1000"
 TEAMS_CLUSTER = "A100:8x16,V100:8x16"
 TEAMS_MIX = "team-a:3,team-b:2,team-c:1"
 TEAMS_QUEUES = """\
@@ -69,6 +72,7 @@ TEAMS_SHAPES = ("default", "helios")
 TEAMS_LOAD = 1.1
 TARGET_JAIN = 0.9
 TARGET_JCT_RATIO = 1.05
+SMOKE = {"jobs": 40, "loads": "0.9", "scale_jobs": 40, "scale_nodes": 20}
 
 
 def cli(*args: str) -> str:
@@ -115,13 +119,14 @@ def case(name: str, shape: str, cluster: str, load: float, jobs: int, seed: int,
     }
 
 
-def scale(seed: int, folder: Path) -> dict[str, Any]:
-    trace = folder / "scale.csv"
-    cli("simulate", "--generate", "2000", "--load", "0.9", "--seed", str(seed), "--cluster", SCALE_CLUSTER,
+def scale(seed: int, folder: Path, jobs: int, nodes: int) -> dict[str, Any]:
+    """One replay of ``jobs`` jobs on ``nodes`` 8-GPU nodes, half A100 and half V100, timed."""
+    trace, cluster = folder / "scale.csv", f"A100:8x{nodes // 2},V100:8x{nodes - nodes // 2}"
+    cli("simulate", "--generate", str(jobs), "--load", "0.9", "--seed", str(seed), "--cluster", cluster,
         "--out", str(trace))  # fmt: skip
     t0 = time.monotonic()
-    cli("simulate", str(trace), "--cluster", SCALE_CLUSTER, "--policy", "shardyard", "--json")
-    return {"nodes": 2000, "jobs": 2000, "replay_s": round(time.monotonic() - t0, 1), "target_s": 10}
+    cli("simulate", str(trace), "--cluster", cluster, "--policy", "shardyard", "--json")
+    return {"nodes": nodes, "jobs": jobs, "replay_s": round(time.monotonic() - t0, 1), "target_s": 10}
 
 
 def teams(shape: str, jobs: int, seed: int, folder: Path) -> dict[str, Any]:
@@ -163,7 +168,9 @@ def main() -> None:
     parser.add_argument("--loads", default="0.7,0.9,1.1")
     parser.add_argument("--no-scale", action="store_true", help="skip the 2,000-node timing")
     parser.add_argument("--only", choices=("baselines", "teams"), help="run only these cases")
-    args = parser.parse_args()
+    parser.add_argument("--scale-jobs", type=int, default=2000, help="jobs of the timed replay")
+    parser.add_argument("--scale-nodes", type=int, default=2000, help="nodes of the timed replay")
+    args = parse_args(parser, SMOKE)
     loads = [float(x) for x in args.loads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -179,7 +186,7 @@ def main() -> None:
         result: dict[str, Any] = {"jobs_per_trace": args.jobs, "seed": args.seed, "cases": cases}
         result["all_targets_met"] = all(c["meets_target"] for c in cases)
         if not args.no_scale and args.only is None:
-            result["scale"] = scale(args.seed, folder)
+            result["scale"] = scale(args.seed, folder, args.scale_jobs, args.scale_nodes)
     print(json.dumps(result, indent=2))
 
 

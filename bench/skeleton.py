@@ -3,7 +3,7 @@
 For each run: ``shardyard up`` to ready, then the S15 example job: submission -> accepted -> scheduled -> every
 shard started -> first training step, and the whole demo path (up + job + down) wall time.
 
-    python bench/skeleton.py [--runs 3]
+    python bench/skeleton.py [--runs 3] [--steps N] [--smoke]
 """
 
 import argparse
@@ -18,15 +18,24 @@ from typing import Any
 
 from shardyard.cli import client, cluster
 from shardyard.training.artifacts import create_demo_artifacts
+from smoke import parse_args
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json"
+SMOKE = {"runs": 1, "steps": 5}
 
 
 def _at(entry: dict[str, Any]) -> float:
     return datetime.fromisoformat(entry["at"]).timestamp()
 
 
-def one_run(root: Path) -> dict[str, float]:
+def job_document(steps: int | None) -> bytes:
+    """The example job, training ``steps`` steps (None: as many as the example says, the runner's default)."""
+    if steps is None:
+        return EXAMPLE.read_bytes()
+    return json.dumps({**json.loads(EXAMPLE.read_text()), "training": {"max_steps": steps}}).encode()
+
+
+def one_run(root: Path, steps: int | None) -> dict[str, float]:
     data = root / "data"
     create_demo_artifacts(data)
     began = time.monotonic()
@@ -34,7 +43,7 @@ def one_run(root: Path) -> dict[str, float]:
     ready = time.monotonic()
     try:
         submitted_at = time.time()
-        submitted = client.submit(info.bootstrap, EXAMPLE.read_bytes())
+        submitted = client.submit(info.bootstrap, job_document(steps))
         final = client.wait(info.monitor_url, submitted.job_id, timeout_s=600, on_update=lambda _j: None)
         job = client.job(info.monitor_url, submitted.job_id) or final
     finally:
@@ -58,11 +67,12 @@ def one_run(root: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--steps", type=int, help="the job's max_steps (default: the example's)")
+    args = parse_args(parser, SMOKE)
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="shardyard-bench-") as tmp:
-            runs.append(one_run(Path(tmp)))
+            runs.append(one_run(Path(tmp), args.steps))
     summary = {
         key: {
             "median": round(statistics.median(r[key] for r in runs), 3),

@@ -45,7 +45,7 @@ less not, over the machine's cores: what probing took from the job's cores, howe
 ``--only``, ``throughput`` and ``bandwidth`` run, as before.
 
     python bench/training.py [--runs 5] [--steps 400] [--sync-interval 1] [--only throughput|bandwidth|probing]
-        [--probe-interval-s 1]
+        [--probe-interval-s 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from smoke import parse_args
+
 RATE = re.compile(r"\[rank (\d+)/\d+\]: trained steps \d+\.\.\d+, (\d+) steps in ([0-9.]+) s after the first")
 JOB_TIMEOUT_S = 600.0
+SMOKE = {"runs": 1, "steps": 5, "batch_size": 2, "seq_len": 16, "iterations": 2, "sizes_mib": [1]}
 
 
 # --- throughput ----------------------------------------------------------------------------------------------------
@@ -445,7 +448,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("throughput", "bandwidth", "probing"))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     if args.worker is not None:
         bandwidth_worker(args.worker, args.port, args.iterations, args.sizes_mib)
         return

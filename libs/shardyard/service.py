@@ -17,7 +17,7 @@ from shardyard.bus import forgotten
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.batch import BatchHandler, RawBatchHandler
 from shardyard.bus.follow import Follower, FollowHandler
-from shardyard.bus.kafka import BACKGROUND_FETCH_MS, Bus, make_broker
+from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.ownership import Assign, Ownership
 from shardyard.bus.topics import Topic
 from shardyard.clock import Clock, SystemClock
@@ -160,7 +160,8 @@ class Split:
     after_catching_up: bool = True
     """Hand partitions given over only once the follower has read every fact written before: the replica then does
     not decide again what their previous owner decided."""
-    fetch_max_wait_ms: int = BACKGROUND_FETCH_MS
+    job_path: bool = False
+    """Whether the group's topic is on the job's path (its fetches wait less: ``bus.quirks``)."""
 
 
 def replica_bus(service: str, settings: ReplicatedSettings) -> Bus:
@@ -201,7 +202,7 @@ def partitioned_app(
             caught_up=follower.caught_up if split.after_catching_up else None,
         ),
         group_options=settings.election_timings().group_options(),
-        fetch_max_wait_ms=split.fetch_max_wait_ms,
+        job_path=split.job_path,
     )
     app = FastStream(bus.broker)
 

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from shardyard.bus.address import BOOTSTRAP_ENV
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 
 if TYPE_CHECKING:
     from shardyard.bus.leadership import ElectionTimings
-
-BOOTSTRAP_ENV = "SHARDYARD_KAFKA_BOOTSTRAP"
 
 
 def _gpu_figures(value: list[str]) -> list[str]:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
-from shardyard.embedded import free_port
 from shardyard.events import (
     FieldError,
     GpuStatus,

@@ -40,7 +40,7 @@ from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_placement_e2e import document, until
 from tests.support import wait
 from tests.support.cluster import ONE_REPLICA, cli
-from tests.support.events import Producer
+from tests.support.events import Producer, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -278,30 +278,8 @@ def test_an_entrypoints_environment_reaches_its_shard_and_is_on_no_topic_in_the_
 
 
 def raw_records(bootstrap: str) -> dict[str, list[bytes]]:
-    """Every record's value on every topic of the catalogue, as a reader of the broker sees it: to the end offsets
-    each partition had when reading began (heartbeats keep coming, so reading to an empty fetch would never end),
-    then one fetch more, as Tansu's end offset can fall one produce batch short."""
-    from shardyard.bus.assigned import assigned_consumer
-
-    async def read() -> dict[str, list[bytes]]:
-        consumer, partitions = await assigned_consumer(bootstrap, CATALOGUE, fetch_max_wait_ms=200)
-        found: dict[str, list[bytes]] = {topic.name: [] for topic in CATALOGUE}
-        try:
-            ends = await consumer.end_offsets(partitions)
-            pending = {tp for tp, end in ends.items() if end > 0}
-            deadline = asyncio.get_running_loop().time() + 60
-            while pending:
-                assert asyncio.get_running_loop().time() < deadline, f"still unread: {sorted(map(str, pending))}"
-                batches = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
-                for tp, records in batches.items():
-                    found[tp.topic].extend(r.value or b"" for r in records)
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-            for tp, records in (await consumer.getmany(timeout_ms=1000, max_records=10_000)).items():
-                found[tp.topic].extend(r.value or b"" for r in records)
-        finally:
-            await consumer.stop()
-        return found
-
-    return asyncio.run(read())
+    """Every record's value on every topic of the catalogue, by topic (see :func:`read_log`)."""
+    found: dict[str, list[bytes]] = {topic.name: [] for topic in CATALOGUE}
+    for (topic, _partition, _offset), value in sorted(read_log(bootstrap).items()):
+        found[topic].append(value)
+    return found

@@ -1,5 +1,6 @@
-"""``shardyard logs`` keeps cluster runs apart: two clusters started one after the other from the same folder run a
-job of the same id (a job id is unique within a cluster only), and the logs shown are the running cluster's, then,
+"""``shardyard logs`` keeps cluster runs apart: two clusters started one after the other from the same folder, the
+second ``--fresh`` (its broker's log emptied), run a job of the same id (a job id is unique within a broker's log
+only), and the logs shown are the running cluster's, then,
 once it is down, the newest run's; never the two mixed into one attempt."""
 
 import re
@@ -18,9 +19,9 @@ PROGRESS = re.compile(
 )
 
 
-def run_once(run_dir: Path, max_steps: int) -> str:
-    """A cluster from ``run_dir`` runs the job to its end; its run id."""
-    with local_cluster(run_dir, replicas=1):
+def run_once(run_dir: Path, max_steps: int, *options: str) -> str:
+    """A cluster from ``run_dir`` (``up`` given ``options``) runs the job to its end; its run id."""
+    with local_cluster(run_dir, replicas=1, options=options):
         done = cli("submit", "-", "--wait", run_dir=run_dir, stdin=job(JOB, max_steps=max_steps))
         assert done.returncode == 0, done.stdout + done.stderr
         shown = cli("logs", JOB, run_dir=run_dir)
@@ -37,8 +38,8 @@ def assert_one_run(out: str, max_steps: int) -> None:
 
 def test_two_runs_of_one_job_id_in_one_folder_keep_their_logs_apart(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = run_once(run_dir, max_steps=20)
-    second = run_once(run_dir, max_steps=30)
+    first = run_once(run_dir, 20)
+    second = run_once(run_dir, 30, "--fresh")
 
     assert first != second
     assert sorted(p.name for p in (run_dir / "logs" / "shards").iterdir() if (p / JOB).is_dir()) == [first, second]

@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
+from shardyard.broker.embedded import EmbeddedBroker
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import LIFECYCLE
 from shardyard.cli import client
 from shardyard.cli.cluster import ClusterInfo, down, get_json, up
-from shardyard.embedded import EmbeddedBroker
 from shardyard.events import AlertFiring, AlertRule, JobScheduled
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support import wait

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shardyard.broker.ports import free_port
 from shardyard.cli.cluster import ClusterInfo, get_json
-from shardyard.embedded import free_port
 from tests.support import wait
 from tests.support.cluster import ROOT, local_cluster, wait_for
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import LIFECYCLE, NODE_STATE, SERVICES, SUBMISSIONS
 from shardyard.cli import client, main
 from shardyard.cli.cluster import ClusterInfo
-from shardyard.embedded import free_port
 from shardyard.events import GpuStatus, Heartbeat, JobCancelled, JobReady, JobWaiting, NodeState, ServiceReady
 from tests.support.events import Producer, Watcher, dumps
 from tests.support.processes import service

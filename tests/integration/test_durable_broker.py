@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from shardyard.broker.embedded import EmbeddedBroker
+from shardyard.broker.ports import free_port, wait_for_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli import client
-from shardyard.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests.support.wait import until
 
 EXAMPLE = Path(client.__file__).with_name("example_job.json")

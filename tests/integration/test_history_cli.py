@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from shardyard.broker.embedded import EmbeddedBroker
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
-from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import ServiceReady
 from shardyard.jobdb.query import HistoryQuery
 from shardyard.jobdb.store import open_store

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import ALERTS, DEADLETTER, SERVICES
-from shardyard.embedded import free_port
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, NodeStatus, ServiceReady
 from tests.support.events import Producer, Watcher, eventually
 from tests.support.processes import service

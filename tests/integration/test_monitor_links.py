@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import ALERTS, SERVICES
-from shardyard.embedded import free_port
 from shardyard.events import AlertFiring, AlertRule, JobAccepted, JobReady, JobRunning, LinkMeasured, ServiceReady
 from tests.support.browser import Dom, browser, render
 from tests.support.events import Producer, Watcher, eventually

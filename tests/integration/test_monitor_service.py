@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
+from shardyard.bus.assigned import partitions_of
 from shardyard.bus.topics import DEADLETTER, HEARTBEATS, SERVICES
-from shardyard.embedded import free_port
 from shardyard.events import (
     GpuStatus,
     Heartbeat,
@@ -77,8 +78,7 @@ async def records_in(bootstrap: str, topic: str) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     await consumer.start()
     try:
-        await consumer.topics()
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        partitions = await partitions_of(consumer, [topic])
         ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
         return sum(ends.values())
     finally:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from shardyard.broker.embedded import EmbeddedBroker
+from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import HEARTBEATS, NODE_STATE, SERVICES, SHARD_EVENTS
-from shardyard.embedded import EmbeddedBroker, free_port
 from shardyard.events import (
     ArtifactErrorReason,
     FailureCause,

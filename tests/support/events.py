@@ -6,10 +6,11 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from shardyard.bus.assigned import partitions_of
 from shardyard.bus.codec import decode, encode, key_of, topic_of
-from shardyard.bus.topics import Topic
+from shardyard.bus.topics import CATALOGUE, Topic
 from shardyard.events import Event
 from tests.support import wait
 
@@ -51,12 +52,7 @@ class Watcher:
 
     async def __aenter__(self) -> "Watcher":
         await self._consumer.start()
-        await self._consumer.topics()
-        partitions = [
-            TopicPartition(name, p)
-            for name in self.topics
-            for p in sorted(self._consumer.partitions_for_topic(name) or {0})
-        ]
+        partitions = await partitions_of(self._consumer, self.topics)
         self._consumer.assign(partitions)
         await self._consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._pump())
@@ -118,3 +114,39 @@ class Recorder:
 
     def of(self, kind: type) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+Where = tuple[str, int, int]
+"""A record's place in the log: topic, partition, offset."""
+
+
+def read_log(bootstrap: str, topics: Sequence[Topic] = CATALOGUE) -> dict[Where, bytes]:
+    """Every record of ``topics`` as a reader of the broker sees it, by its place: to the end offsets each partition
+    had when reading began (heartbeats keep coming, so reading to an empty fetch would never end). Tansu-only: its end
+    offset can fall one produce batch short, so one fetch more follows (on Kafka it finds nothing more to count)."""
+    from shardyard.bus.assigned import assigned_consumer
+
+    async def read() -> dict[Where, bytes]:
+        consumer, partitions = await assigned_consumer(bootstrap, topics, fetch_max_wait_ms=200)
+        found: dict[Where, bytes] = {}
+
+        def keep(batches: dict[Any, list[Any]]) -> None:
+            for tp, records in batches.items():
+                found.update({(tp.topic, tp.partition, r.offset): r.value or b"" for r in records})
+
+        try:
+            ends = await consumer.end_offsets(partitions)
+            pending = {tp for tp, end in ends.items() if end > 0}
+            deadline = asyncio.get_running_loop().time() + 60
+            while pending:
+                assert asyncio.get_running_loop().time() < deadline, f"still unread: {sorted(map(str, pending))}"
+                keep(await consumer.getmany(*pending, timeout_ms=500, max_records=10_000))
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
+            keep(await consumer.getmany(timeout_ms=1000, max_records=10_000))
+        finally:
+            await consumer.stop()
+        return found
+
+    return asyncio.run(read())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.embedded import free_port
+from shardyard.broker.ports import free_port
 from tests.support.wait import until
 
 SUPERUSER = "shardyard"

@@ -50,8 +50,7 @@ async def assign_every_partition(
     the first fetch: what is published once this returns will be read."""
     names = list(dict.fromkeys(topic.name for topic in topics))
     ends = {topic.name for topic in from_end}
-    await consumer.topics()  # loads metadata for every topic
-    partitions = [TopicPartition(name, p) for name in names for p in sorted(consumer.partitions_for_topic(name) or ())]
+    partitions = await partitions_of(consumer, names)
     consumer.assign(partitions)
     beginning = [tp for tp in partitions if tp.topic not in ends]
     end = [tp for tp in partitions if tp.topic in ends]
@@ -62,3 +61,14 @@ async def assign_every_partition(
     for tp in end:
         await consumer.position(tp)
     return partitions
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, names: Iterable[str]) -> list[TopicPartition]:
+    """Every partition of the topics ``names``, as the broker has them now (in name, then partition order).
+
+    ``consumer.topics()`` reads the metadata of every topic into a copy of its own and leaves the consumer's (what
+    ``partitions_for_topic`` reads) to the topics the consumer tracks: none before it is assigned any. A refresh of
+    that metadata then names no topic, which Tansu answers with every topic and Apache Kafka with none: only the
+    copy has them on both."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return [TopicPartition(name, p) for name in names for p in sorted(cluster.partitions_for_topic(name) or ())]

@@ -18,7 +18,7 @@ from shardyard import metrics, tracing
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.forgotten import LogWatch
-from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import checker, refused, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
@@ -38,11 +38,11 @@ class Follower:
         handle: FollowHandler,
         *,
         name: str,
-        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
+        fetch_max_wait_ms: int | None = None,
         after_batch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
-        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_max_wait_ms = fetch_max_wait_ms or fetch_wait_ms()
         self.after_batch = after_batch
         """Called once the records of one fetch were all handed over: where a handler publishes what a batch of
         facts caused, in one go, rather than one broker round trip per fact."""

@@ -1,6 +1,7 @@
 """The thin layer over FastStream/aiokafka every service uses.
 
-- ``make_broker``: a FastStream KafkaBroker with idempotence off (the embedded broker has no InitProducerId).
+- ``make_broker``: a FastStream KafkaBroker with idempotence off (Tansu, the embedded broker, has no InitProducerId;
+  every handler is idempotent instead, so Kafka needs none either).
 - ``Bus.publish``: encode an event and send it to its topic under its key; ``Bus.publish_all`` hands every event to
   the producer first and then awaits their acknowledgements: one broker round trip for the lot, not one per event.
 - ``Bus.subscribe``: commit-after-processing subscriptions; a message that does not decode goes to the dead-letter
@@ -23,6 +24,7 @@ from faststream.middlewares import AckPolicy
 from shardyard import metrics, tracing
 from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, AfterBatch, BatchConsumer, BatchHandler, RawBatchHandler
 from shardyard.bus.codec import decode, encode, key_of, topic_of
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, for_component, refused, screen
 from shardyard.bus.topics import DEADLETTER, Topic
 from shardyard.bus.transport import faststream_security
@@ -34,8 +36,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Awaitable[None]]
 RawHandler = Callable[[bytes, KafkaMessage], Awaitable[None]]
 
-# Group timings: the embedded broker completes a join after the rebalance timeout, so keep it short (and give each
-# service one group membership, see ``Bus.subscribe``); a member is declared dead after the session timeout.
+# Group timings: a member is declared dead after the session timeout. Tansu-only: the embedded broker completes a
+# join only after the rebalance timeout (Kafka as soon as every member rejoined), so keep it short (and give each
+# service one group membership, see ``Bus.subscribe``).
 GROUP_OPTIONS: dict[str, Any] = {
     "session_timeout_ms": 6000,
     "heartbeat_interval_ms": 500,
@@ -46,14 +49,6 @@ MAX_BATCH_BYTES = 1024 * 1024
 """The producer's batch per partition (Kafka's default ``message.max.bytes`` is about this)."""
 MAX_DEAD_LETTER_BYTES = 64 * 1024
 """A dead letter keeps this much of its message at most: enough to see what it was, always under the broker's limit."""
-JOB_PATH_FETCH_MS = 20
-"""How long a fetch may wait at the broker for data, for the consumers on the job's path (submissions at the queue,
-the scheduler's facts, an agent's assignments). The embedded broker holds a fetch about this long even when records
-are waiting (a median 141 ms a hop at aiokafka's default of 500 ms); a short wait costs an idle consumer some fifty
-small fetches a second, and the broker about half a millisecond each."""
-BACKGROUND_FETCH_MS = 200
-"""The same for every other consumer: liveness, ledgers, recovery facts, the monitor. A fact reaches them in about
-a tenth of a second, for a tenth of the fetches."""
 
 
 def _pending(sent: object) -> "asyncio.Future[Any]":
@@ -239,7 +234,7 @@ class Bus:
         from_beginning: bool = True,
         listener: ConsumerRebalanceListener | None = None,
         group_options: Mapping[str, Any] | None = None,
-        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
+        job_path: bool = False,
     ) -> None:
         """One consumer (one group membership) for several topics: each message of a topic in ``routes`` is
         decoded and handed to that topic's handler; ``raw_routes`` handlers get the bytes. With a group, offsets are
@@ -274,7 +269,7 @@ class Bus:
                 await on_message(body, message)
 
         options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {})} if group else {}
-        options["fetch_max_wait_ms"] = fetch_max_wait_ms
+        options["fetch_max_wait_ms"] = fetch_wait_ms(job_path=job_path)
         if listener is not None:
             options["listener"] = listener
         subscriber = self.broker.subscriber(
@@ -300,7 +295,7 @@ class Bus:
         max_records: int = MAX_RECORDS,
         batch_timeout_ms: int = BATCH_TIMEOUT_MS,
         from_beginning: bool = True,
-        fetch_max_wait_ms: int = BACKGROUND_FETCH_MS,
+        job_path: bool = False,
     ) -> None:
         """One group membership for busy topics, read a batch at a time: each topic's handler takes the batch's
         events of its topic and returns the events they cause; those are published without awaiting each, and the
@@ -312,7 +307,11 @@ class Bus:
             metrics.CONSUMER_LAG.ensure_sampling()
             await consumer.handle(records if isinstance(records, tuple) else (records,))
 
-        options: dict[str, Any] = {**GROUP_OPTIONS, **(group_options or {}), "fetch_max_wait_ms": fetch_max_wait_ms}
+        options: dict[str, Any] = {
+            **GROUP_OPTIONS,
+            **(group_options or {}),
+            "fetch_max_wait_ms": fetch_wait_ms(job_path=job_path),
+        }
         options["listener"] = AfterBatch(consumer, listener)
         subscriber = self.broker.subscriber(
             *consumer.by_name,

@@ -38,7 +38,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from shardyard.bus.codec import encode
-from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import for_component
 from shardyard.bus.topics import LEADERSHIP, SERVICES
 from shardyard.bus.transport import client_options
@@ -180,7 +180,7 @@ class Leadership:
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
-            fetch_max_wait_ms=BACKGROUND_FETCH_MS,
+            fetch_max_wait_ms=fetch_wait_ms(),
             bootstrap_servers=self.bootstrap,
             client_id=f"{self.service}-{self.instance}-election",
             group_id=group_of(self.service),

@@ -8,7 +8,7 @@ from aiokafka import TopicPartition
 
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
-from shardyard.bus.kafka import JOB_PATH_FETCH_MS
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import checker, refused, screen
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
@@ -22,7 +22,9 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     Reads without a consumer group, so it never moves anyone's committed offsets.
     """
     by_name = {topic.name: topic for topic in topics}
-    consumer, partitions = await assigned_consumer(bootstrap, by_name.values(), fetch_max_wait_ms=JOB_PATH_FETCH_MS)
+    consumer, partitions = await assigned_consumer(
+        bootstrap, by_name.values(), fetch_max_wait_ms=fetch_wait_ms(job_path=True)
+    )
     applied, seal = 0, checker()
     try:
         if not partitions:

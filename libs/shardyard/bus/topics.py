@@ -1,4 +1,13 @@
-"""The topic catalogue: every topic Shardyard uses, its partitions, its key and the events it carries."""
+"""The topic catalogue: every topic Shardyard uses, its partitions, its key, the events it carries and how long the
+broker keeps them.
+
+Retention follows what reads a topic. A topic that services rebuild their state from, from its beginning (the
+lifecycle, assignments, shard events, leadership claims), is kept whole: it grows with the work done, never with
+idle uptime. What only the present needs is kept for a window (heartbeats, dead letters, submissions once admitted);
+what only the latest value per key matters of is compacted (node state, links, the spare ratio, the queues). Kafka
+drops and compacts whole closed segments only, so each bounded topic also closes its segment on time
+(``segment.ms``): an idle cluster's log stops growing once its windows are full.
+"""
 
 from dataclasses import dataclass, field
 from types import UnionType
@@ -23,6 +32,9 @@ from shardyard.events import (
     ShardEvent,
 )
 
+HOUR: Final = 3_600_000
+DAY: Final = 24 * HOUR
+
 
 @dataclass(frozen=True)
 class Topic:
@@ -32,10 +44,24 @@ class Topic:
     payload: Any = field(compare=False, repr=False, default=None)
     """The event type (or discriminated union) of the topic; None for raw bytes."""
     compacted: bool = False
+    """Only the latest record per key is kept (once its segment closed)."""
+    retention_ms: int | None = None
+    """Records older than this are deleted (with their segment); None: kept for as long as the topic lives."""
+    max_record_bytes: int = 1024 * 1024 + 12
+    """The largest record batch the broker takes (Kafka's ``max.message.bytes``; its default): a producer sending a
+    larger one gets ``MESSAGE_TOO_LARGE``, and nothing enters the log."""
 
     @property
     def configs(self) -> dict[str, str]:
-        return {"cleanup.policy": "compact"} if self.compacted else {}
+        """The topic's configuration at the broker (set when it is created; ``ensure_topics`` puts it right on an
+        existing topic too)."""
+        limit = {"max.message.bytes": str(self.max_record_bytes)}
+        if self.compacted:
+            return {"cleanup.policy": "compact", "segment.ms": str(HOUR), "min.compaction.lag.ms": "0", **limit}
+        if self.retention_ms is None:
+            return {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", **limit}
+        segment = max(60_000, min(HOUR, self.retention_ms // 6))
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms), "segment.ms": str(segment), **limit}
 
     @property
     def events(self) -> tuple[type[Event], ...]:
@@ -55,10 +81,14 @@ def _members(payload: Any) -> tuple[type[Event], ...]:
     return (payload,)
 
 
-SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)")
+SUBMISSIONS: Final = Topic("shardyard.jobs.submissions", 4, "task_id (raw user JSON)", retention_ms=7 * DAY)
+"""What users sent: the queue admits each within seconds (its verdict, with the job, is on the lifecycle). A document
+over the queue's limit (256 KiB) is refused ``TOO_LARGE`` by the queue; one over the record limit (1 MiB) by the
+broker, at the door."""
 LIFECYCLE: Final = Topic("shardyard.jobs.lifecycle", 4, "job id", JobLifecycleEvent)
-HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 16, "node id", HeartbeatEvent)
-"""The busiest topic (a message a node a second): its partitions bound how many resource-pool replicas share it."""
+HEARTBEATS: Final = Topic("shardyard.nodes.heartbeats", 16, "node id", HeartbeatEvent, retention_ms=HOUR)
+"""The busiest topic (a message a node a second): its partitions bound how many resource-pool replicas share it.
+Only the present matters: a node's inventory travels again every 10 s, and its state is on ``NODE_STATE``."""
 NODE_STATE: Final = Topic("shardyard.nodes.state", 4, "node id", NodeState, compacted=True)
 ASSIGNMENTS: Final = Topic("shardyard.assignments", 4, "node id", AssignmentEvent)
 SHARD_EVENTS: Final = Topic("shardyard.shards.events", 4, "job id", ShardEvent)
@@ -68,13 +98,13 @@ LEADERSHIP: Final = Topic("shardyard.leadership", 1, "service name", LeadershipC
 """Leader election: one consumer group per service; the member holding the one partition leads."""
 ELASTICITY: Final = Topic("shardyard.elasticity", 1, "GPU model or node id", ElasticityEvent)
 REDUNDANCY: Final = Topic("shardyard.redundancy", 1, "policy", RedundancyChanged, compacted=True)
-ALERTS: Final = Topic("shardyard.alerts", 1, "alert rule/subject", AlertEvent)
+ALERTS: Final = Topic("shardyard.alerts", 1, "alert rule/subject", AlertEvent, retention_ms=30 * DAY)
 """The monitor's alerts firing and resolved: one partition, so every replica folds one history in one order."""
 LINKS: Final = Topic("shardyard.links", 4, "node id|peer id", LinkMeasured, compacted=True)
 """Agents' link measurements (RTT, bandwidth), the latest per ordered node pair."""
 QUEUES: Final = Topic("shardyard.queues", 1, "queues", QueuesConfigured, compacted=True)
 """The cluster's queue configuration (``shardyard.quotas``): the latest one, read from the queues file."""
-DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)")
+DEADLETTER: Final = Topic("shardyard.deadletter", 1, "source key (raw bytes, error in headers)", retention_ms=7 * DAY)
 
 CATALOGUE: Final = (
     SUBMISSIONS,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardyard.embedded import free_port
+from shardyard.broker.ports import free_port
 from shardyard.errors import ClusterError
 
 CLUSTER_FILE = "cluster.json"

@@ -1,10 +1,10 @@
-"""A local cluster as separate processes: the embedded broker (unless an outside Kafka is named), every service,
-and node agents with declared simulated GPUs. Its run folder holds ``cluster.json`` and every process's log."""
+"""A local cluster as separate processes: its broker (the local Apache Kafka by default, see ``shardyard.broker``),
+every service, and node agents with declared simulated GPUs. Its run folder holds ``cluster.json``, every process's
+log and the local Kafka's log (``kafka/``), which the next ``up`` from the same folder starts from."""
 
 import contextlib
 import json
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shardyard.broker.choice import Choice, choose
+from shardyard.broker.local import start_broker
+from shardyard.broker.process import BrokerProcess
+from shardyard.bus.address import BOOTSTRAP_ENV, BROKER_ENV
 from shardyard.cli import demo_data as demo
 from shardyard.cli.children import (
     CLUSTER_FILE,
@@ -29,9 +33,9 @@ from shardyard.cli.children import (
 )
 from shardyard.cli.inert import inert_json
 from shardyard.cli.rundir import SHARD_LOGS, new_run_id
+from shardyard.cli.shard_user import shard_user_fallback
 from shardyard.cli.stopping import stop_processes
 from shardyard.cli.team_files import cluster_secret, sealed_env, team_files
-from shardyard.embedded import MEMORY, STORAGE_ENV, EmbeddedBroker
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
 
@@ -69,7 +73,8 @@ class ClusterInfo:
     bootstrap: str
     monitor_url: str
     data_root: str
-    embedded_broker: bool
+    broker: str
+    """Which broker it runs on: ``kafka`` (the local Apache Kafka), ``embedded`` or ``external``."""
     started_at: float
     run_id: str = field(default_factory=new_run_id)  # this cluster run's: its agents' logs are SHARD_LOGS/RUN_ID
     pids: dict[str, int] = field(default_factory=dict)
@@ -105,10 +110,34 @@ class ClusterInfo:
         save_json(Path(self.run_dir) / CLUSTER_FILE, asdict(self))
 
     @classmethod
+    def new(
+        cls, run_dir: Path, choice: Choice, data_root: Path, accounting_url: str | None, secret_file: str
+    ) -> "ClusterInfo":
+        return cls(
+            run_dir=str(run_dir.resolve()),
+            bootstrap=choice.bootstrap or "",
+            monitor_url="",
+            data_root=str(data_root.resolve()),
+            broker=choice.kind,
+            started_at=time.time(),
+            accounting_url=accounting_url or default_url(run_dir),
+            secret_file=secret_file,
+        )
+
+    def record_broker(self, broker: BrokerProcess | None) -> None:
+        """The broker ``up`` started (None: an outside one, already named), saved."""
+        if broker is not None:
+            self.bootstrap, self.pids["broker"], self.started["broker"] = broker.bootstrap, broker.pid or 0, time.time()
+        self.save()
+
+    @classmethod
     def load(cls, run_dir: Path) -> "ClusterInfo":
         path = run_dir / CLUSTER_FILE
         try:
-            return cls(**{"run_id": "", **json.loads(path.read_text())})  # written before run ids: none
+            saved = json.loads(path.read_text())
+            if "embedded_broker" in saved:  # written before the local Kafka: embedded unless outside
+                saved["broker"] = "embedded" if saved.pop("embedded_broker") else "external"
+            return cls(**{"run_id": "", **saved})  # written before run ids: none
         except FileNotFoundError as exc:
             raise ClusterError(f"no cluster is running from {run_dir} (start one with `shardyard up`)") from exc
 
@@ -137,35 +166,6 @@ def _service_argv(service: str, name: str, extra: Sequence[str] = ()) -> Callabl
         return [*line, "--metrics-port", str(ports["metrics"])]
 
     return argv
-
-
-def interpreter_blocked() -> str | None:
-    """Why users other than this one cannot run this Python (a directory on the way to it, or to its standard
-    library, that they may not search or read); None when they can. A pyenv under a 0700 ``/root`` is the usual
-    case: agents running as root cannot start shards as their jobs' own users with it."""
-    for target in (Path(sys.executable).resolve(), Path(os.__file__).resolve().parent):
-        for directory in reversed(target.parents):
-            if not os.stat(directory).st_mode & stat.S_IXOTH:
-                return f"{directory} is closed to other users (on the way to {target})"
-        if not os.stat(target).st_mode & stat.S_IROTH:
-            return f"{target} is not readable by other users"
-    return None
-
-
-def shard_user_fallback(env: Mapping[str, str], say: Callable[[str], None]) -> list[str]:
-    """Agent options for who runs shards: none (each job's own user, the agent's default) unless the operator chose
-    (``SHARDYARD_SHARD_USER``), or agents run as root with a Python other users cannot run: then shards run as the
-    agent, and ``up`` says so, since a job can then read another's environment and files."""
-    if "SHARDYARD_SHARD_USER" in env or os.geteuid() != 0:
-        return []
-    why = interpreter_blocked()
-    if why is None:
-        return []
-    say(
-        f"warning: shards run as root, not as their jobs' own users: {why}. Install Python where other users can "
-        "run it, or set SHARDYARD_SHARD_USER=agent to silence this"
-    )
-    return ["--shard-user", "agent"]
 
 
 def _agent_argv(
@@ -209,6 +209,8 @@ def up(
     replicas: int = REPLICAS,
     data_root: Path,
     bootstrap: str | None = None,
+    broker: str | None = None,
+    fresh: bool = False,
     timeout_s: float = 90.0,
     say: Callable[[str], None] = print,
     pick_port: PortPicker = pick_free_port,
@@ -222,27 +224,20 @@ def up(
     """Start a local cluster; return once every service announced itself and every node is ALIVE. A process that
     exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest is stopped; one
     that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times. Once ready,
-    ``supervise`` leaves a supervisor that restarts whatever dies (``cli.supervisor``). ``accounting_url``: default
-    ``RUN_DIR/accounting.db``; ``demo_data``: ``demo.data_root``; the rest: ``team_files``."""
+    ``supervise`` leaves a supervisor that restarts whatever dies (``cli.supervisor``). ``broker``, ``bootstrap``
+    and ``fresh``: ``_broker_choice``. ``accounting_url``: default ``RUN_DIR/accounting.db``; ``demo_data``:
+    ``demo.data_root``; the rest: ``team_files``."""
     files = team_files(queues_file, credentials_file)
     _refuse_a_running_cluster(run_dir)
+    choice = _broker_choice(broker, bootstrap, fresh=fresh)
     (logs := run_dir / "logs").mkdir(parents=True, exist_ok=True)
     demo.data_root(data_root, with_demo=demo_data, say=say)
-    broker: EmbeddedBroker | None = None
-    info = ClusterInfo(
-        run_dir=str(run_dir.resolve()),
-        bootstrap=bootstrap or "",
-        monitor_url="",
-        data_root=str(data_root.resolve()),
-        embedded_broker=bootstrap is None,
-        started_at=time.time(),
-        accounting_url=accounting_url or default_url(run_dir),
-        secret_file=cluster_secret(run_dir, sign_events),
-        credentials_file=str(credentials_file.resolve()) if credentials_file else "",
-    )
+    process: BrokerProcess | None = None
+    info = ClusterInfo.new(run_dir, choice, data_root, accounting_url, cluster_secret(run_dir, sign_events))
+    info.credentials_file = str(credentials_file.resolve()) if credentials_file else ""
     try:
-        broker = _start_broker(info, logs, say) if bootstrap is None else None
-        info.save()
+        process = start_broker(choice, run_dir, logs, fresh=fresh, say=say)
+        info.record_broker(process)
         _create_topics(info.bootstrap)
         children = _start_processes(
             info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
@@ -251,17 +246,26 @@ def up(
             children,
             ready=lambda: _ready(info, expected_nodes=len(nodes)),
             timeout_s=timeout_s,
-            others={"broker": broker.poll} if broker is not None else {},
+            others={"broker": process.poll} if process is not None else {},
             say=say,
         )
     except BaseException:
         say("start-up failed: stopping the processes started so far")
-        _abandon(run_dir, info, broker)
+        _abandon(run_dir, info, process)
         raise
     if supervise:
-        start_supervisor(info, children, broker, logs)
+        start_supervisor(info, children, process, logs)
     say(f"cluster ready in {time.time() - info.started_at:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
     return info
+
+
+def _broker_choice(broker: str | None, bootstrap: str | None, *, fresh: bool) -> Choice:
+    """The broker to run on: ``broker`` (``--broker``, ``shardyard.broker.choice``), an outside one at
+    ``bootstrap``; ``fresh`` empties the local Kafka's log in ``RUN_DIR/kafka``, which another broker has none of."""
+    choice = choose(broker, {**os.environ, BOOTSTRAP_ENV: bootstrap} if bootstrap else os.environ)
+    if fresh and choice.kind == "external":
+        raise ClusterError(f"--fresh empties the local broker's log; {choice.why} is not one to empty")
+    return choice
 
 
 def _create_topics(bootstrap: str) -> None:
@@ -272,20 +276,11 @@ def _create_topics(bootstrap: str) -> None:
     asyncio.run(ensure_topics(bootstrap))
 
 
-def _start_broker(info: ClusterInfo, logs: Path, say: Callable[[str], None]) -> EmbeddedBroker:
-    broker = EmbeddedBroker(log_path=logs / "broker.log", storage=os.environ.get(STORAGE_ENV) or MEMORY).start()
-    assert broker.pid is not None
-    info.bootstrap, info.pids["broker"] = broker.bootstrap, broker.pid
-    info.started["broker"] = time.time()
-    say(f"embedded broker on {broker.bootstrap}" + (f", its log in {broker.storage}" if broker.durable else ""))
-    return broker
-
-
-def start_supervisor(info: ClusterInfo, children: Children, broker: EmbeddedBroker | None, logs: Path) -> None:
+def start_supervisor(info: ClusterInfo, children: Children, broker: BrokerProcess | None, logs: Path) -> None:
     """Write what ``up`` started to ``supervise.json`` and start the supervisor on it (see its module)."""
     from shardyard.cli.supervisor import Spec, Specs
 
-    extra = {"SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap, "PYTHONUNBUFFERED": "1", **sealed_env(info.secret_file)}
+    extra = {**_bus_env(info), "PYTHONUNBUFFERED": "1", **sealed_env(info.secret_file)}
     specs = Specs(info.run_dir, info.bootstrap)
     for name, child in children.started.items():
         specs.processes.append(Spec(name, [str(a) for a in child.process.args], extra, str(child.log)))  # type: ignore[union-attr]
@@ -326,12 +321,7 @@ def _start_processes(
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
-    env = {
-        **os.environ,
-        "SHARDYARD_KAFKA_BOOTSTRAP": info.bootstrap,
-        "PYTHONUNBUFFERED": "1",
-        **sealed_env(info.secret_file),
-    }
+    env = {**os.environ, **_bus_env(info), "PYTHONUNBUFFERED": "1", **sealed_env(info.secret_file)}
     children = Children(logs, env, pick_port, on_change=lambda started: _record(info, started))
     for service in SERVICES:
         roles = ("http", "metrics") if service == "monitor" else ("metrics",)
@@ -348,7 +338,12 @@ def _start_processes(
     return children
 
 
-def _abandon(run_dir: Path, info: ClusterInfo, broker: EmbeddedBroker | None) -> None:
+def _bus_env(info: ClusterInfo) -> dict[str, str]:
+    """How every process of the cluster reaches its broker, and which broker it is (``bus.quirks``)."""
+    return {BOOTSTRAP_ENV: info.bootstrap, BROKER_ENV: info.broker}
+
+
+def _abandon(run_dir: Path, info: ClusterInfo, broker: BrokerProcess | None) -> None:
     """Undo a start-up that failed: stop what started (by the pids recorded so far) and forget the cluster."""
     stop_processes(info.pids)
     (run_dir / CLUSTER_FILE).unlink(missing_ok=True)

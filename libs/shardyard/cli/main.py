@@ -18,7 +18,7 @@ from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
-from shardyard.cli.team_files import openness, sealed_env, secure_options, secured
+from shardyard.cli.team_files import broker_options, openness, sealed_env, secure_options, secured
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
 
@@ -41,7 +41,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         nodes=args.node or cluster.DEFAULT_NODES,
         replicas=args.replicas,
         data_root=Path(args.data_root) if args.data_root else run_dir / "data",
-        bootstrap=os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None,
+        broker=args.broker,
+        fresh=args.fresh,
         accounting_url=args.accounting_url or os.environ.get(history_cli.URL_ENV) or None,
         demo_data=args.demo_data,
         queues_file=Path(args.queues_file) if args.queues_file else None,
@@ -214,9 +215,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
     create_demo_artifacts(data_root)
     credentials, sealed = secured(args, run_dir)
-    bootstrap = os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP") or None
     info = cluster.up(
-        run_dir, data_root=data_root, bootstrap=bootstrap, credentials_file=credentials, sign_events=sealed
+        run_dir, data_root=data_root, broker=args.broker, credentials_file=credentials, sign_events=sealed
     )
     try:
         raw = client.with_owner(EXAMPLE.read_bytes(), _user())
@@ -269,9 +269,7 @@ def _replicas(value: str) -> int:
 
 
 def _cluster_commands(sub: Commands) -> None:
-    up = sub.add_parser(
-        "up", help="start a local cluster (embedded broker unless SHARDYARD_KAFKA_BOOTSTRAP is set)", **usage.of("up")
-    )
+    up = sub.add_parser("up", help="start a local cluster (its own Apache Kafka by default)", **usage.of("up"))
     up.add_argument("--node", action="append", help="a node's simulated GPUs, e.g. A100:2 (repeat per node)")
     up.add_argument("--data-root", help="local folder the agents mount at /data (default RUN_DIR/data)")
     up.add_argument("--demo-data", action="store_true", help="first make the example job's model and dataset there")
@@ -290,6 +288,7 @@ def _cluster_commands(sub: Commands) -> None:
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
     up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
+    broker_options(up, fresh=True)
     secure_options(up)
     up.add_argument(
         "--sign-events",
@@ -370,6 +369,7 @@ def _demo_command(sub: Commands) -> None:
     )
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    broker_options(demo)
     secure_options(demo)
     demo.set_defaults(func=cmd_demo)
 

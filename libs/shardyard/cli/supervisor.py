@@ -9,10 +9,13 @@ process (by pid: those ``up`` started are not its children). One that is gone is
 ``STEADY_S``. A restart is logged (``logs/supervisor.log``), counted in ``cluster.json`` (``restarts``, which
 ``shardyard ps`` shows) and on the supervisor's own metrics port as ``shardyard_process_restarts_total{process}``.
 
-The embedded broker keeps its log in memory: one that is restarted comes back empty, on the same port. So when it
-dies, the supervisor stops every other process first, starts the broker once they are gone, creates the catalogue's
-topics at once, and then starts the others again: the cluster starts over as ``up`` started it, each process
-rebuilding its state from the new log (see ``_broker_down``). Everything the old log held (jobs, their history,
+The local Apache Kafka keeps its log on disk: one that died is started again like any other process, on the same
+ports and folder, and comes back with every record it acknowledged; the others reconnect and go on.
+
+The embedded broker, by default, keeps its log in memory: one that is restarted comes back empty, on the same port.
+So when it dies, the supervisor stops every other process first, starts the broker once they are gone, creates the
+catalogue's topics at once, and then starts the others again: the cluster starts over as ``up`` started it, each
+process rebuilding its state from the new log (see ``_broker_down``). Everything the old log held (jobs, their history,
 committed offsets) is gone, see the README; the shards of its jobs are stopped with their agents, and their
 checkpoints stay on disk.
 
@@ -32,9 +35,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from shardyard.broker.embedded import in_memory
 from shardyard.bus.admin import ensure_topics
 from shardyard.cli.children import CLUSTER_FILE, alive, exit_text, save_json
-from shardyard.embedded import in_memory
 
 SPECS_FILE = "supervise.json"
 CHECK_S = 0.5

@@ -1,15 +1,17 @@
 """The files ``shardyard up`` hands the services: the queues file (the queue and the scheduler read it, again on each
 change, and publish it), the credentials file (the queue verifies submissions with it; ``up`` makes a local one
-unless ``--insecure``) and the cluster secret every process seals its events with (``shardyard.bus.seal``)."""
+unless ``--insecure``) and the cluster secret every process seals its events with (``shardyard.bus.seal``); and the
+options of ``up`` and ``demo`` that say how open the cluster is and which broker it runs on."""
 
 import argparse
+import contextlib
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from shardyard.cluster_secret import SECRET_ENV, read_secret, write_secret
-from shardyard.errors import ClusterError
+from shardyard.errors import ClusterError, ConfigError
 
 QUEUES_FILE_TO = ("queue", "scheduler")
 CREDENTIALS_FILE_TO = ("queue", "monitor")
@@ -39,9 +41,16 @@ def team_files(queues: Path | None, credentials: Path | None) -> dict[str, list[
 
 
 def cluster_secret(run_dir: Path, sign_events: bool) -> str:
-    """The cluster secret's file: a new one in the run folder for ``sign_events``, else the environment's, if any."""
+    """The cluster secret's file: for ``sign_events``, the run folder's (made the first time: the events a kept log
+    holds stay sealed under it, and a replica rebuilding from them must verify them), else the environment's, if
+    any."""
     if sign_events:
-        return str(write_secret(run_dir.resolve() / "cluster.secret"))
+        path = run_dir.resolve() / "cluster.secret"
+        try:
+            read_secret(path)
+        except ConfigError:
+            write_secret(path)
+        return str(path)
     named = os.environ.get(SECRET_ENV)
     if named:
         read_secret(Path(named))  # refused now, naming the file, rather than by every process it starts
@@ -56,23 +65,39 @@ def sealed_env(secret_file: str) -> dict[str, str]:
 
 
 def local_credentials(run_dir: Path, teams: Iterable[str] = (), anonymous_queue: str | None = None) -> Path:
-    """A credentials file for a cluster started without one: a new key for the ``default`` team (the queue a job goes
-    to when it names none) and for each of ``teams`` (the queues file's queues), and ``anonymous_queue`` if given, in
-    ``RUN_DIR/credentials.yaml``, mode 600; ``submit`` signs with it. Each ``up`` writes new keys."""
-    from shardyard.signing import new_secret
+    """A credentials file for a cluster started without one, ``RUN_DIR/credentials.yaml`` (mode 600), which
+    ``submit`` signs with: a key for the ``default`` team (the queue a job goes to when it names none) and for each of
+    ``teams`` (the queues file's queues), and ``anonymous_queue`` if given. The keys of an earlier ``up`` from the same
+    folder are kept (what its users hold still signs); a queue that has none yet gets a new one."""
+    from shardyard.signing import CredentialsError, new_secret, read_credentials
 
     path = run_dir.resolve() / "credentials.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    names = ["default", *sorted(set(teams) - {"default"})]
+    kept: dict[str, dict[str, str]] = {}
+    with contextlib.suppress(CredentialsError):
+        earlier = read_credentials(path) if path.exists() else None
+        if earlier is not None:
+            kept = {
+                team: {
+                    key: f"{{secret: {spec.secret}{', revoked: true' if spec.revoked else ''}}}"
+                    for key, spec in keys.keys.items()
+                }
+                for team, keys in earlier.teams.items()
+            }
+    names = ["default", *sorted((set(teams) | set(kept)) - {"default"})]
     lines = ["# made by shardyard up: a key per queue; add keys for new queues here (README, Security)"]
     if anonymous_queue is not None:
         lines.append(f"anonymous_queue: {anonymous_queue}")
     lines.append("teams:")
     for name in names:
-        lines += [f"  {name}:", "    keys:", f"      k1: {{secret: {new_secret()}}}"]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        lines += [f"  {name}:", "    keys:"]
+        given = kept.get(name) or {"k1": f"{{secret: {new_secret()}}}"}
+        lines += [f"      {key}: {spec}" for key, spec in given.items()]
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write("\n".join(lines) + "\n")
+    scratch.replace(path)
     return path
 
 
@@ -112,6 +137,20 @@ def secure_options(command: argparse.ArgumentParser) -> None:
         help="unsigned submissions (kcat, any Kafka client) are taken into QUEUE only (default: refused)",
     )
     command.add_argument("--secure", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
+
+
+def broker_options(command: argparse.ArgumentParser, *, fresh: bool = False) -> None:
+    """``up``'s and ``demo``'s options for the broker the cluster runs on (``shardyard.broker.choice``)."""
+    command.add_argument(
+        "--broker",
+        choices=("kafka", "embedded", "external"),
+        help="kafka: a local Apache Kafka, its log in RUN_DIR/kafka (the default where Java 17+ runs it); embedded: "
+        "the fallback, its log in memory only; external: SHARDYARD_KAFKA_BOOTSTRAP's (env SHARDYARD_BROKER)",
+    )
+    if fresh:
+        command.add_argument(
+            "--fresh", action="store_true", help="start with an empty broker log (default: the one down left here)"
+        )
 
 
 def queue_names(queues_file: str | None) -> list[str]:

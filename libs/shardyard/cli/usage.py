@@ -8,15 +8,16 @@ from typing import Any
 
 USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     "up": (
-        "Start a local cluster: the embedded broker (unless SHARDYARD_KAFKA_BOOTSTRAP names a Kafka), N processes of\n"
-        "every service and one node agent per --node, each a separate process, with a supervisor that restarts\n"
-        "what dies. Logs, cluster.json and the accounting database go to the run folder. The cluster is secured:\n"
+        "Start a local cluster: its broker (a local Apache Kafka, its log in RUN_DIR/kafka, kept by down for the\n"
+        "next up; the embedded broker where no Java 17+ runs; an outside one with SHARDYARD_KAFKA_BOOTSTRAP), N\n"
+        "processes of every service and one node agent per --node, each a separate process, with a supervisor that\n"
+        "restarts what dies. Logs, cluster.json and the accounting database go to the run folder. It is secured:\n"
         "events are sealed, and only submissions signed with its keys (RUN_DIR/credentials.yaml; submit uses them)\n"
         "are taken.",
         (
-            "shardyard up",
             "shardyard up --node A100:2 --node V100:2 --replicas 1 --demo-data   # with the example's data",
             "shardyard up --anonymous-queue default   # unsigned JSON (kcat) into the default queue too",
+            "shardyard up --fresh                      # forget the jobs of earlier runs from this folder",
         ),
     ),
     "down": (

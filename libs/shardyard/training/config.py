@@ -25,6 +25,9 @@ SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
 SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
 DEVICE_ENV = "SHARDYARD_DEVICE"
 PEER_STATE_DIR_ENV = "SHARDYARD_PEER_STATE_DIR"
+AGENT_STORE_ENV: Final = "TORCHELASTIC_USE_AGENT_STORE"
+"""``True`` (torch reads exactly that string) when a launcher hosts the gang's store, as torchrun's elastic agent
+does and the node agent does for a job's own script (:mod:`shardyard.training.store`): every rank is then a client."""
 GRADIENT_CHECKPOINT_STEPS = 100
 """With gradient averaging (``sync_interval`` 1) every step syncs; checkpoints then come every ``checkpoint_every`` x
 this many steps, not every ``checkpoint_every`` syncs (a checkpoint a step would cost more than the step)."""
@@ -92,6 +95,11 @@ class RunConfig:
     attempt: int = 0
     """The gang's attempt (``SHARDYARD_ATTEMPT``, set by the agent): it tells the snapshots of one gang from
     another's."""
+    agent_store: bool = False
+    """Whether a launcher already serves the gang's store on MASTER_ADDR:MASTER_PORT (``TORCHELASTIC_USE_AGENT_STORE``
+    exactly ``True``, as torchrun sets it and torch reads it), so that every rank, rank 0 included, is a client of it:
+    a rank 0 binding the port itself would find it taken. Our node agent never sets it for the built-in runner, whose
+    rank 0 serves the store."""
 
     @property
     def averages_gradients(self) -> bool:
@@ -135,8 +143,7 @@ class RunConfig:
         device = p.optional(DEVICE_ENV, str.lower, lambda v: v in DEVICES, " or ".join(DEVICES))
         if rank is not None and world_size is not None and rank >= world_size:
             p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
-        if p.problems:
-            raise ConfigError(p.problems)
+        p.raise_problems()
         # After the checks above every required value is set; the asserts narrow the Optionals for mypy.
         assert rank is not None and world_size is not None and local_rank is not None and master_addr is not None
         assert master_port is not None and model_dir is not None and dataset_dir is not None
@@ -166,6 +173,7 @@ class RunConfig:
             device=cast(Device, device or "auto"),
             peer_state_dir=None if peer_state_dir is None else Path(peer_state_dir),
             attempt=attempt or 0,
+            agent_store=env.get(AGENT_STORE_ENV) == "True",
         )
 
 
@@ -173,6 +181,11 @@ class _Parser:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
         self.problems: list[str] = []
+
+    def raise_problems(self) -> None:
+        """One ConfigError listing every problem found, if there is any."""
+        if self.problems:
+            raise ConfigError(self.problems)
 
     def required(self, name: str, conv: Callable[[str], _T], ok: Callable[[_T], bool], what: str) -> _T | None:
         if name not in self.env:

@@ -10,6 +10,10 @@ The gang's store (the rendezvous) is served by rank 0 on ``MASTER_ADDR:MASTER_PO
 agent sets MASTER_ADDR to the coordinator node's advertised address, and torch's own store would listen on every
 interface of the host. So rank 0 binds the listening socket itself and hands it to the store. (gloo and NCCL open
 their own listeners, on the interface the agent names in ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``.)
+
+Under torchrun the store is already there: its elastic agent serves it on MASTER_ADDR:MASTER_PORT and says so with
+``TORCHELASTIC_USE_AGENT_STORE=True`` (``RunConfig.agent_store``). Every rank, rank 0 included, is then a client of
+it, as torch's own ``env://`` rendezvous does; a rank 0 that bound the port would fail with "Address already in use".
 """
 
 from __future__ import annotations
@@ -66,9 +70,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def gang_store(cfg: RunConfig) -> dist.TCPStore:
     """The gang's store: served by rank 0 on ``MASTER_ADDR:MASTER_PORT`` only (see :func:`listen`), a client of it
-    on the other ranks. Rank 0 waits for the others to join, up to ``dist_timeout_s``."""
+    on the other ranks. Rank 0 waits for the others to join, up to ``dist_timeout_s``. Where a launcher serves it
+    (``cfg.agent_store``: torchrun), every rank is a client."""
     timeout = timedelta(seconds=cfg.dist_timeout_s)
-    if cfg.rank != 0:
+    if cfg.rank != 0 or cfg.agent_store:
         return dist.TCPStore(cfg.master_addr, cfg.master_port, cfg.world_size, is_master=False, timeout=timeout)
     server = listen(cfg.master_addr, cfg.master_port)
     return dist.TCPStore(

@@ -19,9 +19,12 @@ from datetime import timedelta
 from typing import IO, Final
 
 from shardyard.training import exitcodes
+from shardyard.training.config import AGENT_STORE_ENV
+
+# AGENT_STORE_ENV is defined with the runner's configuration, which reads it too (a built-in runner under torchrun).
+__all__ = ["AGENT_STORE_ENV", "MODULE", "RESTART_COUNT_ENV", "main", "serve"]
 
 MODULE: Final = "shardyard.training.store"
-AGENT_STORE_ENV: Final = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT_ENV: Final = "TORCHELASTIC_RESTART_COUNT"
 """Read by older torch releases in agent-store mode (the prefix of the store's keys): every rank sets it alike."""
 

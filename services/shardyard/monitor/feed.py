@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.forgotten import LogWatch
-from shardyard.bus.kafka import BACKGROUND_FETCH_MS
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.topics import Topic
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class Feed:
         consumer, _ = await assigned_consumer(
             self.bootstrap,
             self.topics.values(),
-            fetch_max_wait_ms=BACKGROUND_FETCH_MS,
+            fetch_max_wait_ms=fetch_wait_ms(),
             client_id=self.name,
             from_end=[topic for topic in self.topics.values() if topic.name in self.from_end],
         )

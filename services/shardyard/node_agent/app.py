@@ -13,7 +13,7 @@ from faststream import FastStream
 from pydantic import Field, model_validator
 
 from shardyard.bus.admin import ensure_topics
-from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
+from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import ASSIGNMENTS, LIFECYCLE, NODE_STATE, Topic
 from shardyard.clock import Clock
@@ -292,7 +292,7 @@ def _subscribe(bus: Bus, settings: AgentSettings, handlers: AgentHandlers, probe
             prober.job_ended(event.job_id)
         await handlers.on_lifecycle(event)
 
-    bus.subscribe({ASSIGNMENTS: on_assignment}, group=group, fetch_max_wait_ms=JOB_PATH_FETCH_MS)
+    bus.subscribe({ASSIGNMENTS: on_assignment}, group=group, job_path=True)
     # Lifecycle facts are read in full by every agent (no group): each watches the artifacts of every live job.
     bus.subscribe({LIFECYCLE: on_lifecycle}, group=None)
     if prober is not None:

@@ -131,7 +131,7 @@ def shard_env(
     local_rank = assignment.gpu_indices[0] if assignment.gpu_indices else 0
     base = {**options.net_env(), **base_env, **private_home(home), **login_names(user_name)}
     if workload.entrypoint is None:
-        first: dict[str, str] = {**base, "OMP_NUM_THREADS": "1"}
+        first: dict[str, str] = {**runner_base(base), "OMP_NUM_THREADS": "1"}
         last: dict[str, str] = {}
     else:
         first = {**base, **ENTRY_DEFAULTS, **workload.entrypoint.env}
@@ -172,6 +172,13 @@ def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
     if assignment.world_size < 2:
         return {}
     return {store.AGENT_STORE_ENV: "True", store.RESTART_COUNT_ENV: str(max(0, assignment.attempt - 1))}
+
+
+def runner_base(base: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment as the built-in runner gets it: without ``TORCHELASTIC_USE_AGENT_STORE``. The runner's
+    rank 0 serves its gang's store; told that a launcher does (an agent started under torchrun would pass the variable
+    on), it would wait as a client of a store that nobody serves."""
+    return {name: value for name, value in base.items() if name != store.AGENT_STORE_ENV}
 
 
 def private_home(home: Path | None) -> dict[str, str]:

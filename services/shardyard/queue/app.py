@@ -7,7 +7,6 @@ from faststream import FastStream
 from pydantic import Field
 
 from shardyard.admission import DEFAULT_PATH_PREFIXES, Policy
-from shardyard.bus.kafka import JOB_PATH_FETCH_MS
 from shardyard.bus.topics import LIFECYCLE, QUEUES, SUBMISSIONS
 from shardyard.clock import Clock
 from shardyard.errors import ConfigError
@@ -83,7 +82,7 @@ def build_app(settings: QueueSettings, *, clock: Clock) -> FastStream:
         lambda: book.owned,
         who=f"queue {settings.instance} decides the jobs",
         raw_routes={SUBMISSIONS: handlers.on_submissions},
-        fetch_max_wait_ms=JOB_PATH_FETCH_MS,
+        job_path=True,
     )
     ticks: list[Callable[[], Awaitable[None]]] = []
     if settings.queues_file is not None:

@@ -3,6 +3,7 @@
 from faststream import FastStream
 from pydantic import Field
 
+from shardyard.bus.reach import BrokerReach
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.resource_pool.book import PoolBook
@@ -54,7 +55,8 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         tolerance=Tolerance(load=settings.load_step),
         ledger=Ledger(start_deadline_s=settings.start_deadline_s, grace_s=settings.reservation_grace_s),
     )
-    handlers = PoolHandlers(book, bus, clock)
+    reach = BrokerReach(settings.bootstrap, name=f"{SERVICE}-{settings.instance}")
+    handlers = PoolHandlers(book, bus, clock, reach.reachable)
     follow = Follow(
         [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE], handlers.on_followed, after_batch=handlers.flush
     )
@@ -73,7 +75,7 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     def live() -> None:
         handlers.live = True
 
-    return partitioned_app(
+    app = partitioned_app(
         bus,
         settings,
         clock,
@@ -82,3 +84,6 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
         ticker=Periodic("liveness", settings.tick_interval_s, handlers.tick),
         on_caught_up=live,  # the whole pool as the log has it, before any heartbeat is judged
     )
+    app.on_startup(reach.start)
+    app.on_shutdown(reach.stop)
+    return app

@@ -124,6 +124,8 @@ class PoolBook:
     tolerance: Tolerance = field(default_factory=Tolerance)
     watched: "OrderedDict[str, None]" = field(default_factory=OrderedDict)
     """The owned nodes that are not LOST, by the receipt of their last heartbeat, oldest first: what ``tick`` reads."""
+    blind: bool = False
+    """The last tick found the broker out of reach (see ``tick``)."""
     _unordered: bool = False
     """``watched`` must be sorted again (nodes were restored or taken over out of receipt order)."""
 
@@ -305,12 +307,19 @@ class PoolBook:
         record = self.nodes.get(node_id)
         return record is not None and record.status is NodeStatus.ALIVE
 
-    def tick(self, now: datetime) -> list[Event]:
+    def tick(self, now: datetime, *, blind: bool = False) -> list[Event]:
         """Passive transitions from silence of the nodes this replica owns: ALIVE -> SUSPECT -> LOST; then the
-        orphaned reservations are released (every replica keeps its ledger so; the owner publishes the node)."""
+        orphaned reservations are released (every replica keeps its ledger so; the owner publishes the node).
+        ``blind``: this replica cannot reach the broker now, so it reads nothing and judges nothing; once it can
+        again, its nodes get the grace of a takeover, as after a pause."""
         last, self.last_tick = self.last_tick, now
+        if blind:
+            self.blind = True
+            return []
         pause = self.pause_after_s
-        if last is not None and pause is not None and (now - last).total_seconds() >= pause:
+        paused = last is not None and pause is not None and (now - last).total_seconds() >= pause
+        if paused or self.blind:
+            self.blind = False
             self._grace(now)
             return []
         if self._unordered:

@@ -2,7 +2,7 @@
 replica follows the ledger (assignments, shard ends, job ends) and the other replicas' node states."""
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import Topic
@@ -14,10 +14,12 @@ log = logging.getLogger(__name__)
 
 
 class PoolHandlers:
-    def __init__(self, book: PoolBook, bus: Bus, clock: Clock) -> None:
+    def __init__(self, book: PoolBook, bus: Bus, clock: Clock, reach: Callable[[], bool] = lambda: True) -> None:
         self.book = book
         self.bus = bus
         self.clock = clock
+        self.reach = reach
+        """Whether this replica reaches the broker now (``bus.reach``): while it does not, silence judges nothing."""
         self.live = False
         self._changed: set[str] = set()
         """Nodes whose reservations the batch being followed changed."""
@@ -59,4 +61,4 @@ class PoolHandlers:
         self.book.assign(partitions, self.clock.now())
 
     async def tick(self) -> None:
-        await self.bus.publish_all(self.book.tick(self.clock.now()))
+        await self.bus.publish_all(self.book.tick(self.clock.now(), blind=not self.reach()))

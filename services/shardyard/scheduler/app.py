@@ -10,8 +10,9 @@ from pydantic import Field
 
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
-from shardyard.bus.kafka import JOB_PATH_FETCH_MS, Bus, make_broker
+from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.leadership import Leadership
+from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.topics import LIFECYCLE, LINKS, NODE_STATE, QUEUES, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.placement.model import Policy
@@ -157,7 +158,7 @@ class SchedulerReplica:
             FOLLOWED,
             self.handlers.handle,
             name=f"{SERVICE}-follower",
-            fetch_max_wait_ms=JOB_PATH_FETCH_MS,  # ready jobs, shard ends and node states: the job's path
+            fetch_max_wait_ms=fetch_wait_ms(job_path=True),  # ready jobs, shard ends and node states: the job's path
             after_batch=self.handlers.flush,
         )
 

@@ -145,6 +145,14 @@ def test_a_gang_of_a_jobs_own_script_rendezvous_at_the_runtimes_store() -> None:
     assert "TORCHELASTIC_USE_AGENT_STORE" not in _env(None)  # the built-in runner binds its own store
 
 
+def test_the_built_in_runner_never_inherits_an_agent_store_from_the_agent() -> None:
+    inherited = {"PATH": "/usr/bin", "TORCHELASTIC_USE_AGENT_STORE": "True"}  # an agent started under torchrun
+
+    env = _env(None, inherited)
+
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in env and env["PATH"] == "/usr/bin"
+
+
 def test_local_world_size_covers_the_local_rank() -> None:
     job = assignment(gpu_indices=(5,), workload=workload(entrypoint=Entrypoint(command=["train"])))
     paths = AgentBook("node-a").paths(job, MOUNTS)

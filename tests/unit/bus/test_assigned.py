@@ -13,20 +13,31 @@ from shardyard.bus.topics import HEARTBEATS, LIFECYCLE, NODE_STATE, Topic
 
 
 @dataclass
+class FakeMetadata:
+    partitions: dict[str, set[int]]
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self.partitions.get(topic)
+
+
+@dataclass
+class FakeClient:
+    partitions: dict[str, set[int]]
+
+    async def fetch_all_metadata(self) -> FakeMetadata:
+        return FakeMetadata(self.partitions)
+
+
+@dataclass
 class FakeConsumer:
-    """A started consumer whose metadata knows ``partitions`` (per topic, in any order); it records what it is told."""
+    """A started consumer whose broker knows ``partitions`` (per topic, in any order); it records what it is told."""
 
     partitions: dict[str, set[int]]
     calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-    loaded: bool = False
 
-    async def topics(self) -> set[str]:
-        self.loaded = True
-        return set(self.partitions)
-
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        assert self.loaded, "metadata read before it was loaded"
-        return self.partitions.get(topic)
+    @property
+    def _client(self) -> FakeClient:
+        return FakeClient(self.partitions)
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.calls.append(("assign", tuple(partitions)))

@@ -56,3 +56,26 @@ def test_the_codec_routes_by_the_catalogue() -> None:
 )
 def test_the_events_of_a_topic_are_read_off_its_payload(topic: Topic, events: tuple[type[Event], ...]) -> None:
     assert topic.events == events
+
+
+def test_a_topic_rebuilt_from_its_beginning_is_kept_whole() -> None:
+    from shardyard.bus.topics import ASSIGNMENTS, LEADERSHIP, SHARD_EVENTS
+
+    for topic in (LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, LEADERSHIP):
+        assert topic.configs["retention.ms"] == "-1", topic.name
+        assert topic.configs["retention.bytes"] == "-1", topic.name
+
+
+def test_a_bounded_topic_closes_its_segments_within_its_window() -> None:
+    from shardyard.bus.topics import HEARTBEATS
+
+    configs = HEARTBEATS.configs
+    assert int(configs["segment.ms"]) < int(configs["retention.ms"]) <= 3_600_000
+
+
+def test_every_topic_says_how_long_it_is_kept() -> None:
+    for topic in CATALOGUE:
+        assert topic.configs["cleanup.policy"] in ("compact", "delete"), topic.name
+        if topic.compacted:
+            assert topic.configs["cleanup.policy"] == "compact"
+            assert int(topic.configs["segment.ms"]) <= 3_600_000, "a compacted topic's segment must close"

@@ -338,7 +338,8 @@ def test_topic_names_are_unique() -> None:
 
 def test_only_the_state_topics_are_compacted() -> None:
     assert [t.name for t in CATALOGUE if t.compacted] == [NODE_STATE.name, REDUNDANCY.name, LINKS.name, QUEUES.name]
-    assert NODE_STATE.configs == {"cleanup.policy": "compact"}
+    assert NODE_STATE.configs["cleanup.policy"] == "compact"
+    assert all(t.configs["cleanup.policy"] == "delete" for t in CATALOGUE if not t.compacted)
 
 
 @pytest.mark.parametrize(

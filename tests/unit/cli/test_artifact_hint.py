@@ -111,10 +111,10 @@ def test_the_demo_data_is_made_once_and_kept(tmp_path: Path) -> None:
 def test_up_makes_the_demo_data_before_it_starts_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []
 
-    def no_broker(*_args: object) -> None:
+    def no_broker(*_args: object, **_options: object) -> None:
         raise ClusterError("stopped before the broker")
 
-    monkeypatch.setattr(cluster, "_start_broker", no_broker)
+    monkeypatch.setattr(cluster, "start_broker", no_broker)
     with pytest.raises(ClusterError, match="stopped before the broker"):
         cluster.up(tmp_path / "run", data_root=tmp_path / "data", demo_data=True, say=said.append, supervise=False)
 

@@ -48,7 +48,7 @@ def run_dir(tmp_path: Path) -> Path:
         bootstrap="127.0.0.1:1",
         monitor_url="http://127.0.0.1:1",
         data_root=str(tmp_path / "data"),
-        embedded_broker=False,
+        broker="external",
         started_at=0.0,
     ).save()
     return tmp_path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.cli import cluster
+from shardyard.cli import shard_user
 
 
 @pytest.fixture
@@ -18,36 +18,36 @@ def root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_python_others_can_run_keeps_the_agents_default(root: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cluster, "interpreter_blocked", lambda: None)
+    monkeypatch.setattr(shard_user, "interpreter_blocked", lambda: None)
     said: list[str] = []
 
-    assert cluster.shard_user_fallback({}, said.append) == []
+    assert shard_user.shard_user_fallback({}, said.append) == []
     assert said == []
 
 
 def test_a_python_closed_to_others_runs_shards_as_the_agent_and_says_why(
     root: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cluster, "interpreter_blocked", lambda: "/root is closed to other users")
+    monkeypatch.setattr(shard_user, "interpreter_blocked", lambda: "/root is closed to other users")
     said: list[str] = []
 
-    assert cluster.shard_user_fallback({}, said.append) == ["--shard-user", "agent"]
+    assert shard_user.shard_user_fallback({}, said.append) == ["--shard-user", "agent"]
     (warning,) = said
     assert "shards run as root" in warning and "/root is closed to other users" in warning
 
 
 def test_the_operators_choice_wins(root: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cluster, "interpreter_blocked", lambda: "/root is closed to other users")
+    monkeypatch.setattr(shard_user, "interpreter_blocked", lambda: "/root is closed to other users")
     said: list[str] = []
 
-    assert cluster.shard_user_fallback({"SHARDYARD_SHARD_USER": "job"}, said.append) == []
+    assert shard_user.shard_user_fallback({"SHARDYARD_SHARD_USER": "job"}, said.append) == []
     assert said == []
 
 
 def test_an_agent_that_is_not_root_runs_shards_as_itself_anyway(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
 
-    assert cluster.shard_user_fallback({}, print) == []
+    assert shard_user.shard_user_fallback({}, print) == []
 
 
 def test_the_closed_directory_on_the_way_to_python_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,10 +58,10 @@ def test_the_closed_directory_on_the_way_to_python_is_named(tmp_path: Path, monk
         directory.chmod(0o755)
     (shared / "bin" / "python").chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(shared / "bin" / "python"))
-    opened = cluster.interpreter_blocked()
+    opened = shard_user.interpreter_blocked()
     shared.chmod(0o700)
 
-    closed = cluster.interpreter_blocked()
+    closed = shard_user.interpreter_blocked()
 
     assert opened is None or str(tmp_path) not in opened  # what is above the temporary folder is the machine's
     assert closed is not None and closed.startswith(f"{shared} is closed to other users")

@@ -35,7 +35,7 @@ def test_ps_lists_the_supervisor_then_every_process_with_its_replica_uptime_and_
         bootstrap="127.0.0.1:1",
         monitor_url="",
         data_root="/tmp/x/data",
-        embedded_broker=True,
+        broker="embedded",
         started_at=0.0,
         pids={"broker": os.getpid(), "resource-pool-1": os.getpid(), "node-0": 2**22 + 7},
         metrics_ports={"resource-pool-1": 9101},

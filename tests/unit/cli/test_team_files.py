@@ -56,8 +56,32 @@ def test_a_cluster_is_secured_by_default_with_a_local_key_per_queue(tmp_path: Pa
     secrets = {spec.secret for team in keys.teams.values() for spec in team.keys.values()}
     assert len(secrets) == 3  # each queue's key its own
     first = credentials.read_text()
-    secured(up_args(), tmp_path / "run")
-    assert credentials.read_text() != first  # each up, new keys
+    secured(up_args("--queues-file", str(queues)), tmp_path / "run")
+    assert credentials.read_text() == first  # the next up from the same folder keeps them
+
+
+def test_an_up_from_the_same_folder_keeps_the_keys_and_gives_a_new_queue_one(tmp_path: Path) -> None:
+    credentials, _sealed = secured(up_args(), tmp_path / "run")
+    before = read_credentials(credentials).teams["default"]
+    queues = tmp_path / "q.yaml"
+    queues.write_text("queues:\n  team-c: {gpus: {A100: 1}}\n")
+
+    again, _sealed = secured(up_args("--queues-file", str(queues), "--anonymous-queue", "team-c"), tmp_path / "run")
+
+    keys = read_credentials(again)
+    assert keys.teams["default"] == before
+    assert sorted(keys.teams) == ["default", "team-c"] and keys.anonymous_queue == "team-c"
+    assert again.stat().st_mode & 0o077 == 0
+
+
+def test_the_cluster_secret_of_a_run_folder_is_made_once(tmp_path: Path) -> None:
+    from shardyard.cli.team_files import cluster_secret
+
+    first = cluster_secret(tmp_path, sign_events=True)
+    secret = Path(first).read_bytes()
+
+    assert cluster_secret(tmp_path, sign_events=True) == first
+    assert Path(first).read_bytes() == secret
 
 
 def test_the_anonymous_queue_takes_unsigned_submissions_only_when_named(tmp_path: Path) -> None:

@@ -30,9 +30,7 @@ def test_a_base_that_cannot_be_one_is_refused(value: str) -> None:
 
 
 def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
-    info = ClusterInfo(
-        run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", embedded_broker=True, started_at=0
-    )
+    info = ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", broker="embedded", started_at=0)
     argv = _agent_argv(2, "A100:1", info, port_base=20000)({"metrics": 9100})
     at = argv.index("--rendezvous-port-base")
     assert argv[at + 1 : at + 4] == ["20100", "--rendezvous-port-count", "50"]
@@ -40,7 +38,7 @@ def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
 
 def test_each_cluster_run_gets_agents_log_folders_of_its_own() -> None:
     first, second = (
-        ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", embedded_broker=True, started_at=0)
+        ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", broker="embedded", started_at=0)
         for _ in range(2)
     )
     folders = [_agent_argv(0, "A100:1", info, port_base=20000)({"metrics": 9100}) for info in (first, second)]

@@ -461,3 +461,24 @@ def test_a_replica_that_was_not_running_suspects_nobody_for_its_own_gap() -> Non
     # Its silence counts from its sending, less at most 0.5 s of transit: from 4.6; but nothing sent since the pause
     # has been read from its partition, so it is judged a whole suspicion window after the pause.
     assert statuses(book.tick(at(8.0))) == [("NodeState", NodeStatus.SUSPECT)]
+
+
+def test_a_replica_that_cannot_reach_its_broker_judges_no_silence_until_it_can_again() -> None:
+    book = alive_book("node-a", "node-b")
+    ticks = [book.tick(at(0.1 * i), blind=True) for i in range(1, 120)]  # 12 s of a broker down, ticking on
+
+    assert ticks == [[]] * 119  # neither SUSPECT at 3 s nor LOST at 10 s: nothing could be read
+    assert book.tick(at(12.0)) == []  # the broker answers again: a takeover's grace before anyone is judged
+    for node_id in ("node-a", "node-b"):  # their fresh beats are read
+        book.on_heartbeat(heartbeat(node_id, seq=2, occurred_at=at(12.1), gpus=gpus(count=4)), at(12.3))
+    assert [book.tick(at(12.4 + 0.5 * i)) for i in range(4)] == [[]] * 4
+    assert statuses(book.tick(at(15.5))) == [("NodeState", NodeStatus.SUSPECT)] * 2  # silent again past 3 s
+
+
+def test_a_node_that_died_while_its_judge_was_cut_off_is_suspected_after_the_grace() -> None:
+    book = alive_book("node-a")
+    for i in range(1, 50):
+        book.tick(at(0.1 * i), blind=True)
+
+    assert book.tick(at(5.0)) == []
+    assert statuses(book.tick(at(8.0))) == [("NodeState", NodeStatus.SUSPECT)]  # a whole window after

@@ -17,9 +17,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardyard import metrics
+from shardyard.broker.ports import free_port
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.topics import SHARD_EVENTS
-from shardyard.embedded import free_port
 from shardyard.errors import ConfigError
 from shardyard.events import Event, JobPreempting, JobReady, JobScheduled, JobUnschedulable, PendingReason
 from shardyard.metrics import ConsumerLag, handling, observe_cycle, serve_metrics

@@ -140,6 +140,16 @@ def test_resume_dir(value: str, resume_dir: Path | None) -> None:
     assert RunConfig.from_env({**GOOD_ENV, "SHARDYARD_RESUME_DIR": value}).resume_dir == resume_dir
 
 
+@pytest.mark.parametrize(
+    ("value", "agent_store"),
+    [("True", True), (None, False), ("False", False), ("true", False), ("1", False)],
+    ids=["torchrun", "unset", "false", "lowercase", "one"],
+)
+def test_agent_store_only_as_torch_reads_it(value: str | None, agent_store: bool) -> None:
+    env = GOOD_ENV if value is None else {**GOOD_ENV, "TORCHELASTIC_USE_AGENT_STORE": value}
+    assert RunConfig.from_env(env).agent_store is agent_store
+
+
 def test_config_is_frozen() -> None:
     cfg = RunConfig.from_env(GOOD_ENV)
     with pytest.raises(AttributeError):

@@ -1,0 +1,156 @@
+"""No benchmark rots: every bench in ``bench/`` runs in its smoke mode (``--smoke``: tiny sizes, seconds, the same
+code paths, the same JSON; see ``bench/smoke.py``), and a bench added without one fails here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+ROOT = Path(__file__).parents[2]
+BENCH = ROOT / "bench"
+ENTRY_POINT = 'if __name__ == "__main__":'
+
+PENDING = {"scale.py", "broker_growth.py"}
+"""Benches whose smoke mode another change adds (the broker work under way). Remove a name once its smoke test is
+here; the rule then holds for it too."""
+STARTED_BY = {"scale_nodes.py": "scale.py"}
+"""Scripts with an entry point that are not benches but worker processes of one (its smoke runs them)."""
+
+
+@dataclass(frozen=True)
+class Smoke:
+    script: str
+    check: Callable[[dict[str, Any]], None]
+    """Asserts on the printed JSON: the keys a real run prints, with values that say the run did its work."""
+    timeout_s: float = 180.0
+    """Far above the run's time on a loaded 2-core host: a bench that hangs fails its test, it does not hold CI."""
+
+
+def check_training(out: dict[str, Any]) -> None:
+    assert out["bench"] == "training"
+    throughput = out["throughput"]
+    assert set(throughput["median_steps_per_s"]) == {"torchrun_quiet", "torchrun", "shardyard"}
+    assert all(rate > 0 for rate in throughput["median_steps_per_s"].values())
+    assert throughput["ratio"] > 0 and len(throughput["paired_ratios"]) == len(throughput["runs"]["shardyard"])
+    results = out["bandwidth"]["results"]
+    assert results[0]["params"] == "demo model"
+    assert all(r["param_sync_gb_per_s"] > 0 and r["raw_gb_per_s"] > 0 and "ratio" in r for r in results)
+
+
+def check_skeleton(out: dict[str, Any]) -> None:
+    assert out["benchmark"] == "skeleton" and out["runs"] == 1
+    results = out["results"]
+    for key in ("up_to_ready_s", "submit_to_scheduled_s", "submit_to_first_step_s", "job_wall_s", "demo_wall_s"):
+        assert set(results[key]) == {"median", "min", "max"}, key
+    assert 0 < results["submit_to_scheduled_s"]["median"] <= results["submit_to_first_step_s"]["median"]
+
+
+def check_recovery(out: dict[str, Any]) -> None:
+    assert out["bench"] == "recovery"
+    failover = out["scheduler_failover"]
+    assert failover["median_assignment_s"] > 0
+    old_term, new_term = failover["runs"][0]["terms"]
+    assert new_term > old_term
+    for scenario, spares in (("spare", 1), ("no_spare", 0)):
+        run = out[scenario]["runs"][0]
+        assert run["spares_placed"] == spares, (scenario, run)
+        assert out[scenario]["median_detection_s"] > 0 and out[scenario]["median_resumed_s"] > 0
+        assert run["attempt"] >= 2 and run["steps_lost"] >= 0, (scenario, run)
+
+
+def check_placement(out: dict[str, Any]) -> None:
+    assert out["bench"] == "placement"
+    assert set(out["sizes"]) == {"20", "50"}
+    for size in out["sizes"].values():
+        assert size["decisions"] == out["jobs"] and size["placed_jobs"] > 0
+        assert size["decisions_per_s"] > 0 and set(size["latency_ms"]) == {"p50", "p99", "max"}
+    assert {"head_p50_growth_pct", "head_mean_growth_pct", "paired_head_mean_growth_pct"} <= set(out["growth"])
+
+
+def check_schedule_quality(out: dict[str, Any]) -> None:
+    cases = {case["case"]: case for case in out["cases"]}
+    assert set(cases) == {"homogeneous", "heterogeneous", "wide", "teams-default", "teams-helios"}
+    assert {"shardyard", "fifo", "priority", "first-fit", "sjf-oracle"} == set(cases["homogeneous"]["policies"])
+    assert set(cases["wide"]["gain_over"]) == {"fifo", "priority", "first-fit"}
+    assert 0 < cases["teams-default"]["jain_index"] <= 1
+    assert isinstance(out["all_targets_met"], bool)
+    assert out["scale"]["jobs"] > 0 and out["scale"]["replay_s"] >= 0
+
+
+def check_monitor(out: dict[str, Any]) -> None:
+    assert out["bench"] == "monitor" and out["pool"] == "process"
+    assert out["heartbeats_sent"] > 0 and out["heartbeats_per_s_sent"] > 0
+    assert 0 < out["nodes_seen"] <= out["nodes"]
+    assert out["rss_mib_max"] > 0 and out["api_nodes_ms_p50"] > 0 and out["metrics_bytes"] > 0
+    assert "cpu_percent_pool" in out and "consumer_lag_messages_max" in out
+
+
+def check_link_probes(out: dict[str, Any]) -> None:
+    assert out["bench"] == "link_probes"
+    assert [r["nodes"] for r in out["results"]] == [6, 12]
+    for result in out["results"]:
+        assert result["rounds"]["probes"] > 0 and result["topic_after_run"]["messages"] > 0
+        assert result["probes_per_node_round_vs_promised"]["measured_mean"] > 0
+    assert out["per_node_growth"] > 0 and isinstance(out["all_targets_met"], bool)
+
+
+SMOKES = [
+    Smoke("training.py", check_training),
+    Smoke("skeleton.py", check_skeleton),
+    Smoke("recovery.py", check_recovery, timeout_s=240.0),
+    Smoke("placement.py", check_placement),
+    Smoke("schedule_quality.py", check_schedule_quality),
+    Smoke("monitor.py", check_monitor),
+    Smoke("link_probes.py", check_link_probes),
+]
+INTERRUPT_GRACE_S = 30.0
+"""A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""
+
+
+def run_smoke(script: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, str(BENCH / script), "--smoke"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"{script} --smoke still running after {timeout_s} s; stderr:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("smoke", SMOKES, ids=[smoke.script.removesuffix(".py") for smoke in SMOKES])
+def test_bench_runs_in_smoke_mode(smoke: Smoke) -> None:
+    done = run_smoke(smoke.script, smoke.timeout_s)
+
+    assert done.returncode == 0, f"exit {done.returncode}; stderr:\n{done.stderr[-3000:]}"
+    try:
+        out = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        pytest.fail(f"{smoke.script} --smoke did not print JSON ({exc}):\n{done.stdout[-3000:]}")
+    smoke.check(out)
+
+
+def test_every_bench_has_a_smoke_test() -> None:
+    scripts = {path.name for path in BENCH.glob("*.py") if ENTRY_POINT in path.read_text()}
+    smoked = {smoke.script for smoke in SMOKES}
+
+    assert scripts - smoked - PENDING - set(STARTED_BY) == set(), "benches without a smoke test here"
+    assert smoked | PENDING <= scripts, "a smoke test or a pending name for a script that is not a bench"
+    assert set(STARTED_BY.values()) <= smoked | PENDING
