@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.broker.embedded import EmbeddedBroker
 from shardyard.broker.ports import free_port
+from shardyard.broker.process import BrokerProcess
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import SERVICES
 from shardyard.events import ServiceReady
@@ -23,6 +23,7 @@ from shardyard.jobdb.query import HistoryQuery
 from shardyard.jobdb.store import open_store
 from shardyard.jobdb.urls import default_url
 from tests.support.accounting import STORIES, expected
+from tests.support.broker import own_broker
 from tests.support.browser import Dom, browser, render
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
@@ -40,19 +41,16 @@ def history(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def own_broker(log_dir: Path) -> EmbeddedBroker:
+def own(log_dir: Path, broker_kind: str) -> BrokerProcess:
     """A broker of this test's own, not started: the test stops it."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    return EmbeddedBroker(log_path=log_dir / "broker.log")
+    return own_broker("kafka" if broker_kind == "external" else broker_kind, log_dir)
 
 
-async def test_history_answers_after_the_broker_is_gone(
-    tmp_path: Path, log_dir: Path, own_broker: EmbeddedBroker
-) -> None:
+async def test_history_answers_after_the_broker_is_gone(tmp_path: Path, log_dir: Path, own: BrokerProcess) -> None:
     run_dir = tmp_path / "run"
     url = default_url(run_dir)  # where `shardyard up` has its accounting service write
     jobs = {story: f"hist-{story}-{RUN}" for story in sorted(STORIES)}
-    with own_broker as broker:  # stopped at the end of the block: what follows runs without it
+    with own as broker:  # stopped at the end of the block: what follows runs without it
         await ensure_topics(broker.bootstrap)
         flags = ["--instance", f"hist-{RUN}", "--accounting-url", url]
         with service("shardyard.accounting", flags, bootstrap=broker.bootstrap, log_dir=log_dir):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from shardyard.broker.embedded import EmbeddedBroker
 from shardyard.broker.ports import free_port
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.topics import HEARTBEATS, NODE_STATE, SERVICES, SHARD_EVENTS
@@ -43,6 +42,7 @@ from shardyard.events import (
 )
 from shardyard.service import SHUTDOWN_GRACE_S
 from shardyard.training.artifacts import create_demo_artifacts
+from tests.support.broker import own_broker
 from tests.support.events import Producer, Watcher
 from tests.support.processes import service
 
@@ -336,7 +336,7 @@ async def _start_long_shard(bootstrap: str, job_id: str, node: str) -> ShardStar
     return started
 
 
-async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, log_dir: Path) -> None:
+async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, log_dir: Path, broker_kind: str) -> None:
     """Self-fencing against a broker this test owns: first it hangs (SIGSTOP: publishes get no answer), then it is
     back (SIGCONT, its log intact) and hears of the fenced shard; then it dies for good (its process stopped)."""
     lease_s, grace_s = 2.0, 5.0
@@ -348,7 +348,7 @@ async def test_an_agent_that_loses_the_broker_stops_its_shards(tmp_path: Path, l
         *("--node-id", node, "--gpus", "A100:1", "--mounts", f"/data={data}", "--log-dir", str(tmp_path / "shards")),
         *("--lease-s", str(lease_s)),
     ]
-    broker = EmbeddedBroker().start()
+    broker = own_broker("kafka" if broker_kind == "external" else broker_kind, tmp_path / "broker").start()
     assert broker.pid is not None
     try:
         await ensure_topics(broker.bootstrap)

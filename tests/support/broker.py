@@ -13,6 +13,7 @@ from typing import Final
 from shardyard.broker.embedded import EmbeddedBroker
 from shardyard.broker.install import find_install
 from shardyard.broker.kafka import LocalKafka
+from shardyard.broker.process import BrokerProcess
 from shardyard.errors import BrokerStartError
 
 TEST_BROKER_ENV: Final = "SHARDYARD_TEST_BROKER"
@@ -26,6 +27,29 @@ def test_broker_kind() -> str:
     return kind
 
 
+def integration_broker_kinds() -> tuple[str, ...]:
+    """The brokers each broker-dependent integration module runs on: the local Apache Kafka, then once more the
+    embedded fallback, so that it stays honest; only the one configured where one is (an outside Kafka, or
+    ``SHARDYARD_TEST_BROKER``)."""
+    if os.environ.get("SHARDYARD_KAFKA_BOOTSTRAP"):
+        return ("external",)
+    if os.environ.get(TEST_BROKER_ENV):
+        return (test_broker_kind(),)
+    return ("kafka", "embedded")
+
+
+def own_broker(kind: str, folder: Path) -> BrokerProcess:
+    """A broker of ``kind`` (``kafka`` or ``embedded``) for a test that starts, stops or pauses it itself: not
+    started; its log (and a Kafka's data) in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "embedded":
+        return EmbeddedBroker(log_path=folder / "broker.log")
+    install, why = find_install()
+    if install is None:
+        raise BrokerStartError(f"the tests run on Apache Kafka: {why} (or set {TEST_BROKER_ENV}=embedded)")
+    return LocalKafka(install=install, folder=folder / "kafka", log_path=folder / "broker.log")
+
+
 @contextlib.contextmanager
 def real_broker(kind: str | None = None) -> Iterator[str]:
     """A broker's bootstrap address for the time of the block: an outside one if configured, else a new broker of
@@ -35,6 +59,8 @@ def real_broker(kind: str | None = None) -> Iterator[str]:
         yield external
         return
     kind = kind or test_broker_kind()
+    if kind == "external":
+        raise BrokerStartError("an outside broker is named by SHARDYARD_KAFKA_BOOTSTRAP, which is not set")
     if kind == "container":
         from testcontainers.kafka import KafkaContainer
 
