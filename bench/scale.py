@@ -1,6 +1,7 @@
 """The control plane at 100 to 10,000 nodes (prints JSON).
 
-Each size gets a fresh local cluster as ``shardyard up`` starts it (the embedded broker, two replicas each of the
+Each size gets a fresh local cluster as ``shardyard up`` starts it (on the local Apache Kafka, ``--broker embedded``
+the fallback; plain, not TLS: the broker's transport security is not what is measured; two replicas each of the
 queue, scheduler, resource pool and fault manager, the monitor; no agents). One process (``scale_nodes.py``)
 heartbeats N simulated 8-GPU A100 nodes at 1 Hz in the agents' own message format and answers their assignments as
 agents would (``ShardStarted`` at once, ``ShardCompleted`` ``--shard-s`` later). This one submits a steady stream of
@@ -13,10 +14,12 @@ dataset every node reports on the shared mount. After ``--warmup-s``, over ``--w
 - false SUSPECT / LOST node states and ``NodeLost`` failures (for nodes still heartbeating), and the detection time
   of ``--stop-nodes`` nodes whose heartbeats stop ``--stop-after-s`` into the window: from their last heartbeat to
   the pool's first SUSPECT and LOST (``occurred_at``; ``_seen``: arrival here);
-- CPU per process (``/proc``: every service replica, the broker, the node simulator and this process);
+- CPU per process (``/proc``: every service replica, the broker, the node simulator and this process), the node
+  simulator's CPU per node, and the broker's resident memory and CPU every ``--lag-every-s`` (``broker_over_time``);
 - heartbeats handled per second by each pool replica (its ``shardyard_events_consumed_total`` for the heartbeats
   topic), node states per second on the bus, consumer-group lag (committed offsets against corrected end offsets,
   every ``--lag-every-s`` and at the end) and the processes' own ``shardyard_consumer_lag_messages``;
+- submit -> scheduled p50 and p99 of the jobs submitted in each minute of the window (``by_minute``);
 - in the summary, the growth of submit -> scheduled p50 and p99 against the 100-node size.
 
 ``--burst COUNT`` instead submits COUNT jobs at once after the warm-up and reports accepted/s and scheduled/s
@@ -25,6 +28,7 @@ placed within ``--burst-timeout-s``.
 
     python bench/scale.py [--nodes 100,1000,5000,10000] [--runs 1] [--warmup-s 20] [--window-s 120] [--rate 5]
     python bench/scale.py --burst 2000 [--nodes 1000]
+    python bench/scale.py --smoke
 """
 
 import argparse
@@ -42,12 +46,24 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from scale_bus import BusWatch, GroupLag, cpu_seconds, metric_lag, scrape
+from scale_bus import BusWatch, GroupLag, cpu_seconds, metric_lag, rss_mib, scrape
 from scale_nodes import DATASET_PATH, MODEL_PATH
-from scale_report import MIX, burst_figures, lag_figures, latencies, node_faults, summarize, window_figures
+from scale_report import (
+    MIX,
+    burst_figures,
+    cycle_figures,
+    lag_figures,
+    latencies,
+    node_faults,
+    summarize,
+    window_figures,
+)
+from shardyard.bus.address import BROKER_ENV
+from shardyard.bus.quirks import on_tansu
 from shardyard.bus.topics import SUBMISSIONS
 from shardyard.cli import cluster
 from shardyard.cli.team_files import sealed_env
+from smoke import parse_args
 
 NODES_SCRIPT = Path(__file__).with_name("scale_nodes.py")
 NOTES = [
@@ -55,9 +71,14 @@ NOTES = [
     " wall clock; by_occurred_at uses the event's own occurred_at instead (what reading it here adds is the gap)",
     "simulated nodes report the jobs' model and dataset as shared artifacts in every heartbeat (a real agent reports"
     " a path only while a live job names it)",
-    "Tansu answers ListOffsets latest with the last batch's base offset + 1: group lag here uses end offsets"
-    " corrected by reading each partition's last batch; the processes' own lag metric is not corrected",
+    "the node simulator publishes every node's heartbeats through one producer, batching them (linger_ms); with"
+    " --publisher relay (the default) it sends each slice's leases as one NodeLeases record a partition, as a"
+    " per-host relay would, and full heartbeats one a node",
 ]
+TANSU_NOTE = (
+    "Tansu answers ListOffsets latest with the last batch's base offset + 1: group lag here uses end offsets"
+    " corrected by reading each partition's last batch; the processes' own lag metric is not corrected"
+)
 
 
 def say(message: str) -> None:
@@ -108,6 +129,7 @@ class NodesProcess:
         log = root / "nodes.log"
         argv = [str(NODES_SCRIPT), "--bootstrap", bootstrap, "--nodes", str(n), "--data-root", str(root / "data")]
         argv += ["--shard-s", str(args.shard_s), "--max-s", str(max_s)]
+        argv += ["--relay"] if args.publisher == "relay" else []
         env = {**os.environ, **sealed_env(secret_file)}
         with log.open("wb") as err:
             process = await asyncio.create_subprocess_exec(
@@ -209,7 +231,12 @@ async def snapshot(info: cluster.ClusterInfo, pids: dict[str, int], watch: BusWa
 async def lag_sample(lag: GroupLag, info: cluster.ClusterInfo) -> dict[str, Any]:
     services = {n: p for n, p in info.metrics_ports.items() if n != "broker"}
     texts = await asyncio.gather(*(asyncio.to_thread(scrape, port) for port in services.values()))
-    return {"groups": await lag.sample(), "metric": metric_lag(dict(zip(services, texts, strict=True)))}
+    broker = info.pids.get("broker", 0)
+    return {
+        "groups": await lag.sample(),
+        "metric": metric_lag(dict(zip(services, texts, strict=True))),
+        "broker": {"t": time.monotonic(), "rss_mib": rss_mib(broker), "cpu_s": cpu_seconds(broker)},
+    }
 
 
 async def sample_lag(lag: GroupLag, info: cluster.ClusterInfo, every_s: float, end: float, into: list[Any]) -> None:
@@ -278,12 +305,18 @@ async def measure(info: cluster.ClusterInfo, args: argparse.Namespace, n: int, r
             say(f"window over; waiting up to {args.drain_s}s for its jobs to be placed and the stopped nodes LOST")
             await until(settled, args.drain_s, 0.25)
         result |= window_figures(first, last)
+        result["publisher"] = args.publisher
         result["heartbeats_sent_per_s"] = round((mark1["sent"] - mark0["sent"]) / result["measured_s"], 1)
+        result["beats_sent_per_s"] = round((mark1["beats"] - mark0["beats"]) / result["measured_s"], 1)
+        # percent of a core is 10 ms of CPU a second
+        result["node_simulator_cpu_ms_per_node_per_s"] = round(result["cpu_percent"].get("nodes", 0) * 10 / n, 3)
+        result["broker_over_time"] = broker_over_time(first, taken)
         result["node_simulator"] = {k: mark1[k] - mark0[k] for k in mark1 if k != "event" and k in mark0}
         result["node_simulator"]["tick_late_ms_max"] = mark1["tick_late_ms_max"]
         result["latency_clock"] = "arrival here (time.time()) minus hand-over to the producer (time.time())"
         result["latency"] = latencies(watch, sub.sent, sub.gpus, jobs)
         result["submit_errors"] = sum(1 for f in sub.futures if not f.done() or f.exception() is not None)
+        result["scheduler_cycles"] = cycle_figures(first, last)
         if burst:
             result["burst"] = burst_figures(watch, jobs, t0)
         result |= node_faults(watch, victims, stopped_at, warm_end, w1)
@@ -293,6 +326,20 @@ async def measure(info: cluster.ClusterInfo, args: argparse.Namespace, n: int, r
         await asyncio.gather(watch.stop(), lag.stop(), sub.producer.stop(), return_exceptions=True)
     result["node_simulator_totals"] = {k: v for k, v in report.items() if k != "event"}
     return result
+
+
+def broker_over_time(first: dict[str, Any], taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The broker's resident memory at each lag sample, and its CPU since the one before (from the window's start)."""
+    series, t0 = [], first["t"]
+    before_t, before_cpu = first["t"], first["cpu"].get("broker")
+    for sample in taken:
+        broker = sample["broker"]
+        used = None
+        if before_cpu is not None and broker["cpu_s"] is not None and broker["t"] > before_t:
+            used = round(100 * (broker["cpu_s"] - before_cpu) / (broker["t"] - before_t), 1)
+        series.append({"at_s": round(broker["t"] - t0, 1), "rss_mib": broker["rss_mib"], "cpu_percent": used})
+        before_t, before_cpu = broker["t"], broker["cpu_s"]
+    return series
 
 
 def main() -> None:
@@ -324,7 +371,17 @@ def main() -> None:
         action="store_true",
         help="the cluster seals every event (up --sign-events) and the simulated nodes seal theirs with their keys",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--broker", choices=("kafka", "embedded"), default="kafka", help="the local Apache Kafka, or the fallback"
+    )
+    parser.add_argument(
+        "--publisher",
+        choices=("relay", "per-node"),
+        default="relay",
+        help="leases relayed many to a record (NodeLeases), or one record a node as each agent sends its own",
+    )
+    tiny = {"nodes": "20", "warmup_s": 5.0, "window_s": 12.0, "rate": 2.0, "stop_nodes": 1, "lag_every_s": 4.0}
+    args = parse_args(parser, tiny | {"drain_s": 20.0, "ready_timeout_s": 30.0, "shard_s": 1.0})
     args.nodes = args.nodes or ("1000" if args.burst else "100,1000,5000,10000")
     if args.stop_after_s is None:
         args.stop_after_s = min(20.0, args.window_s / 4)
@@ -340,8 +397,14 @@ def main() -> None:
                 say(f"{n} nodes, run {run + 1}/{args.runs}: starting the cluster")
                 try:
                     info = cluster.up(
-                        root / "run", nodes=(), data_root=root / "data", say=say, sign_events=args.sign_events
+                        root / "run",
+                        nodes=(),
+                        data_root=root / "data",
+                        say=say,
+                        sign_events=args.sign_events,
+                        broker=args.broker,
                     )
+                    os.environ[BROKER_ENV] = info.broker  # this process's and the node simulator's clients
                     try:
                         runs.append(asyncio.run(measure(info, args, n, run, root)))
                     finally:
@@ -358,7 +421,8 @@ def main() -> None:
                             ignore=shutil.ignore_patterns("data"),
                         )
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out = {"benchmark": "scale", "config": config, "runs": runs, "summary": summarize(runs), "notes": NOTES}
+    notes = [*NOTES, TANSU_NOTE] if on_tansu() else NOTES
+    out = {"benchmark": "scale", "config": config, "runs": runs, "summary": summarize(runs), "notes": notes}
     json.dump(out, sys.stdout, indent=2)
     print()
 

@@ -1,10 +1,12 @@
 """What ``bench/scale.py`` reads off the bus and the processes: job lifecycle and node-state events (receipt times),
 consumer-group lag, Prometheus samples and CPU time.
 
-Tansu (the embedded broker) answers ListOffsets "latest" with the last record *batch*'s base offset + 1, so an end
-offset is short by all but one record of that batch. ``true_ends`` corrects it by reading the last batch of each
-partition; the services' own ``shardyard_consumer_lag_messages`` has no such correction (it can read low, even
-negative). An OffsetFetch for all of a group's partitions (none named) fails on Tansu; naming them works.
+It reads the broker ``SHARDYARD_BROKER`` names (``bench/scale.py`` sets it for the cluster it starts), and handles
+two Tansu-only differences here: Tansu (the embedded broker) answers ListOffsets "latest" with the last record
+*batch*'s base offset + 1, so an end offset is short by all but one record of that batch (``true_ends`` corrects it
+there by reading the last batch of each partition; the services' own ``shardyard_consumer_lag_messages`` has no such
+correction and can read low there, even negative); and an OffsetFetch for all of a group's partitions (none named)
+fails on Tansu, so partitions are named.
 """
 
 import asyncio
@@ -22,10 +24,11 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from shardyard.bus.quirks import fetch_wait_ms, on_tansu
 from shardyard.bus.topics import CATALOGUE, FAILURES, LIFECYCLE, NODE_STATE
 
 TICKS = os.sysconf("SC_CLK_TCK")
-FETCH_WAIT_MS = 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
 JOB_EVENTS = ("accepted", "rejected", "ready", "scheduled", "running", "succeeded", "failed", "unschedulable")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -37,6 +40,14 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of a process; None once it is gone."""
+    try:
+        return round(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20, 1)
+    except OSError:
+        return None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -65,13 +76,13 @@ class BusWatch:
         self.lost: list[tuple[str, float, float]] = []
         """(node, occurred_at, received) of each NodeLost"""
         self._task: asyncio.Task[None] | None = None
-        # Tansu holds a fetch for up to its max wait even once records are there: 500 ms (the default) would add
-        # some 140 ms to every arrival time here.
+        # what the job's path waits on this broker (bus.quirks): Tansu holds a fetch for up to its max wait even
+        # once records are there, which would add some 140 ms to every arrival time here at 500 ms
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
             max_partition_fetch_bytes=8 << 20,
-            fetch_max_wait_ms=FETCH_WAIT_MS,
+            fetch_max_wait_ms=fetch_wait_ms(job_path=True),
         )
 
     async def start(self) -> None:
@@ -119,8 +130,10 @@ class BusWatch:
 
 
 async def true_ends(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-    """End offsets, corrected for Tansu: the offset after the last record of each partition's last batch."""
+    """End offsets: the offset after the last record of each partition (corrected on Tansu, see the module)."""
     ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+    if not on_tansu():
+        return ends
     probe = [tp for tp in tps if ends[tp] > 0]
     consumer.assign(probe)
     for tp in probe:
@@ -138,7 +151,9 @@ class GroupLag:
 
     def __init__(self, bootstrap: str) -> None:
         self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=fetch_wait_ms(job_path=True)
+        )
         self.tps = [TopicPartition(t.name, p) for t in CATALOGUE for p in range(t.partitions)]
         self.error: str | None = None
 

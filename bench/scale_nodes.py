@@ -6,7 +6,9 @@ assignments as their agents would. Run by ``scale.py``; it can run alone against
 Heartbeats: node ``i`` beats in slice ``i % SLICES`` of every second (spread over the second as independent agents
 are), in the codec's encoding, keyed by node id as ``key_of`` keys it. Only ``NodeBeats`` knows what a node sends:
 the agent's full ``Heartbeat``, or, where the agent has ``shardyard.node_agent.beats``, what its ``Beats`` picks
-(the full heartbeat on a change or a refresh, else the small ``NodeLease``).
+(the full heartbeat on a change or a refresh, else the small ``NodeLease``). With ``--relay`` the process publishes
+as a per-host relay would (``shardyard.events.NodeLeases``): each slice's leases go out as one record per heartbeats
+partition, sealed as the relay; full heartbeats still go one a node.
 
 Assignments: read from ``shardyard.assignments`` (no group, from the end) and judged by the agent's own
 ``AgentBook``: a launch is answered with ``ShardStarted`` at once and ``ShardCompleted`` ``--shard-s`` later (the
@@ -27,6 +29,7 @@ import itertools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -36,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from shardyard.bus.codec import decode, encode, key_of
 from shardyard.bus.seal import AGENT, Keys, Seal, screen
-from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, SHARD_EVENTS
+from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, SHARD_EVENTS, partition_of
 from shardyard.cluster_secret import secret_from_env
 from shardyard.errors import EventDecodeError
 from shardyard.events import Heartbeat, RunningShard, ShardAssignment, ShardRevocation, ShardStarted, ShardStopRequest
@@ -61,11 +64,19 @@ try:  # the agent's own choice of full heartbeat or lease, beat by beat (absent 
     from shardyard.node_agent.beats import Beats as AgentBeats
 except ImportError:
     AgentBeats = None  # type: ignore[assignment,misc]
+try:  # a relay's batch of leases (absent before relays)
+    from shardyard.bus.seal import RELAY
+    from shardyard.events import NodeLeases
+    from shardyard.events.node import MAX_RELAYED_LEASES
+except ImportError:
+    NodeLeases = None  # type: ignore[assignment,misc]
+RELAY_NAME = "scale-sim"
 
 _EID = "e" * 32  # the length of an event id (uuid4 hex)
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _SEQ = 987654321987
 _verified = 0
+_relay_verified = 0
 _pids = itertools.count(100_000)
 
 
@@ -91,6 +102,30 @@ def template(event: Any) -> bytes:
         if decode(HEARTBEATS, raw % (b"f" * 32, stamp(now), 7)) != want:
             raise SystemExit(f"a spliced {event.type} does not decode to the event it stands for; fix the template")
     return raw
+
+
+def relay_record(leases: list[tuple[bytes, bytes]], now: bytes) -> tuple[bytes, bytes]:
+    """(key, value) of one relayed record of ``leases`` ((key, encoded lease) of nodes of one partition), keyed by
+    its first node as ``NodeLeases`` is."""
+    global _relay_verified
+    key = leases[0][0]
+    value = b"".join(
+        (
+            b'{"event_id":"%s","occurred_at":"%s","schema_version":1,"type":"node.leases","relay":"%s","node_id":"%s",'
+            % (os.urandom(16).hex().encode(), now, RELAY_NAME.encode(), key),
+            b'"leases":[',
+            b",".join(lease for _key, lease in leases),
+            b"]}",
+        )
+    )
+    if _relay_verified < 3:  # the record must decode to the leases it carries
+        _relay_verified += 1
+        event = decode(HEARTBEATS, value)
+        if not isinstance(event, NodeLeases) or [lease.node_id.encode() for lease in event.leases] != [
+            k for k, _ in leases
+        ]:
+            raise SystemExit("a relayed record does not decode to the leases it carries; fix scale_nodes.relay_record")
+    return key, value
 
 
 class NodeBeats:
@@ -135,16 +170,25 @@ class NodeBeats:
         if self.policy is not None:
             self.lease = template(lease_of(self.current).model_copy(update={"event_id": _EID}))
 
-    def next(self, now: bytes) -> list[Message]:
-        """This node's messages for this second; ``now`` is ``stamp(sending time)``."""
+    def next(self, now: bytes) -> tuple[bool, Message]:
+        """This node's beat for this second, and whether it is a lease; ``now`` is ``stamp(sending time)``."""
         self.seq += 1
         chosen = self.full
         if self.policy is not None:
             mono = time.monotonic()
-            beat = self.policy.next(self.current, mono)
-            chosen = self.full if isinstance(beat, Heartbeat) else self.lease
-            self.policy.delivered(beat, mono)  # taken as delivered once handed over (the agent awaits the ack)
-        return [(HEARTBEATS.name, self.key, chosen % (os.urandom(16).hex().encode(), now, self.seq))]
+            if not hasattr(self.policy, "full_due"):  # an agent from before Beats.full_due
+                full = isinstance(self.policy.next(self.current, mono), Heartbeat)
+            else:
+                full = self.policy.full_due(self.current, mono)
+            if full:
+                self.policy.delivered(self.current, mono)  # taken as delivered once handed over (the agent awaits)
+            else:
+                chosen = self.lease
+        return chosen is self.lease, (
+            HEARTBEATS.name,
+            self.key,
+            chosen % (os.urandom(16).hex().encode(), now, self.seq),
+        )
 
 
 class SimNode:
@@ -152,6 +196,7 @@ class SimNode:
 
     def __init__(self, node_id: str, data_root: str) -> None:
         self.id = node_id
+        self.partition = partition_of(node_id, HEARTBEATS)
         self.beats = NodeBeats(node_id, f"{node_id}-{int(time.time())}", data_root)
         self.book = AgentBook(node_id)
         self.gpus = SimulatedGpus([GPUS])
@@ -170,19 +215,25 @@ class Nodes:
         self.args = args
         self.nodes = [SimNode(f"sim-{i:05d}", args.data_root) for i in range(args.nodes)]
         self.by_id = {node.id: node for node in self.nodes}
-        self.counts = {"sent": 0, "send_errors": 0, "assignments": 0, "started": 0, "completed": 0, "revoked": 0}
-        self.counts |= {"preempted": 0, "spares": 0, "ignored_dead": 0, "undecodable": 0, "refused": 0}
+        self.counts = {"sent": 0, "beats": 0, "send_errors": 0, "assignments": 0, "started": 0, "completed": 0}
+        self.counts |= {"revoked": 0, "preempted": 0, "spares": 0, "ignored_dead": 0, "undecodable": 0, "refused": 0}
         self.late_ms_max = 0.0
         self.pending: set[asyncio.Future[Any]] = set()
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=args.bootstrap,
-            enable_idempotence=False,
-            acks="all",  # as the agents' producer
-            linger_ms=args.linger_ms,
-            max_batch_size=256 * 1024,
-            max_request_size=4 * 1024 * 1024,
-        )
+        options: dict[str, Any] = {
+            "bootstrap_servers": args.bootstrap,
+            "enable_idempotence": False,
+            "acks": "all",  # as the agents' producer
+            "linger_ms": args.linger_ms,
+            "max_batch_size": 256 * 1024,
+            "max_request_size": 4 * 1024 * 1024,
+        }
+        self.producer = AIOKafkaProducer(**options)
+        """Shard events."""
+        self.beats_options = options
+        """The beats' own producer, made in their own thread (``beats_thread``)."""
         self.done = asyncio.Event()
+        self.stopping = threading.Event()
+        self.beat_lock = threading.Lock()
         secret = secret_from_env()
         self.keys = None if secret is None else Keys(secret)
         """With the cluster's secret (``--sign-events``): each node seals what it sends with its agent's key, and
@@ -190,9 +241,12 @@ class Nodes:
         self.checker = None if secret is None else Seal(Keys(secret), "", "")
 
     def sealed(self, node_id: str, topic: str, key: bytes, value: bytes) -> list[tuple[str, bytes]] | None:
+        return self.sealed_by(AGENT, node_id, topic, key, value)
+
+    def sealed_by(self, role: str, name: str, topic: str, key: bytes, value: bytes) -> list[tuple[str, bytes]] | None:
         if self.keys is None:
             return None
-        headers = Seal(self.keys, AGENT, node_id).headers(topic, key, value)
+        headers = Seal(self.keys, role, name).headers(topic, key, value)
         return [(name, text.encode()) for name, text in headers.items()]
 
     def _sent(self, futures: list[asyncio.Future[Any]]) -> None:
@@ -205,28 +259,66 @@ class Nodes:
 
         batch.add_done_callback(settled)
 
+    def beats_thread(self) -> threading.Thread:
+        """Heartbeats and leases, apart from everything else: in a thread of their own, with their own event loop and
+        producer. A burst of thousands of assignments answered at once kept the one loop busy for seconds, and every
+        node went SUSPECT while its beats waited (a real agent's beat waits on no other node's); a thread gets the
+        interpreter back every few milliseconds (``sys.getswitchinterval``) whatever the other is doing."""
+        thread = threading.Thread(target=lambda: asyncio.run(self.beat()), name="beats", daemon=True)
+        thread.start()
+        return thread
+
     async def beat(self) -> None:
         loop = asyncio.get_running_loop()
+        self.beats_producer = AIOKafkaProducer(**self.beats_options)
+        await self.beats_producer.start()
+        try:
+            await self._beat(loop)
+        finally:
+            await self.beats_producer.stop()  # flushes what was handed over
+
+    async def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
         next_at, tick = loop.time(), 0
-        while not self.done.is_set():
+        while not self.stopping.is_set():
             late = (loop.time() - next_at) * 1000
             self.late_ms_max = max(self.late_ms_max, late)
+            if late > 500:
+                print(f"{time.time():.1f} beat tick {tick} late {late:.0f} ms", file=sys.stderr, flush=True)
             wall = time.time()
             now = stamp(datetime.fromtimestamp(wall, UTC))
-            futures = []
-            for node in self.nodes[tick % SLICES :: SLICES]:
-                if not node.alive:
-                    continue
-                for topic, key, value in node.beats.next(now):
-                    headers = self.sealed(node.id, topic, key, value)
-                    futures.append(await self.producer.send(topic, value, key=key, headers=headers))
-                node.last_beat = wall
+            with self.beat_lock:  # a stop waits for the slice being sent: its nodes' last beats are then known
+                futures = []
+                relayed: dict[int, list[tuple[bytes, bytes]]] = {}
+                for node in self.nodes[tick % SLICES :: SLICES]:
+                    if not node.alive:
+                        continue
+                    lease, (topic, key, value) = node.beats.next(now)
+                    if lease and self.args.relay:
+                        relayed.setdefault(node.partition, []).append((key, value))
+                    else:
+                        headers = self.sealed(node.id, topic, key, value)
+                        futures.append(await self.beats_producer.send(topic, value, key=key, headers=headers))
+                    node.last_beat = wall
+                self.counts["beats"] += len(futures) + sum(map(len, relayed.values()))
+                for leases in relayed.values():
+                    for first in range(0, len(leases), MAX_RELAYED_LEASES):
+                        key, value = relay_record(leases[first : first + MAX_RELAYED_LEASES], now)
+                        headers = self.sealed_by(RELAY, RELAY_NAME, HEARTBEATS.name, key, value)
+                        futures.append(await self.beats_producer.send(HEARTBEATS.name, value, key=key, headers=headers))
             self.counts["sent"] += len(futures)
-            self._sent(futures)
+            self._beats_sent(futures)
+            took = time.time() - wall
+            if took > 0.5:
+                print(f"{time.time():.1f} beat tick {tick} took {took * 1000:.0f} ms", file=sys.stderr, flush=True)
             tick += 1
             next_at += 1.0 / SLICES
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.done.wait(), max(0.0, next_at - loop.time()))
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    def _beats_sent(self, futures: list[asyncio.Future[Any]]) -> None:
+        def settled(done: asyncio.Future[Any]) -> None:
+            self.counts["send_errors"] += sum(isinstance(r, BaseException) for r in done.result())
+
+        asyncio.ensure_future(asyncio.gather(*futures, return_exceptions=True)).add_done_callback(settled)
 
     async def publish(self, events: list[Any]) -> None:
         futures = []
@@ -252,6 +344,8 @@ class Nodes:
                         self.counts["refused"] += 1
                         continue
                     events.extend(self.on_assignment(event))
+                    if len(events) % 200 == 199:
+                        await asyncio.sleep(0)  # the beats go on while a burst of assignments is answered
             if events:
                 await self.publish(events)
 
@@ -316,7 +410,8 @@ class Nodes:
         last = {}
         for node_id in ids:
             node = self.by_id[node_id]
-            node.alive = False
+            with self.beat_lock:
+                node.alive = False
             for timer in node.timers.values():
                 timer.cancel()
             last[node_id] = node.last_beat
@@ -362,17 +457,21 @@ async def run(args: argparse.Namespace) -> None:
         for tp in consumer.assignment():
             await consumer.position(tp)  # resolved now: no assignment after "ready" is missed
         say({"event": "ready", "nodes": len(nodes.nodes), "encoder": nodes.nodes[0].beats.encoder})
-        tasks = [asyncio.create_task(c) for c in (nodes.beat(), nodes.answer(consumer), control(nodes))]
+        beats = nodes.beats_thread()
+        tasks = [asyncio.create_task(c) for c in (nodes.answer(consumer), control(nodes))]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(nodes.done.wait(), args.max_s)
         nodes.done.set()
+        nodes.stopping.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(beats.join, 10)
         if nodes.pending:
             await asyncio.wait(nodes.pending, timeout=5)
         say({"event": "report", **nodes.mark()})
     finally:
+        nodes.stopping.set()
         await consumer.stop()
         await nodes.producer.stop()
 
@@ -385,7 +484,13 @@ def main() -> None:
     parser.add_argument("--shard-s", type=float, default=3.0, help="how long a shard runs before it completes")
     parser.add_argument("--linger-ms", type=int, default=10)
     parser.add_argument("--max-s", type=float, default=900.0, help="exit after this long whatever happens")
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument(
+        "--relay", action="store_true", help="publish leases as a per-host relay would: one record a partition a slice"
+    )
+    args = parser.parse_args()
+    if args.relay and NodeLeases is None:
+        raise SystemExit("--relay: this Shardyard has no relayed leases (shardyard.events.NodeLeases)")
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

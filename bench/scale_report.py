@@ -24,6 +24,18 @@ def latencies(watch: BusWatch, sent: dict[str, float], gpus: dict[str, int], job
         ms = [(watch.occurred[j][stage] - sent[j]) * 1000 for j in jobs if stage in watch.occurred.get(j, {})]
         by_event[f"submit_to_{stage}_ms"] = {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99)}
     out["by_occurred_at"] = by_event
+    if jobs:
+        start = min(sent[j] for j in jobs)
+        minutes: dict[int, list[float]] = {}
+        for j in jobs:
+            if "scheduled" in watch.jobs.get(j, {}):
+                minutes.setdefault(int((sent[j] - start) // 60), []).append(
+                    (watch.jobs[j]["scheduled"] - sent[j]) * 1000
+                )
+        out["by_minute"] = {  # submit -> scheduled of the jobs submitted in each minute of the window
+            str(m): {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99), "count": len(ms)}
+            for m, ms in sorted(minutes.items())
+        }
     ends = ("succeeded", "failed", "rejected", "unschedulable")
     counts = {k: sum(1 for j in jobs if k in watch.jobs.get(j, {})) for k in ends}
     by_size = {g: [j for j in jobs if gpus[j] == g] for g, _ in MIX}
@@ -33,6 +45,11 @@ def latencies(watch: BusWatch, sent: dict[str, float], gpus: dict[str, int], job
 
 def consumed(text: str | None, topic: str) -> float:
     return sum(v for labels, v in samples(text, "shardyard_events_consumed_total") if labels.get("topic") == topic)
+
+
+def pool_beats(text: str | None) -> float:
+    """Beats a pool replica read: full heartbeats and leases, a relayed record counting each lease it carries."""
+    return sum(v for _labels, v in samples(text, "shardyard_pool_beats_total"))
 
 
 def window_figures(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
@@ -47,11 +64,17 @@ def window_figures(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any
         for name, text in first["metrics"].items()
         if name.startswith("resource-pool")
     }
+    beats = {
+        name: round((pool_beats(last["metrics"][name]) - pool_beats(text)) / elapsed, 1)
+        for name, text in first["metrics"].items()
+        if name.startswith("resource-pool")
+    }
     return {
         "measured_s": round(elapsed, 1),
         "cpu_percent": cpu,
         "cpu_percent_total": round(sum(cpu.values()), 1),
         "pool_heartbeats_per_s": pool,
+        "pool_beats_per_s": beats,
         "node_states_per_s": round((last["node_states"] - first["node_states"]) / elapsed, 1),
     }
 
@@ -70,6 +93,11 @@ def node_faults(watch: BusWatch, victims: dict[str, float], stopped_at: float, w
         found[f"false_{name}"] = len(inside)
         found[f"false_{name}_nodes"] = len(set(inside))
         found[f"false_{name}_outside_window"] = len(bad) - len(inside)
+        by_10s: dict[str, int] = {}
+        for _n, r in bad:  # when, from the window's start (negative: the warm-up), by 10 s
+            at = f"{int((r - w0) // 10) * 10}"
+            by_10s[at] = by_10s.get(at, 0) + 1
+        found[f"false_{name}_by_10s"] = dict(sorted(by_10s.items(), key=lambda kv: int(kv[0])))
     detection = {}
     for node, last in victims.items():
         mine = {}
@@ -100,8 +128,32 @@ def lag_figures(taken: list[dict[str, Any]], error: str | None) -> dict[str, Any
         "groups_max": worst("groups") if error is None else None,
         "metric_max_nonzero": {owner: lags for owner, lags in metric.items() if lags},
         "metric_note": "each process's shardyard_consumer_lag_messages (group/topic; 'none': no group), max over the"
-        " samples, zeros left out; uncorrected for Tansu's end offsets (may read low or negative)",
+        " samples, zeros left out; on Tansu uncorrected for its end offsets (may read low or negative)",
     }
+
+
+def cycle_figures(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler leader's cycles over the window (``shardyard_placement_cycle_seconds``): how many, their mean,
+    and how many took longer than each bucket bound from 0.1 s (a cycle is the decision alone, not publishing)."""
+    out: dict[str, Any] = {}
+    for name, text in first["metrics"].items():
+        if not name.startswith("scheduler"):
+            continue
+
+        def read(source: str | None) -> tuple[float, float, dict[str, float]]:
+            count = sum(v for _, v in samples(source, "shardyard_placement_cycle_seconds_count"))
+            total = sum(v for _, v in samples(source, "shardyard_placement_cycle_seconds_sum"))
+            buckets = {labels["le"]: v for labels, v in samples(source, "shardyard_placement_cycle_seconds_bucket")}
+            return count, total, buckets
+
+        c0, s0, b0 = read(text)
+        c1, s1, b1 = read(last["metrics"].get(name))
+        cycles = c1 - c0
+        if cycles <= 0:
+            continue
+        longer = {f">{le}s": int(cycles - (b1[le] - b0.get(le, 0))) for le in ("0.1", "0.25", "0.5", "1.0", "2.5")}
+        out[name] = {"cycles": int(cycles), "mean_s": round((s1 - s0) / cycles, 4), "longer_than": longer}
+    return out
 
 
 def burst_figures(watch: BusWatch, jobs: list[str], t0: float) -> dict[str, Any]:
@@ -146,7 +198,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         s["pool_heartbeats_per_s"] = {
             p: med([r["pool_heartbeats_per_s"].get(p) for r in rs]) for p in rs[0]["pool_heartbeats_per_s"]
         }
+        s["pool_beats_per_s"] = {
+            p: med([r.get("pool_beats_per_s", {}).get(p) for r in rs]) for p in rs[0].get("pool_beats_per_s", {})
+        }
         s["heartbeats_sent_per_s"] = med([r["heartbeats_sent_per_s"] for r in rs])
+        s["beats_sent_per_s"] = med([r.get("beats_sent_per_s") for r in rs])
+        s["node_simulator_cpu_ms_per_node_per_s"] = med([r.get("node_simulator_cpu_ms_per_node_per_s") for r in rs])
+        rss = [[p["rss_mib"] for p in r.get("broker_over_time", []) if p["rss_mib"] is not None] for r in rs]
+        s["broker_rss_mib_first_last"] = [[series[0], series[-1]] for series in rss if series]
+        minutes = [r["latency"].get("by_minute", {}) for r in rs]
+        s["scheduled_p99_last_vs_first_minute"] = [
+            round(m[max(m, key=int)]["p99"] / m["0"]["p99"], 2)
+            for m in minutes
+            if len(m) >= 2 and m["0"]["p99"] and m[max(m, key=int)]["p99"] is not None
+        ]
         s["node_states_per_s"] = med([r["node_states_per_s"] for r in rs])
         lag_max: dict[str, float] = {}
         for r in rs:

@@ -63,6 +63,16 @@ SUBMISSIONS_ANSWERED = Counter(
     "are in shardyard_events_dead_lettered",
     labelnames=["outcome", "reason"],
 )
+POOL_BEATS = Counter(
+    "shardyard_pool_beats",
+    "Beats a resource-pool replica read, by kind: full heartbeats, leases alone, and leases relayed many to a record",
+    labelnames=["kind"],
+)
+AGENT_LOOP_LAG = Histogram(
+    "shardyard_agent_loop_lag_seconds",
+    "How late a node agent's event loop woke for a 0.1 s sleep: its host's scheduling stalls (shardyard.liveness)",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0),
+)
 HANDLER_SECONDS = Histogram(
     "shardyard_handler_seconds",
     "Time to decode and handle one consumed message, retries included",

@@ -141,6 +141,8 @@ class Follow:
     topics: Sequence[Topic]
     handle: FollowHandler
     after_batch: Callable[[], Awaitable[None]] | None = None
+    unread: frozenset[str] = frozenset()
+    """Event types ``handle`` never applies: passed over without decoding (``Follower.unread``)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,7 @@ def partitioned_app(
         follow.handle,
         name=f"{bus.service}-{settings.instance}-follow",
         after_batch=follow.after_batch,
+        unread=follow.unread,
     )
     bus.subscribe_batch(
         split.routes,

@@ -150,6 +150,10 @@ class ReplayCache:
             del self._seen[oldest]
         return True
 
+    def remember(self, nonce: str, expires_s: float) -> None:
+        """Note ``nonce`` as used, by a verdict another replica gave (read from the log): a later use is a replay."""
+        self._seen.setdefault(nonce, expires_s)
+
     def __len__(self) -> int:
         return len(self._seen)
 

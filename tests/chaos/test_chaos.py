@@ -39,16 +39,20 @@ from shardyard.bus.topics import ALERTS, REDUNDANCY
 from shardyard.cli import client
 from shardyard.cli.children import alive
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
 from shardyard.errors import ClusterError
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support import wait
-from tests.support.cluster import cli, user_submit
+from tests.support.cluster import cli, speaking_as, user_submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
 AGENTS = 4
 JOBS = 10
+STEPS = 600
+"""Each job's steps: long enough to be training when the faults come (100 took 3 s a job on the local Kafka, and
+the jobs were done before three were seen training at once)."""
 LATE = 4
 """Jobs submitted right after a queue replica was killed."""
 OVERLAP_TOLERANCE_S = 0.3
@@ -72,7 +76,7 @@ def job_document(index: int) -> dict[str, Any]:
         "dependencies": {"pretrained_model": "/data/models/gpt2_pretrained", "dataset": "/data/datasets/wikitext"},
         "shard_count": shards,
         "sync_interval": 10,
-        "training": {"max_steps": 100, "batch_size": 2, "seed": index},
+        "training": {"max_steps": STEPS, "batch_size": 2, "seed": index},
     }
 
 
@@ -206,7 +210,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     started = cli("up", *nodes, run_dir=run_dir, timeout=240)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield run_dir
+        with speaking_as(ClusterInfo.load(run_dir), ADMIN_PRINCIPAL):  # this process's Kafka clients
+            yield run_dir
     finally:
         for pid in ClusterInfo.load(run_dir).pids.values():
             with contextlib.suppress(ProcessLookupError):

@@ -45,12 +45,14 @@ from aiokafka.errors import MessageSizeTooLargeError
 from shardyard.bus.codec import decode
 from shardyard.bus.replay import replay
 from shardyard.bus.topics import DEADLETTER, LIFECYCLE, NODE_STATE, SUBMISSIONS, Topic
+from shardyard.bus.transport import client_options
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
 from shardyard.errors import EventDecodeError
 from shardyard.events import JobAccepted, JobRejected, NodeState, NodeStatus, RejectReason
 from shardyard.signing import AUTH_HEADER, SIGNATURE_HEADER, read_credentials, sign
 from shardyard.training.artifacts import create_demo_artifacts
-from tests.support.cluster import cli, wait_for
+from tests.support.cluster import cli, speaking_as, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
@@ -179,7 +181,11 @@ async def produce(bootstrap: str, messages: list[Message]) -> list[str | None]:
     """Send every message, pipelined; returns the source (topic/partition/offset) of each, None for one the broker
     refused as too large (``MessageSizeTooLargeError``: it never entered the log)."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, max_request_size=16 * MIB
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=False,
+        max_request_size=16 * MIB,
+        **client_options(),
     )
     await producer.start()
     try:
@@ -231,6 +237,7 @@ class Answers:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=16 * MIB,
+            **client_options(),
         )
         await consumer.start()
         try:
@@ -322,7 +329,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     started = cli("up", run_dir=run_dir, timeout=240)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield run_dir
+        with speaking_as(ClusterInfo.load(run_dir), ADMIN_PRINCIPAL):  # this process's Kafka clients
+            yield run_dir
     finally:
         for pid in ClusterInfo.load(run_dir).pids.values():
             with contextlib.suppress(ProcessLookupError):

@@ -4,6 +4,7 @@ served by the monitor's ``/api/history``, listed by ``shardyard history`` after 
 after a later ``shardyard up``, whose new embedded broker remembers nothing of it. Both back ends: the run folder's
 SQLite file by default, and a throw-away PostgreSQL server named by ``SHARDYARD_ACCOUNTING_URL``."""
 
+import getpass
 import json
 import os
 from collections.abc import Iterator
@@ -59,6 +60,9 @@ def test_a_jobs_record_outlives_the_cluster(tmp_path: Path, database: str | None
         assert record["final_loss"] == view["final_loss"] == view["shards"]["0"]["final_loss"]  # rank 0's
         assert record["wait_s"] >= 0 and record["run_s"] > 0
         assert record["gpu_hours"] == pytest.approx(2 * record["run_s"] / 3600)
+        assert record["owner"] == getpass.getuser() and record["key_id"], record  # who, and the key that signed
+        table = cli("history", "--job", JOB, run_dir=run_dir, env=env).stdout.splitlines()
+        assert table[0].split()[2:5] == ["TEAM", "USER", "KEY"] and record["key_id"] in table[1].split(), table
 
     assert history(run_dir, env) == [record]  # no cluster, no broker: the database answers
     with local_cluster(run_dir, ("A100:1",), replicas=1, env=env):

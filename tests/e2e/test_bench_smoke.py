@@ -21,9 +21,9 @@ ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 ENTRY_POINT = 'if __name__ == "__main__":'
 
-PENDING = {"scale.py", "broker_growth.py"}
-"""Benches whose smoke mode another change adds (the broker work under way). Remove a name once its smoke test is
-here; the rule then holds for it too."""
+PENDING: set[str] = set()
+"""Benches whose smoke mode another change adds. Remove a name once its smoke test is here; the rule then holds for it
+too."""
 STARTED_BY = {"scale_nodes.py": "scale.py"}
 """Scripts with an entry point that are not benches but worker processes of one (its smoke runs them)."""
 
@@ -105,6 +105,32 @@ def check_link_probes(out: dict[str, Any]) -> None:
     assert out["per_node_growth"] > 0 and isinstance(out["all_targets_met"], bool)
 
 
+def check_scale(out: dict[str, Any]) -> None:
+    assert out["benchmark"] == "scale" and out["config"]["broker"] == "kafka"
+    [run] = out["runs"]
+    assert "error" not in run, run.get("error")
+    assert run["latency"]["submit_to_scheduled_ms"]["count"] > 0 and run["latency"]["by_minute"]
+    assert run["cpu_percent"]["broker"] > 0 and run["node_simulator_cpu_ms_per_node_per_s"] > 0
+    assert run["broker_over_time"] and all(point["rss_mib"] for point in run["broker_over_time"])
+    assert set(run["pool_heartbeats_per_s"]) == {"resource-pool-0", "resource-pool-1"}
+    assert run["publisher"] == "relay" and sum(run["pool_beats_per_s"].values()) > 0
+    assert run["detection"], "the stopped node was not judged"
+
+
+def check_broker_growth(out: dict[str, Any]) -> None:
+    assert out["benchmark"] == "broker_growth" and out["broker"] == "kafka"
+    assert len(out["samples"]) == 2 and all(s["broker_rss_mib"] and s["broker_cpu_percent"] > 0 for s in out["samples"])
+    assert out["rss_growth_last_half_vs_first"] is not None
+
+
+def check_loaded_host(out: dict[str, Any]) -> None:
+    assert out["bench"] == "loaded_host" and out["hog_processes"] >= 1
+    assert set(out["jobs"]) == {"loaded-a", "loaded-b"} and all(j["state"] for j in out["jobs"].values())
+    assert out["loop_lag_ms"]["beats"] > 0 and out["loop_lag_ms"]["p50"] is not None
+    assert out["stopped_node"]["lost_s"] is not None, out["stopped_node"]
+    assert out["cpu_percent"]["hog"] > 0 and "false_suspects_per_node_hour" in out
+
+
 SMOKES = [
     Smoke("training.py", check_training),
     Smoke("skeleton.py", check_skeleton),
@@ -113,6 +139,9 @@ SMOKES = [
     Smoke("schedule_quality.py", check_schedule_quality),
     Smoke("monitor.py", check_monitor),
     Smoke("link_probes.py", check_link_probes),
+    Smoke("scale.py", check_scale),
+    Smoke("broker_growth.py", check_broker_growth),
+    Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""

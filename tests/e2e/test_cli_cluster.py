@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shardyard.bus.transport import CA_FILE_ENV, MECHANISM_ENV, PASSWORD_FILE_ENV, PROTOCOL_ENV, USERNAME_ENV
 from shardyard.cli.cluster import ClusterInfo
 from tests.support import wait
 from tests.support.cluster import EXAMPLE, ROOT, cli, job, local_cluster
@@ -73,7 +74,7 @@ def test_bad_input_is_rejected_with_a_reason_and_the_queue_goes_on(cluster: Path
         checked = cli("submit", "-", run_dir=cluster, stdin=raw)  # the CLI's own check refuses it, naming why
         assert checked.returncode == 2 and f"REJECTED {reason}" in checked.stderr, checked.stdout + checked.stderr
         out = cli("submit", "-", "--no-check", run_dir=cluster, stdin=raw)  # the cluster's answer to it
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 2 and f": {reason}: " in out.stderr, out.stdout + out.stderr  # the queue's verdict
         ids[name] = out.stdout.split()[1]
     wrong = json.loads(job("e2e-wrong-type"))
     wrong["resource_requirements"]["gpu"]["count"] = "two"
@@ -84,7 +85,7 @@ def test_bad_input_is_rejected_with_a_reason_and_the_queue_goes_on(cluster: Path
     unknown["resource_requirements"]["gpu"] = {"count": 2, "model": "Z900"}
     for document in (wrong, zero, unknown):
         produced = cli("submit", "-", "--no-check", run_dir=cluster, stdin=json.dumps(document).encode())
-        assert produced.returncode == 0
+        assert produced.returncode == 2 and "rejected " in produced.stderr, produced.stdout + produced.stderr
     good = cli("submit", "-", "--wait", run_dir=cluster, stdin=job("e2e-after-bad", max_steps=30), timeout=300)
     assert good.returncode == 0, good.stdout + good.stderr
 
@@ -104,21 +105,59 @@ def test_bad_input_is_rejected_with_a_reason_and_the_queue_goes_on(cluster: Path
     assert "e2e-unknown-model" in listing and "UNKNOWN_GPU_MODEL" in listing
 
 
-def kcat_speaks_to(bootstrap: str) -> str | None:
+def test_submit_answers_with_the_queues_verdict_and_a_duplicate_names_the_way_out(cluster: Path) -> None:
+    raw = job("e2e-verdict", max_steps=30)
+    first = cli("submit", "-", run_dir=cluster, stdin=raw)
+    assert first.returncode == 0 and "accepted e2e-verdict into queue default" in first.stdout, first.stderr
+
+    again = cli("submit", "-", run_dir=cluster, stdin=raw)  # the first thing everyone does: the same file again
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "rejected e2e-verdict: DUPLICATE_JOB" in again.stderr and "--new-id" in again.stderr, again.stderr
+
+    renamed = cli("submit", "-", "--new-id", run_dir=cluster, stdin=raw)
+    assert renamed.returncode == 0, renamed.stdout + renamed.stderr
+    new_id = renamed.stdout.split()[1]
+    assert re.fullmatch(r"e2e-verdict-[0-9a-f]{6}", new_id) and f"accepted {new_id}" in renamed.stdout
+
+    written = cli("submit", "-", "--no-verdict", run_dir=cluster, stdin=raw)  # fire and forget, as before
+    assert written.returncode == 0 and "accepted" not in written.stdout, written.stdout + written.stderr
+
+
+def credentials(info: ClusterInfo) -> dict[str, str]:
+    """The SASL/TLS settings (librdkafka's names) an outside client needs to write submissions to ``info``'s broker
+    as the default queue's team, as a user given that team's password file would (none for a plain broker)."""
+    env = info.transport(info.submitter("default"))
+    if not env:
+        return {}
+    return {
+        "security.protocol": env[PROTOCOL_ENV],
+        "sasl.mechanisms": env[MECHANISM_ENV],
+        "sasl.username": env[USERNAME_ENV],
+        "sasl.password": Path(env[PASSWORD_FILE_ENV]).read_text().strip(),
+        "ssl.ca.location": env[CA_FILE_ENV],
+    }
+
+
+def kcat_args(info: ClusterInfo) -> list[str]:
+    return ["-b", info.bootstrap, *(arg for item in credentials(info).items() for arg in ("-X", "=".join(item)))]
+
+
+def kcat_speaks_to(info: ClusterInfo) -> str | None:
     """None when kcat can talk to the broker, else why not."""
     if shutil.which("kcat") is None:
         return "kcat (Debian package) is not installed"
-    probe = subprocess.run(["kcat", "-L", "-b", bootstrap, "-m", "5"], capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(["kcat", "-L", *kcat_args(info), "-m", "5"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
-        # librdkafka 2.0 (Debian 12's kcat) cannot parse the embedded Tansu 0.6 broker's ApiVersions v3 reply
-        # ("Read underflow"); against Apache Kafka (testcontainers or SHARDYARD_KAFKA_BOOTSTRAP) kcat runs.
+        # librdkafka 2.0 (Debian 12's kcat) cannot parse the embedded Tansu 0.6 broker's ApiVersions v3 reply ("Read
+        # underflow"; Tansu-only), and fails SCRAM against Kafka 4 brokers (librdkafka before 2.6.1: edenhill/kcat#462;
+        # the secured cluster's); a plain Apache Kafka it speaks to
         return f"kcat cannot talk to this broker: {probe.stderr.strip().splitlines()[-1]}"
     return None
 
 
-def produce_with_kcat(bootstrap: str, task_id: str) -> None:
+def produce_with_kcat(info: ClusterInfo, task_id: str) -> None:
     produced = subprocess.run(
-        ["kcat", "-P", "-b", bootstrap, "-t", "shardyard.jobs.submissions", "-k", task_id],
+        ["kcat", "-P", *kcat_args(info), "-t", "shardyard.jobs.submissions", "-k", task_id],
         input=job(task_id, max_steps=30),
         capture_output=True,
         timeout=30,
@@ -126,13 +165,25 @@ def produce_with_kcat(bootstrap: str, task_id: str) -> None:
     assert produced.returncode == 0, produced.stderr
 
 
-def produce_with_kafka_python(bootstrap: str, task_id: str, queue: str | None = None) -> None:
+def produce_with_kafka_python(info: ClusterInfo, task_id: str, queue: str | None = None) -> None:
     from kafka import KafkaProducer
 
     raw = job(task_id, max_steps=30)
     if queue is not None:
         raw = json.dumps(json.loads(raw) | {"queue": queue}).encode()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    found = credentials(info)
+    security = (
+        {
+            "security_protocol": found["security.protocol"],
+            "sasl_mechanism": found["sasl.mechanisms"],
+            "sasl_plain_username": found["sasl.username"],
+            "sasl_plain_password": found["sasl.password"],
+            "ssl_cafile": found["ssl.ca.location"],
+        }
+        if found
+        else {}
+    )
+    producer = KafkaProducer(bootstrap_servers=info.bootstrap, acks="all", **security)
     try:
         producer.send("shardyard.jobs.submissions", raw, key=task_id.encode()).get(timeout=30)
     finally:
@@ -149,20 +200,20 @@ def wait_for_end(run_dir: Path, job_id: str, timeout_s: float = 180) -> dict[str
 
 
 def test_kcat_submits_like_the_cli(cluster: Path) -> None:
-    bootstrap = ClusterInfo.load(cluster).bootstrap
-    why_not = kcat_speaks_to(bootstrap)
+    info = ClusterInfo.load(cluster)
+    why_not = kcat_speaks_to(info)
     if why_not:
         pytest.skip(why_not)
-    produce_with_kcat(bootstrap, "kcat-job")
+    produce_with_kcat(info, "kcat-job")
     assert wait_for_end(cluster, "kcat-job").get("state") == "SUCCEEDED"
 
 
 def test_an_independent_kafka_client_submits_like_the_cli(cluster: Path) -> None:
     """kafka-python shares no code with Shardyard's aiokafka producer: plain JSON on the topic is all it takes, into
     the cluster's anonymous queue; into another queue it is refused (``UNAUTHENTICATED``)."""
-    produce_with_kafka_python(ClusterInfo.load(cluster).bootstrap, "kafka-python-job")
+    produce_with_kafka_python(ClusterInfo.load(cluster), "kafka-python-job")
     view = wait_for_end(cluster, "kafka-python-job")
     assert view.get("state") == "SUCCEEDED", view
-    produce_with_kafka_python(ClusterInfo.load(cluster).bootstrap, "kafka-python-elsewhere", queue="team-x")
+    produce_with_kafka_python(ClusterInfo.load(cluster), "kafka-python-elsewhere", queue="team-x")
     refused = wait_for_end(cluster, "kafka-python-elsewhere")
     assert refused.get("state") == "REJECTED" and "UNAUTHENTICATED" in json.dumps(refused), refused

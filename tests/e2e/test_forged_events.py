@@ -24,8 +24,10 @@ from shardyard.bus.codec import encode, key_of, topic_of
 from shardyard.bus.replay import replay
 from shardyard.bus.seal import AGENT, FORGED_HEADER, Keys, Seal
 from shardyard.bus.topics import ASSIGNMENTS, CATALOGUE, DEADLETTER, HEARTBEATS, SUBMISSIONS
+from shardyard.bus.transport import client_options
 from shardyard.cli.client import signature
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
 from shardyard.cluster_secret import read_secret
 from shardyard.events import (
     Event,
@@ -39,7 +41,7 @@ from shardyard.events import (
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_placement_e2e import document, until
 from tests.support import wait
-from tests.support.cluster import ONE_REPLICA, cli
+from tests.support.cluster import ONE_REPLICA, cli, speaking_as
 from tests.support.events import Producer, read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
@@ -72,7 +74,8 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Clu
     )  # fmt: skip
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield run_dir, ClusterInfo.load(run_dir)
+        with speaking_as(ClusterInfo.load(run_dir), ADMIN_PRINCIPAL):  # the attacker has the broker's keys
+            yield run_dir, ClusterInfo.load(run_dir)
     finally:
         cli("down", run_dir=run_dir, timeout=120)
 
@@ -97,7 +100,9 @@ def forged_letters(bootstrap: str) -> dict[str, set[str]]:
     from aiokafka import AIOKafkaConsumer
 
     async def read() -> dict[str, set[str]]:
-        consumer = AIOKafkaConsumer(DEADLETTER.name, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            DEADLETTER.name, bootstrap_servers=bootstrap, auto_offset_reset="earliest", **client_options()
+        )
         await consumer.start()
         try:
             batches = await consumer.getmany(timeout_ms=2000)
@@ -236,7 +241,8 @@ def test_up_secures_a_cluster_with_a_local_key_and_the_readme_commands_still_run
         assert done.returncode == 0 and "SUCCEEDED" in done.stdout, done.stdout + done.stderr
 
         unsigned = json.dumps(document("unsigned")).encode()
-        asyncio.run(submission(info.bootstrap, unsigned, [], "unsigned"))
+        with speaking_as(info, info.submitter("default")):
+            asyncio.run(submission(info.bootstrap, unsigned, [], "unsigned"))
         refused = until(run_dir, "unsigned", lambda j: j["state"] == "REJECTED", 60)
         assert "UNAUTHENTICATED" in json.dumps(refused), refused
     finally:

@@ -31,10 +31,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from shardyard.bus.topics import SUBMISSIONS
+from shardyard.bus.transport import client_options
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.cli.main import main as cli_main
 from tests.support.browser import Dom, artefacts, browser, render, screenshot
-from tests.support.cluster import cli, job, job_view, local_cluster, wait_for
+from tests.support.cluster import cli, job, job_view, local_cluster, speaking_as, wait_for
 from tests.support.metrics import missing_s7_metrics
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, summary
 
@@ -298,17 +299,20 @@ def test_one_run_shows_metrics_an_alert_a_trace_and_the_dashboard(
 
 def test_a_submission_without_trace_headers_gets_a_trace_from_the_queue(cluster: Path, receiver: OtlpReceiver) -> None:
     job_id = "traced-plain"
-    bootstrap = ClusterInfo.load(cluster).bootstrap
+    info = ClusterInfo.load(cluster)
 
     async def produce() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=info.bootstrap, acks="all", enable_idempotence=False, **client_options()
+        )
         await producer.start()
         try:
             await producer.send_and_wait(SUBMISSIONS.name, job(job_id, max_steps=30), key=job_id.encode())
         finally:
             await producer.stop()
 
-    asyncio.run(produce())
+    with speaking_as(info, info.submitter("default")):  # as kcat would, with the default queue's team's credential
+        asyncio.run(produce())
 
     def complete() -> bool:
         return {"admission", "placement", "sync", "completion"} <= {s.name for s in receiver.job_trace(job_id)}

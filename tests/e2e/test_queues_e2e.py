@@ -27,7 +27,7 @@ queues:
 """
 PREEMPT_DEADLINE_S = 30.0
 """The scheduler's default preemption deadline: a reclaimed gang checkpoints and stops within it."""
-A_STEPS = 400
+A_STEPS = 1200
 
 
 @pytest.fixture(scope="module")

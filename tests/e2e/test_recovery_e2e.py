@@ -69,6 +69,7 @@ def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(clus
     assert done["state"] == "SUCCEEDED", json.dumps(done["timeline"][-10:])
     events = [e["event"] for e in done["timeline"]]
     assert "recovering" in events
+    assert events.count("recovering") == 1 and done["attempt"] == 2, done["timeline"][-12:]  # one death, one retry
     assert victim not in {p["node_id"] for p in done["placements"] if not p.get("spare")}
     assert done["step"] == TRAINING["max_steps"]
     logs = sorted((shard_log_dir(cluster, "faulty") / "faulty").glob("shard-*-attempt-2.log"))

@@ -138,4 +138,12 @@ def started_over_on_an_empty_broker(run_dir: Path) -> None:
     wait_for("the forgotten job gone from the monitor", lambda: "before-restarts" not in jobs(run_dir) or None, 60)
     log = (run_dir / "logs" / "supervisor.log").read_text()
     assert "topics were created again" in log
+
+    def ended_in_history() -> dict[str, Any] | None:  # its record is not left RUNNING for ever
+        shown = cli("history", "--job", "before-restarts", "-o", "json", run_dir=run_dir)
+        rows = json.loads(shown.stdout)["jobs"] if shown.returncode == 0 else []
+        return rows[0] if rows and rows[0]["state"] in ENDED else None
+
+    row = wait_for("before-restarts ended in history", ended_in_history, 60, describe=ended_in_history)
+    assert (row["state"], row["reason"]) == ("FAILED", FailureCause.BROKER_LOG_LOST.value), row
     assert all(f"stopping {name} (pid" in log for name in started_over), log

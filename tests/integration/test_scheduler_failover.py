@@ -42,7 +42,9 @@ async def test_standby_takes_over_a_killed_leader_with_a_higher_term(bootstrap: 
             await send.event(JobReady(occurred_at=NOW, job_id="fo-1", spec=spec("fo-1")))
             first = await watch.first(JobScheduled, job_id="fo-1", timeout_s=30)
             elected, victim = await watch.until(lambda: leader_pid(watch, pids), what="a leader")
-            assert first.term == elected.term
+            # The leader placed it, or one that claimed again since (a lease renewal too slow on a loaded host ends a
+            # term; the replica holding the partition then leads under the next one): the one killed leads now.
+            assert first.term <= elected.term
 
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()

@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shardyard.bus.transport import TRANSPORT_ENVS
 from shardyard.cli import client
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
 from shardyard.cluster_secret import SECRET_ENV
 from shardyard.node_agent.private_files import interpreter_unreachable
 from shardyard.node_agent.shard_users import DEFAULT_UID_BASE, ShardUser
@@ -45,13 +47,16 @@ def cli(
     if args[:1] in (("up",), ("demo",)):
         run_dir.mkdir(parents=True, exist_ok=True)
         reachable_by_shards(run_dir)
+    environ = env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [*prefix, sys.executable, "-m", "shardyard.cli.main", "--run-dir", str(run_dir), *args],
         input=stdin.decode() if stdin is not None else None,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"},
+        # the CLI speaks to a secured broker as whom the command calls for (a team submits, the admin drains), not
+        # as whom this process speaks (see speaking_as)
+        env={name: value for name, value in environ.items() if name not in TRANSPORT_ENVS},
     )
 
 
@@ -176,14 +181,16 @@ def local_cluster(
 ) -> Iterator[Path]:
     """``shardyard up`` (with ``--node`` per entry of ``nodes``; none: the defaults; ``replicas`` processes per
     service, none: the default two; and ``options``) on the demo's checkpoint and dataset, then ``shardyard down``.
-    The cluster is secured as ``up`` secures it: see :func:`user_submit` and :func:`as_operator`."""
+    The cluster is secured as ``up`` secures it: see :func:`user_submit` and :func:`as_operator`. Within, this
+    process's own Kafka clients speak to its broker as the admin (:func:`speaking_as`)."""
     create_demo_artifacts(run_dir / "data")
     node_args = [arg for gpus in nodes for arg in ("--node", gpus)]
     replica_args = ["--replicas", str(replicas)] if replicas is not None else []
     started = cli("up", *node_args, *replica_args, *options, run_dir=run_dir, env=env, timeout=timeout)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield run_dir
+        with speaking_as(ClusterInfo.load(run_dir), ADMIN_PRINCIPAL):
+            yield run_dir
     finally:
         stopped = cli("down", run_dir=run_dir, env=env, timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -210,6 +217,22 @@ def as_operator(info: ClusterInfo) -> Iterator[None]:
             os.environ.pop(SECRET_ENV, None)
         else:
             os.environ[SECRET_ENV] = before
+
+
+@contextmanager
+def speaking_as(info: ClusterInfo, principal: str) -> Iterator[None]:
+    """Within: every Kafka client this process makes (``bus.transport.client_options``) speaks to ``info``'s broker
+    as ``principal`` (its password file, over TLS with SCRAM); nothing changes for a plain broker."""
+    before = {name: os.environ.get(name) for name in TRANSPORT_ENVS}
+    os.environ.update(info.transport(principal))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def wait_for(

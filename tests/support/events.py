@@ -11,13 +11,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from shardyard.bus.assigned import partitions_of
 from shardyard.bus.codec import decode, encode, key_of, topic_of
 from shardyard.bus.topics import CATALOGUE, Topic
+from shardyard.bus.transport import client_options
 from shardyard.events import Event
 from tests.support import wait
 
 
 class Producer:
     def __init__(self, bootstrap: str) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, **client_options()
+        )
 
     async def __aenter__(self) -> "Producer":
         await self._producer.start()
@@ -47,7 +50,9 @@ class Watcher:
         self.topics = {t.name: t for t in topics}
         self.events: list[Any] = []
         self.raw: list[tuple[str, bytes, dict[str, bytes]]] = []
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", **client_options()
+        )
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> "Watcher":

@@ -13,6 +13,7 @@ from shardyard.events import (
     Heartbeat,
     JobScheduled,
     JobSpec,
+    NodeLeases,
     NodeState,
     NodeStatus,
     RedundancyChanged,
@@ -25,6 +26,7 @@ from shardyard.events import (
     Workload,
 )
 from shardyard.events.job import FailureCause
+from shardyard.events.node import lease_of
 
 GIB = 1024**3
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -99,6 +101,12 @@ def heartbeat(node_id: str = "node-a", **overrides: Any) -> Heartbeat:
         "artifacts": ARTIFACTS,
     }
     return Heartbeat(**{**fields, **overrides})
+
+
+def relayed(relay: str, *beats: Heartbeat, occurred_at: datetime = T0) -> NodeLeases:
+    """A relay's record of the leases that say what ``beats`` say of liveness and telemetry."""
+    leases = tuple(lease_of(beat) for beat in beats)
+    return NodeLeases(occurred_at=occurred_at, relay=relay, node_id=leases[0].node_id, leases=leases)
 
 
 def node_state(node_id: str = "node-a", **overrides: Any) -> NodeState:

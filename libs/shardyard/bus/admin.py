@@ -9,7 +9,13 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
 
 from shardyard.bus.topics import CATALOGUE, Topic
 from shardyard.bus.transport import client_options
@@ -17,18 +23,26 @@ from shardyard.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
+NOT_AUTHORIZED = TopicAuthorizationFailedError.errno
 READY_GROUP = "shardyard-admin-ready"
 """A group nobody joins: asking for its coordinator makes the broker create its offsets topic, once."""
 
 
-async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = CATALOGUE, *, timeout_s: float = 30.0) -> None:
+async def ensure_topics(
+    bootstrap: str,
+    topics: Iterable[Topic] = CATALOGUE,
+    *,
+    timeout_s: float = 30.0,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Create every missing topic of ``topics`` with its configuration, put right the configuration of those that
     exist, and return once every partition has a leader and consumer groups have a coordinator; wait up to
-    ``timeout_s`` for the broker to answer."""
+    ``timeout_s`` for the broker to answer. ``environ``: the transport's settings (``bus.transport``; default this
+    process's environment)."""
     deadline = time.monotonic() + timeout_s
     wanted = list(topics)
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="shardyard-admin", **client_options())
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="shardyard-admin", **client_options(environ))
         try:
             await admin.start()
             existing = set(await admin.list_topics())
@@ -102,17 +116,21 @@ async def _led(topics: list[Topic], admin: AIOKafkaAdminClient, deadline: float)
 
 
 def _leaderless(described: list[Mapping[str, Any]]) -> list[str]:
+    """The partitions without a leader yet, and the topics the broker could not describe. A topic this principal may
+    not describe (a secured broker's ACLs: an agent reads a few topics only) is not its to wait for."""
     return [
         f"{topic['topic']}[{partition['partition']}]"
         for topic in described
         for partition in topic.get("partitions", [])
         if partition.get("leader", -1) < 0
-    ] + [str(topic["topic"]) for topic in described if topic.get("error_code", 0)]
+    ] + [str(topic["topic"]) for topic in described if topic.get("error_code", 0) not in (0, NOT_AUTHORIZED)]
 
 
 async def _coordinator(admin: AIOKafkaAdminClient) -> bool:
     try:
         await admin.find_coordinator(READY_GROUP)
+    except GroupAuthorizationFailedError:
+        return True  # a secured broker answers, but lets only the admin ask of a group not its own
     except KafkaError:
         return False
     return True

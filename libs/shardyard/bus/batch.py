@@ -31,7 +31,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 
 from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
-from shardyard.bus.seal import Refusal, Seal, screen
+from shardyard.bus.seal import Refusal, Seal, screen_read
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 from shardyard.events import Event
@@ -145,7 +145,7 @@ class BatchConsumer:
                 log.warning("%s: dead-lettering a message of %s: %s", self.bus.service, topic.name, exc)
                 pending.append(await self.bus.send_dead_letter(raw, record, str(exc)))
                 continue
-            why = screen(self.seal, topic.name, record.key, raw, record.headers, event)
+            why = screen_read(self.seal, topic.name, record, raw, event)
             if why is not None:
                 pending.append(await self.bus.send_refused(raw, record, why))
                 continue

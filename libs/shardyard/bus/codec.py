@@ -1,7 +1,7 @@
 """Encoding events to bytes and decoding a topic's bytes back into its events."""
 
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -29,6 +29,17 @@ _TOPIC_OF: dict[type[Event], Topic] = {event: topic for topic in CATALOGUE for e
 
 def topic_of(event: Event) -> Topic:
     return _TOPIC_OF[type(event)]
+
+
+def topic_of_type(event_type: type[Event]) -> Topic:
+    """The topic events of ``event_type`` go on."""
+    return _TOPIC_OF[event_type]
+
+
+TYPE_HEADER: Final = "x-shardyard-type"
+"""Header naming the event type a record carries (``Bus.send`` sets it), so that a follower passes over the types it
+never applies without decoding them. Not covered by the seal: a record whose header lies is at worst passed over by
+a follower that would have ignored what the header names, or decoded and checked as ever."""
 
 
 def key_of(event: Event) -> bytes:

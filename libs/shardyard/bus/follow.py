@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shardyard import metrics, tracing
 from shardyard.bus.assigned import assigned_consumer
-from shardyard.bus.codec import decode
+from shardyard.bus.codec import TYPE_HEADER, decode
 from shardyard.bus.forgotten import LogWatch
 from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import checker, refused, screen
@@ -30,6 +30,10 @@ RETRY_S = 0.5
 """How long a follower waits after a failed fetch before fetching again."""
 
 
+def _type_of(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    return next((value.decode(errors="replace") for name, value in headers if name == TYPE_HEADER), None)
+
+
 class Follower:
     def __init__(
         self,
@@ -40,8 +44,12 @@ class Follower:
         name: str,
         fetch_max_wait_ms: int | None = None,
         after_batch: Callable[[], Awaitable[None]] | None = None,
+        unread: frozenset[str] = frozenset(),
     ) -> None:
         self.bootstrap = bootstrap
+        self.unread = unread
+        """Event types this follower has no use for (``codec.TYPE_HEADER``): their records are passed over unread.
+        A record without the header (an older producer's) is read as ever."""
         self.fetch_max_wait_ms = fetch_max_wait_ms or fetch_wait_ms()
         self.after_batch = after_batch
         """Called once the records of one fetch were all handed over: where a handler publishes what a batch of
@@ -114,7 +122,9 @@ class Follower:
             self._watch.read(tp, (record.offset for record in records))  # a service exits on news of a lost log
             topic = self.topics[tp.topic]
             for record in records:
-                await self._hand_over(topic, tp, record.offset, record.value, record.headers, record.key)
+                await self._hand_over(
+                    topic, tp, record.offset, record.value, record.headers, record.key, record.timestamp
+                )
                 self._done[tp] = record.offset + 1
         if batches and self.after_batch is not None:
             try:
@@ -136,13 +146,17 @@ class Follower:
         raw: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None = None,
         key: bytes | None = None,
+        appended_ms: int | None = None,
     ) -> None:
+        if self.unread and headers and _type_of(headers) in self.unread:
+            return  # a fact of a type this follower never applies: not worth its decoding
         try:
             event = decode(topic, raw or b"")
         except EventDecodeError as exc:
             log.warning("%s skips %s@%d: %s", self.name, tp, offset, exc)
             return
-        why = screen(self._seal, topic.name, key, raw or b"", headers, event)
+        where = (tp.partition, offset)
+        why = screen(self._seal, topic.name, key, raw or b"", headers, event, appended_ms=appended_ms, where=where)
         if why is not None:
             log.warning("%s skips %s@%d: %s", self.name, tp, offset, refused(why, topic.name, headers))
             return

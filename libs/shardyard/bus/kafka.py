@@ -23,10 +23,10 @@ from faststream.middlewares import AckPolicy
 
 from shardyard import metrics, tracing
 from shardyard.bus.batch import BATCH_TIMEOUT_MS, MAX_RECORDS, AfterBatch, BatchConsumer, BatchHandler, RawBatchHandler
-from shardyard.bus.codec import decode, encode, key_of, topic_of
+from shardyard.bus.codec import TYPE_HEADER, decode, encode, key_of, topic_of
 from shardyard.bus.quirks import fetch_wait_ms
-from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, for_component, refused, screen
-from shardyard.bus.topics import DEADLETTER, Topic
+from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, for_component, refused, screen_read
+from shardyard.bus.topics import DEADLETTER, Topic, dead_letterer
 from shardyard.bus.transport import faststream_security
 from shardyard.errors import EventDecodeError
 from shardyard.events import Event
@@ -73,6 +73,9 @@ def make_broker(bootstrap: str, *, client_id: str, middlewares: Sequence[Any] = 
         client_id=client_id,
         enable_idempotence=False,
         acks="all",
+        # Topics come from the catalogue (``bus.admin.ensure_topics``), with their partitions and retention; a
+        # subscriber creating its own would get the broker's defaults (and is refused on a secured broker).
+        allow_auto_create_topics=False,
         # A partition's batch that is full blocks every later send to it until the broker acknowledged it: a
         # scheduling cycle's thousands of assignments would go out 16 KiB (aiokafka's default) a round trip.
         max_batch_size=MAX_BATCH_BYTES,
@@ -146,10 +149,11 @@ class Bus:
         """Hand ``event`` to the producer and return without waiting for the broker: the future resolves once the
         broker acknowledged it. Sends keep their order within a partition. An event about a job carries the job's
         trace context in its headers (taken now, from the span current at the call)."""
-        headers = tracing.headers_for(event)
+        kind = str(getattr(event, "type"))  # noqa: B009 - every event class has one
+        headers = {**(tracing.headers_for(event) or {}), TYPE_HEADER: kind}
         name, body, key = topic_of(event).name, encode(event), key_of(event)
         if self.seal is not None:
-            headers = {**(headers or {}), **self.seal.headers(name, key, body)}
+            headers |= self.seal.headers(name, key, body)
         future = _pending(await self.broker.publish(body, topic=name, key=key, headers=headers, no_confirm=True))
         metrics.EVENTS_PUBLISHED.labels(name).inc()
         metrics.CONSUMER_LAG.ensure_sampling()
@@ -225,6 +229,17 @@ class Bus:
         log.warning("%s: %s", self.service, error)
         return await self.send_dead_letter(raw, record, error, forged=why)
 
+    async def _bad(self, raw: bytes, record: ConsumerRecord[bytes, bytes], topic: Topic, why: str | Refusal) -> None:
+        """A bad record read: dead-lettered where this service is the topic's dead-letterer (``dead_letterer``),
+        else only logged (its dead letter is another reader's)."""
+        if dead_letterer(topic.name) != self.service:
+            log.warning("%s skips %s/%d/%d: %s", self.service, record.topic, record.partition, record.offset, why)
+        elif isinstance(why, Refusal):
+            await self.refuse(raw, record, why)
+        else:
+            log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, why)
+            await self.dead_letter_record(raw, record, why)
+
     def subscribe(
         self,
         routes: Mapping[Topic, Handler],
@@ -248,16 +263,15 @@ class Bus:
             if topic in raw_routes:
                 await raw_routes[topic](body, message)
                 return
+            record = source_record(message)
             try:
                 event = decode(topic, body)
             except EventDecodeError as exc:
-                log.warning("%s: dead-lettering a message of %s: %s", self.service, topic.name, exc)
-                await self.dead_letter(body, message, str(exc))
+                await self._bad(body, record, topic, str(exc))
                 return
-            record = source_record(message)
-            why = screen(self.seal, topic.name, record.key, body, record.headers, event)
+            why = screen_read(self.seal, topic.name, record, body, event)
             if why is not None:
-                await self.refuse(body, record, why)
+                await self._bad(body, record, topic, why)
                 return
             tracing.observe(event, record.headers)  # later publications about its job carry it
             await self._call(routes[topic], event, body, message)

@@ -37,9 +37,14 @@ TANSU: Final = FetchWaits(job_path_ms=20, background_ms=200)
 broker's each) and the rest 200 ms (a fact reaches them in about a tenth of a second)."""
 
 
-def fetch_waits(environ: Mapping[str, str] | None = None) -> FetchWaits:
+def on_tansu(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's broker is the embedded Tansu (for a difference handled where it shows)."""
     env = os.environ if environ is None else environ
-    return TANSU if env.get(BROKER_ENV, "").strip().lower() == "embedded" else KAFKA
+    return env.get(BROKER_ENV, "").strip().lower() == "embedded"
+
+
+def fetch_waits(environ: Mapping[str, str] | None = None) -> FetchWaits:
+    return TANSU if on_tansu(environ) else KAFKA
 
 
 def fetch_wait_ms(*, job_path: bool = False) -> int:

@@ -9,7 +9,7 @@ from aiokafka import TopicPartition
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.quirks import fetch_wait_ms
-from shardyard.bus.seal import checker, refused, screen
+from shardyard.bus.seal import checker, refused, screen_read
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -42,7 +42,7 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
                     except EventDecodeError as exc:
                         log.warning("replay skips %s@%s: %s", tp, record.offset, exc)
                         continue
-                    why = screen(seal, tp.topic, record.key, record.value or b"", record.headers, event)
+                    why = screen_read(seal, tp.topic, record, record.value or b"", event)
                     if why is not None:
                         log.warning("replay skips %s@%s: %s", tp, record.offset, refused(why, tp.topic, record.headers))
                         continue

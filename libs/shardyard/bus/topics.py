@@ -10,7 +10,7 @@ drops and compacts whole closed segments only, so each bounded topic also closes
 """
 
 from dataclasses import dataclass, field
-from types import UnionType
+from types import MappingProxyType, UnionType
 from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 from aiokafka.partitioner import murmur2
@@ -55,7 +55,9 @@ class Topic:
     def configs(self) -> dict[str, str]:
         """The topic's configuration at the broker (set when it is created; ``ensure_topics`` puts it right on an
         existing topic too)."""
-        limit = {"max.message.bytes": str(self.max_record_bytes)}
+        # The broker stamps each record with its own clock: a replay's time is when it was played back, whatever its
+        # client says (``bus.seal`` judges a sealed record's freshness by it).
+        limit = {"max.message.bytes": str(self.max_record_bytes), "message.timestamp.type": "LogAppendTime"}
         if self.compacted:
             return {"cleanup.policy": "compact", "segment.ms": str(HOUR), "min.compaction.lag.ms": "0", **limit}
         if self.retention_ms is None:
@@ -123,6 +125,28 @@ CATALOGUE: Final = (
     QUEUES,
     DEADLETTER,
 )
+
+DEAD_LETTERED_BY: Final = MappingProxyType(
+    {
+        # Read by one member of each service's group, each record once: that member answers or dead-letters it.
+        SUBMISSIONS.name: "queue",
+        HEARTBEATS.name: "resource-pool",
+        SHARD_EVENTS.name: "fault-manager",
+        FAILURES.name: "fault-manager",
+    }
+)
+"""Who dead-letters a topic's bad records (undecodable, forged, replayed), so that each gets one dead letter however
+many read it; every other reader skips it and counts it (``shardyard_events_rejected_total``). A topic no service
+reads in a group (each agent reads assignments in a group of its own, every replica follows the rest) is the
+monitor's, whose replicas share its partitions (``MonitorSettings.dead_letter_share``)."""
+MONITOR_LETTERS: Final = "monitor"
+
+
+def dead_letterer(topic: str) -> str:
+    """The service whose readers dead-letter ``topic``'s bad records (see :data:`DEAD_LETTERED_BY`)."""
+    return DEAD_LETTERED_BY.get(topic, MONITOR_LETTERS)
+
+
 BY_NAME: Final = {topic.name: topic for topic in CATALOGUE}
 
 

@@ -4,7 +4,7 @@
 - ``SHARDYARD_KAFKA_CA_FILE``: the CA that signed the brokers' certificates (TLS; default: the system's CAs);
 - ``SHARDYARD_KAFKA_SASL_MECHANISM``: ``SCRAM-SHA-512`` (the default) or ``SCRAM-SHA-256``;
 - ``SHARDYARD_KAFKA_USERNAME`` and ``SHARDYARD_KAFKA_PASSWORD_FILE``: the principal this process is (each service
-  its own, so the broker's ACLs can tell them apart: ``deploy/kafka/acls.sh``), and a file holding its password.
+  its own, so the broker's ACLs can tell them apart: ``broker.access``), and a file holding its password.
 
 Every producer, consumer and admin client (FastStream's and aiokafka's) takes these options, so one process talks
 to the broker one way. The embedded broker speaks plain Kafka only (README, "Security").
@@ -23,6 +23,7 @@ CA_FILE_ENV = "SHARDYARD_KAFKA_CA_FILE"
 MECHANISM_ENV = "SHARDYARD_KAFKA_SASL_MECHANISM"
 USERNAME_ENV = "SHARDYARD_KAFKA_USERNAME"
 PASSWORD_FILE_ENV = "SHARDYARD_KAFKA_PASSWORD_FILE"
+TRANSPORT_ENVS = (PROTOCOL_ENV, CA_FILE_ENV, MECHANISM_ENV, USERNAME_ENV, PASSWORD_FILE_ENV)
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 

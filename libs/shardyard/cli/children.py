@@ -89,6 +89,8 @@ class Child:
     log: Path
     process: subprocess.Popen[bytes]
     log_from: int
+    env: Mapping[str, str]
+    """What this process's environment adds to the cluster's (its broker principal's credentials)."""
     """The log's size when this process started: what follows is its own (the log is appended to)."""
     restarts: int = 0
 
@@ -107,8 +109,10 @@ class Children:
     started: dict[str, Child] = field(default_factory=dict)
     _given: set[int] = field(default_factory=set)
 
-    def start(self, name: str, argv: Callable[[Ports], list[str]], roles: Sequence[str]) -> Child:
-        child = self._spawn(name, argv, {role: self._port(name, role) for role in roles})
+    def start(
+        self, name: str, argv: Callable[[Ports], list[str]], roles: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> Child:
+        child = self._spawn(name, argv, {role: self._port(name, role) for role in roles}, env or {})
         self.started[name] = child
         self.on_change(self.started)
         return child
@@ -123,7 +127,7 @@ class Children:
             if child.restarts < PORT_RETRIES and child.lost_port_race():
                 fresh = {role: self._port(name, role) for role in child.ports}
                 say(f"{name} lost a race for a port ({child.ports}): starting it again on {fresh}")
-                again = self._spawn(name, child.argv, fresh)
+                again = self._spawn(name, child.argv, fresh, child.env)
                 again.restarts = child.restarts + 1
                 self.started[name] = again
                 self.on_change(self.started)
@@ -143,7 +147,7 @@ class Children:
         self._given.add(port)
         return port
 
-    def _spawn(self, name: str, argv: Callable[[Ports], list[str]], ports: Ports) -> Child:
+    def _spawn(self, name: str, argv: Callable[[Ports], list[str]], ports: Ports, env: Mapping[str, str]) -> Child:
         path = self.logs / f"{name}.log"
         with path.open("ab") as log:  # the child keeps its own descriptor of it
             log_from = log.tell()
@@ -152,10 +156,10 @@ class Children:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=dict(self.env),
+                env={**self.env, **env},
                 start_new_session=True,
             )
-        return Child(name, argv, ports, path, process, log_from)
+        return Child(name, argv, ports, path, process, log_from, env)
 
 
 def wait_ready(

@@ -120,6 +120,13 @@ def _document(raw: bytes) -> Any:
         return {}
 
 
+def queue_of(raw: bytes) -> str:
+    """The queue a submission names (``default`` when none): its team's."""
+    document = _document(raw)
+    queue = document.get("queue") if isinstance(document, dict) else None
+    return queue if isinstance(queue, str) and queue else "default"
+
+
 def _team_key(document: Any, credentials_file: str) -> tuple[str, str, str]:
     """The team the document's queue names (``default`` when none), and its key to sign with: (team, id, secret)."""
     from shardyard.signing import CredentialsError, read_credentials

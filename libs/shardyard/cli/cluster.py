@@ -1,9 +1,9 @@
 """A local cluster as separate processes: its broker (the local Apache Kafka by default, see ``shardyard.broker``),
-every service, and node agents with declared simulated GPUs. Its run folder holds ``cluster.json``, every process's
-log and the local Kafka's log (``kafka/``), which the next ``up`` from the same folder starts from."""
+every service, and node agents with declared simulated GPUs. Its run folder holds ``cluster.json`` (its record:
+``cluster_info``), every process's log and the local Kafka's log (``kafka/``), which the next ``up`` from the same
+folder starts from."""
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -11,9 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from shardyard.broker.choice import Choice, choose
 from shardyard.broker.local import start_broker
@@ -28,16 +26,14 @@ from shardyard.cli.children import (
     Ports,
     alive,
     pick_free_port,
-    save_json,
     wait_ready,
 )
-from shardyard.cli.inert import inert_json
-from shardyard.cli.rundir import SHARD_LOGS, new_run_id
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL, AGENT_PRINCIPAL, ClusterInfo, get_json
+from shardyard.cli.rundir import SHARD_LOGS
 from shardyard.cli.shard_user import shard_user_fallback
 from shardyard.cli.stopping import stop_processes
 from shardyard.cli.team_files import cluster_secret, sealed_env, team_files
 from shardyard.errors import ClusterError
-from shardyard.jobdb.urls import default_url
 
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting", "monitor")
 ACCOUNTING_URL_TO = ("accounting", "monitor")
@@ -47,6 +43,7 @@ REPLICAS = 2
 by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
 serve the status API. ``up --replicas 1`` gives up that failover for a lighter cluster."""
 ELECTED = ("scheduler",)
+
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 RENDEZVOUS_BASE = 29500
 RENDEZVOUS_PER_NODE = 50
@@ -65,93 +62,6 @@ def rendezvous_base(env: Mapping[str, str]) -> int:
             f"{RENDEZVOUS_BASE_ENV} is a port number below {65536 - 64 * RENDEZVOUS_PER_NODE}: {value!r}"
         )
     return int(value)
-
-
-@dataclass
-class ClusterInfo:
-    run_dir: str
-    bootstrap: str
-    monitor_url: str
-    data_root: str
-    broker: str
-    """Which broker it runs on: ``kafka`` (the local Apache Kafka), ``embedded`` or ``external``."""
-    started_at: float
-    run_id: str = field(default_factory=new_run_id)  # this cluster run's: its agents' logs are SHARD_LOGS/RUN_ID
-    pids: dict[str, int] = field(default_factory=dict)
-    monitor_urls: list[str] = field(default_factory=list)
-    """Every monitor replica's address; ``monitor_url`` is the first. ``live()`` picks one that answers."""
-    accounting_url: str = ""
-    """The job accounting database the cluster writes (``shardyard history`` reads it; see ``shardyard.jobdb``)."""
-    metrics_ports: dict[str, int] = field(default_factory=dict)
-    """Each process's own Prometheus metrics port on 127.0.0.1 (``--metrics-port``), by process name."""
-    started: dict[str, float] = field(default_factory=dict)
-    """When each process was (last) started, seconds since the epoch."""
-    restarts: dict[str, int] = field(default_factory=dict)
-    """How often the supervisor started each process again after it died."""
-    supervisor_pid: int | None = None
-    """The process that restarts the others (``shardyard.cli.supervisor``); None until ``up`` is ready."""
-    secret_file: str = ""
-    """The cluster secret every process seals its events with (``shardyard.bus.seal``); empty: none."""
-    credentials_file: str = ""
-    """The teams' keys the queue checks submissions with (``shardyard.signing``); empty: none. ``submit`` and
-    ``cancel`` sign with it unless told another file."""
-
-    def live(self) -> "ClusterInfo":
-        """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
-        for url in self.monitor_urls:
-            try:
-                get_json(f"{url}/healthz", timeout_s=0.5)
-            except (urllib.error.URLError, OSError, ValueError):
-                continue
-            return replace(self, monitor_url=url)
-        return self
-
-    def save(self) -> None:
-        save_json(Path(self.run_dir) / CLUSTER_FILE, asdict(self))
-
-    @classmethod
-    def new(
-        cls, run_dir: Path, choice: Choice, data_root: Path, accounting_url: str | None, secret_file: str
-    ) -> "ClusterInfo":
-        return cls(
-            run_dir=str(run_dir.resolve()),
-            bootstrap=choice.bootstrap or "",
-            monitor_url="",
-            data_root=str(data_root.resolve()),
-            broker=choice.kind,
-            started_at=time.time(),
-            accounting_url=accounting_url or default_url(run_dir),
-            secret_file=secret_file,
-        )
-
-    def record_broker(self, broker: BrokerProcess | None) -> None:
-        """The broker ``up`` started (None: an outside one, already named), saved."""
-        if broker is not None:
-            self.bootstrap, self.pids["broker"], self.started["broker"] = broker.bootstrap, broker.pid or 0, time.time()
-        self.save()
-
-    @classmethod
-    def load(cls, run_dir: Path) -> "ClusterInfo":
-        path = run_dir / CLUSTER_FILE
-        try:
-            saved = json.loads(path.read_text())
-            if "embedded_broker" in saved:  # written before the local Kafka: embedded unless outside
-                saved["broker"] = "embedded" if saved.pop("embedded_broker") else "external"
-            return cls(**{"run_id": "", **saved})  # written before run ids: none
-        except FileNotFoundError as exc:
-            raise ClusterError(f"no cluster is running from {run_dir} (start one with `shardyard up`)") from exc
-
-
-MONITOR_TOKEN_ENV = "SHARDYARD_MONITOR_TOKEN"
-"""The read token of a monitor that listens beyond this host (``monitor/access.py``), sent with every request."""
-
-
-def get_json(url: str, timeout_s: float = 2.0) -> Any:
-    """The monitor's answer at ``url``, every string in it made inert for a terminal (``cli.inert``)."""
-    token = os.environ.get(MONITOR_TOKEN_ENV)
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return inert_json(json.loads(response.read()))
 
 
 def _module(service: str) -> str:
@@ -236,9 +146,10 @@ def up(
     info = ClusterInfo.new(run_dir, choice, data_root, accounting_url, cluster_secret(run_dir, sign_events))
     info.credentials_file = str(credentials_file.resolve()) if credentials_file else ""
     try:
-        process = start_broker(choice, run_dir, logs, fresh=fresh, say=say)
+        process, access = start_broker(choice, run_dir, logs, fresh=fresh, say=say, teams=_teams(credentials_file))
+        info.access_dir = str(access.folder) if access is not None else ""
         info.record_broker(process)
-        _create_topics(info.bootstrap)
+        _create_topics(info.bootstrap, info.transport(ADMIN_PRINCIPAL))
         children = _start_processes(
             info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
         )
@@ -268,12 +179,21 @@ def _broker_choice(broker: str | None, bootstrap: str | None, *, fresh: bool) ->
     return choice
 
 
-def _create_topics(bootstrap: str) -> None:
+def _create_topics(bootstrap: str, transport: Mapping[str, str]) -> None:
     import asyncio
 
     from shardyard.bus.admin import ensure_topics  # aiokafka: loaded by the commands that start a cluster only
 
-    asyncio.run(ensure_topics(bootstrap))
+    asyncio.run(ensure_topics(bootstrap, environ={**os.environ, **transport}))
+
+
+def _teams(credentials_file: Path | None) -> list[str] | None:
+    """The teams of a secured cluster (its credentials file's), each a principal of its broker; None: an open one."""
+    if credentials_file is None:
+        return None
+    from shardyard.signing import read_credentials
+
+    return sorted(read_credentials(credentials_file).teams)
 
 
 def start_supervisor(info: ClusterInfo, children: Children, broker: BrokerProcess | None, logs: Path) -> None:
@@ -283,7 +203,8 @@ def start_supervisor(info: ClusterInfo, children: Children, broker: BrokerProces
     extra = {**_bus_env(info), "PYTHONUNBUFFERED": "1", **sealed_env(info.secret_file)}
     specs = Specs(info.run_dir, info.bootstrap)
     for name, child in children.started.items():
-        specs.processes.append(Spec(name, [str(a) for a in child.process.args], extra, str(child.log)))  # type: ignore[union-attr]
+        argv = [str(a) for a in child.process.args]  # type: ignore[union-attr]
+        specs.processes.append(Spec(name, argv, {**extra, **child.env}, str(child.log)))
     if broker is not None:
         specs.processes.append(Spec("broker", broker.argv, {}, str(logs / "broker.log")))
     specs.save()
@@ -329,12 +250,14 @@ def _start_processes(
             name = f"{service}-{replica}"
             extra = ["--accounting-url", info.accounting_url] if service in ACCOUNTING_URL_TO else []
             extra += (files or {}).get(service, [])
-            children.start(name, _service_argv(service, name, extra), roles)
+            if service == "monitor":  # one dead letter a bad record: each replica writes those of its share
+                extra += ["--dead-letter-share", f"{replica}/{replicas}"]
+            children.start(name, _service_argv(service, name, extra), roles, info.transport(service))
     shard_user = shard_user_fallback(env, say)
     port_base = rendezvous_base(env)
     for index, gpus in enumerate(nodes):
         argv = _agent_argv(index, gpus, info, shard_user, port_base=port_base)
-        children.start(f"node-{index}", argv, ("metrics",))
+        children.start(f"node-{index}", argv, ("metrics",), info.transport(AGENT_PRINCIPAL))
     return children
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeAlias
 
-from shardyard.cli import client, cluster, listing, render, show, usage
+from shardyard.cli import client, cluster, listing, render, show, usage, verdict
 from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
@@ -25,10 +25,13 @@ from shardyard.sim import cli as sim_cli
 EXAMPLE = Path(__file__).with_name("example_job.json")
 
 
-def _info(args: argparse.Namespace) -> cluster.ClusterInfo:
-    """The running cluster; a command that publishes seals what it sends with the cluster's secret, if it has one."""
+def _info(args: argparse.Namespace, queue: str | None = None) -> cluster.ClusterInfo:
+    """The running cluster; a command that publishes seals what it sends with the cluster's secret, if it has one,
+    and speaks to a secured broker as the admin (an operator's command) or, for a job of ``queue``, as its team,
+    unless the environment names another principal."""
     info = cluster.ClusterInfo.load(run_dir_of(args)).live()
-    for name, value in sealed_env(info.secret_file).items():
+    principal = cluster.ADMIN_PRINCIPAL if queue is None else info.submitter(queue)
+    for name, value in {**sealed_env(info.secret_file), **info.transport(principal)}.items():
         os.environ.setdefault(name, value)
     return info
 
@@ -59,31 +62,22 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(info: cluster.ClusterInfo, job_id: str, timeout_s: float) -> dict[str, object]:
-    from shardyard.cli.progress import ProgressLine
-
-    line = ProgressLine()
-    try:
-        return client.wait(info.monitor_url, job_id, timeout_s=timeout_s, on_update=line.update)
-    finally:
-        line.close()
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-    raw = client.with_owner(raw, _user())  # the queue is never told who asked otherwise
+    raw = client.with_owner(verdict.with_new_id(raw) if args.new_id else raw, _user())  # else nobody says who asked
     refused = None if args.no_check else client.check(raw)
     if refused is not None:
         print(render.refusal(refused), file=sys.stderr)
         return 2
-    info = _info(args)
+    info = _info(args, queue=client.queue_of(raw))
     credentials = args.credentials or os.environ.get(client.CREDENTIALS_ENV) or info.credentials_file
     raw, signed = client.sealed_submission(raw, credentials) if credentials else (raw, [])
     submitted = client.submit(info.bootstrap, raw, signed)
     print(f"submitted {submitted.job_id} (partition {submitted.partition}, offset {submitted.offset})")
-    if not args.wait:
-        return 0
-    final = _follow(info, submitted.job_id, args.timeout)
+    failed = None if args.no_verdict else verdict.settle(info, submitted, args.verdict_timeout)
+    if failed is not None or not args.wait:
+        return failed or 0
+    final = verdict.follow(info, submitted.job_id, args.timeout)
     detail = client.job(info.monitor_url, submitted.job_id) or final
     print(render.job_detail(detail))
     return 0 if final["state"] == "SUCCEEDED" else 1
@@ -222,8 +216,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raw = client.with_owner(EXAMPLE.read_bytes(), _user())
         print(f"submitting the example job (S15):\n{EXAMPLE.read_text().strip()}")
         raw, signed = client.sealed_submission(raw, str(credentials)) if credentials else (raw, [])
+        _info(args, queue=client.queue_of(raw))  # submitted as its queue's team, as `shardyard submit` does
         submitted = client.submit(info.bootstrap, raw, signed)
-        final = _follow(info, submitted.job_id, args.timeout)
+        final = verdict.follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
         print(render.job_detail(detail))
         print("timeline:")
@@ -314,6 +309,7 @@ def _job_commands(sub: Commands) -> None:
     submit.add_argument(
         "--credentials", help="sign it with its queue's team key from this file (env SHARDYARD_CREDENTIALS)"
     )
+    verdict.add_options(submit)
     submit.set_defaults(func=cmd_submit)
 
     show.add_status(sub)

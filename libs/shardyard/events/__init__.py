@@ -26,6 +26,7 @@ from shardyard.events.job import (
     RejectReason,
     ShardCause,
     ShardPlacement,
+    UsedSignature,
 )
 from shardyard.events.link import LinkMeasured, link_key
 from shardyard.events.node import (
@@ -40,6 +41,7 @@ from shardyard.events.node import (
     NodeDrain,
     NodeEvent,
     NodeLease,
+    NodeLeases,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -112,6 +114,7 @@ __all__ = [
     "NodeDrain",
     "NodeEvent",
     "NodeLease",
+    "NodeLeases",
     "NodeLost",
     "NodeState",
     "NodeStatus",
@@ -137,6 +140,7 @@ __all__ = [
     "ShardStarted",
     "ShardStopRequest",
     "StopReason",
+    "UsedSignature",
     "Workload",
     "inventory_of",
     "lease_of",

@@ -50,6 +50,13 @@ class AlertRule(StrEnum):
     """Events of a topic were refused for their seal recently (``shardyard.bus.seal``): unsealed, a seal that does
     not verify, or a sealer that may not publish them. Someone without the cluster secret writes to the bus, or a
     component runs without it. Per topic."""
+    NO_LEADER = "NO_LEADER"
+    """A service elected by its group (the scheduler) has had no leader proven by a sealed claim for longer than the
+    bound: nobody holds its leadership partition, or the replica that holds it has announced no term. Per service."""
+    LEADERSHIP_HIJACKED = "LEADERSHIP_HIJACKED"
+    """A member of a service's leader group that is not one of its sealed replicas holds the leadership partition (a
+    client that joined the group without the service's key), for longer than the bound: while it holds it, the
+    service has no leader. Per service."""
 
 
 class AlertSeverity(StrEnum):

@@ -1,7 +1,7 @@
 """Job lifecycle events, published on the lifecycle topic keyed by job id, and the normalised job spec."""
 
 import re
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
@@ -148,11 +148,42 @@ class ShardPlacement(Model):
     spare: bool = Field(default=False, description="a warm spare held for the gang; it trains only once promoted")
 
 
+class Signature(Protocol):
+    """A verified signature (``shardyard.signing.Signed``)."""
+
+    @property
+    def team(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def nonce(self) -> str: ...
+    @property
+    def expires_s(self) -> float: ...
+
+
+class UsedSignature(Model):
+    """The nonce of the good signature a verdict consumed, and until when it would verify: every queue replica that
+    reads the verdict refuses the same signature again as ``REPLAYED`` (``shardyard.signing.ReplayCache``), not only
+    the one that gave it."""
+
+    nonce: str = Field(min_length=1, max_length=256)
+    expires_s: float
+    team: str | None = Field(default=None, max_length=256, description="the team whose key signed")
+    key_id: str | None = Field(default=None, max_length=256, description="the key that signed (history shows it)")
+
+    @classmethod
+    def of(cls, signed: "Signature") -> "UsedSignature":
+        """What a verdict records of a good signature."""
+        return cls(nonce=signed.nonce, expires_s=signed.expires_s, team=signed.team, key_id=signed.key_id)
+
+
 class JobAccepted(Event):
     type: Literal["job.accepted"] = "job.accepted"
     job_id: str
     spec: JobSpec
     source_offset: str = Field(description="topic/partition/offset of the submission, for idempotent admission")
+    signature: UsedSignature | None = None
+    """The signature the submission came with; None: unsigned."""
 
 
 class JobRejected(Event):
@@ -162,6 +193,8 @@ class JobRejected(Event):
     message: str
     errors: tuple[FieldError, ...] = ()
     source_offset: str
+    signature: UsedSignature | None = None
+    """A good signature the refused submission came with (its nonce is spent all the same); None: none."""
 
 
 class JobReady(Event):
@@ -291,6 +324,8 @@ class JobCancelRequested(Event):
     type: Literal["job.cancel_requested"] = "job.cancel_requested"
     job_id: str
     requested_by: str = "cli"
+    signature: UsedSignature | None = None
+    """A team's signed cancel (``shardyard.queue.team_cancel``): the signature it spent; None: not signed."""
 
 
 class JobCancelled(Event):

@@ -4,7 +4,7 @@ import math
 from enum import StrEnum
 from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shardyard.events.base import AwareDatetime, Event, Model
 
@@ -132,6 +132,12 @@ class Heartbeat(Event):
     output_disk: DiskSpace | None = Field(
         default=None, description="free space of the filesystem job outputs and checkpoints map to (None: unknown)"
     )
+    loop_lag_s: float = Field(
+        default=0.0, ge=0, description="the worst lag of the agent's event loop since its last beat"
+    )
+    margin_s: float = Field(
+        default=0.0, ge=0, description="how much later to suspect the node: its stalls of the last minute (liveness)"
+    )
 
 
 class NodeLease(Event):
@@ -148,6 +154,36 @@ class NodeLease(Event):
     gpu_utilization: tuple[float, ...] = ()
     gpu_memory_used_bytes: tuple[int, ...] = ()
     gpu_temperature_c: tuple[float | None, ...] = ()
+    loop_lag_s: float = Field(
+        default=0.0, ge=0, description="the worst lag of the agent's event loop since its last beat"
+    )
+    margin_s: float = Field(
+        default=0.0, ge=0, description="how much later to suspect the node: its stalls of the last minute (liveness)"
+    )
+
+
+MAX_RELAYED_LEASES: Final = 1_000
+"""The most leases one relayed record carries (about 300 kB)."""
+
+
+class NodeLeases(Event):
+    """Leases of many nodes in one record, from a relay that publishes for them (a per-host or per-rack relay; the
+    scale bench's node simulator is one): one record to write, seal, fetch and decode instead of one a node. Every
+    lease in it is for a node whose heartbeats go to the record's own partition, the one ``node_id`` (the first
+    lease's node) keys: the relay groups its nodes by partition, and a pool replica applies only the leases of the
+    nodes it owns. A relay carries leases only: a node's full heartbeat, which introduces it, still comes on its
+    own."""
+
+    type: Literal["node.leases"] = "node.leases"
+    relay: str = Field(min_length=1, max_length=256, description="who relays: the sealer's component")
+    node_id: str = Field(description="the node the record is keyed by: its first lease's")
+    leases: tuple[NodeLease, ...] = Field(min_length=1, max_length=MAX_RELAYED_LEASES)
+
+    @model_validator(mode="after")
+    def _keyed_by_its_first_lease(self) -> "NodeLeases":
+        if self.leases[0].node_id != self.node_id:
+            raise ValueError(f"node_id {self.node_id!r} is not the first lease's node {self.leases[0].node_id!r}")
+        return self
 
 
 def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
@@ -188,6 +224,8 @@ def lease_of(heartbeat: Heartbeat) -> NodeLease:
         gpu_utilization=tuple(g.utilization for g in heartbeat.gpus),
         gpu_memory_used_bytes=tuple(g.memory_used_bytes for g in heartbeat.gpus),
         gpu_temperature_c=tuple(g.temperature_c for g in heartbeat.gpus),
+        loop_lag_s=heartbeat.loop_lag_s,
+        margin_s=heartbeat.margin_s,
     )
 
 
@@ -215,6 +253,9 @@ class NodeState(Event):
     rendezvous_ports: tuple[int, int]
     probe_port: int | None = None
     last_heartbeat_at: AwareDatetime
+    last_beat_seq: int = Field(
+        default=0, ge=0, description="the newest beat of agent_instance read when this was published: older ones replay"
+    )
     gpus: tuple[GpuStatus, ...]
     allocated_gpus: tuple[int, ...] = Field(default=(), description="GPU indices reserved by assignments")
     cpu_cores: float
@@ -237,7 +278,9 @@ class NodeLost(Event):
     silent_for_s: float
 
 
-NodeEvent = Annotated[Heartbeat | NodeLease | NodeDrain | NodeState | NodeLost, Field(discriminator="type")]
-HeartbeatEvent = Annotated[Heartbeat | NodeLease | NodeDrain, Field(discriminator="type")]
-"""What the heartbeats topic carries: agents' full heartbeats and leases, and operators' drain requests, all keyed
-by node."""
+NodeEvent = Annotated[
+    Heartbeat | NodeLease | NodeLeases | NodeDrain | NodeState | NodeLost, Field(discriminator="type")
+]
+HeartbeatEvent = Annotated[Heartbeat | NodeLease | NodeLeases | NodeDrain, Field(discriminator="type")]
+"""What the heartbeats topic carries: agents' full heartbeats and leases, relays' batches of leases, and operators'
+drain requests, all keyed by node."""

@@ -95,3 +95,6 @@ class FailureCause(StrEnum):
     retry budget, or waits until a disk has room (``shardyard.fault_manager.recovery.free_move``): never retried on
     the same full disk."""
     IO_ERROR = "IO_ERROR"
+    BROKER_LOG_LOST = "BROKER_LOG_LOST"
+    """Reported by accounting, not an agent: the broker lost the log that held the job (an embedded broker
+    restarted, a cluster started afresh), so nothing is left to run or end it; its record ends with this cause."""

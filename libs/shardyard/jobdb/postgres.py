@@ -41,6 +41,11 @@ class PostgresStore:
             if self.create:
                 for statement in sql.create(sql.POSTGRES):
                     db.execute(statement)
+                found = db.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (sql.TABLE,)
+                ).fetchall()
+                for statement in sql.added({str(row[0]) for row in found}, sql.POSTGRES):
+                    db.execute(statement)
         except psycopg.Error as exc:
             raise AccountingError(f"cannot open the accounting database {redacted(self.url)}: {exc}") from exc
         self._db = db

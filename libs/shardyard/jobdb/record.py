@@ -49,6 +49,10 @@ class JobRecord:
     scheduler puts it on ``job.succeeded`` (``shardyard.scheduler.completion``). Other ranks end with other losses
     (each trains on its own batches) and earlier attempts with earlier ones; none of those is the job's. A
     non-finite loss (a diverged run) is None: neither JSON nor SQLite has NaN."""
+    owner: str | None = None
+    """Who submitted it: the spec's ``owner`` (``shardyard submit`` fills in the local user)."""
+    key_id: str | None = None
+    """The team key its submission was signed with; None: unsigned."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON values: times as ISO 8601 in UTC, the state as its name."""

@@ -30,7 +30,11 @@ TYPES: Final = {
     "wait_s": ("REAL", "DOUBLE PRECISION"),
     "run_s": ("REAL", "DOUBLE PRECISION"),
     "final_loss": ("REAL", "DOUBLE PRECISION"),
+    "owner": ("TEXT", "TEXT"),
+    "key_id": ("TEXT", "TEXT"),
 }
+ADDED_LATER: Final = ("owner", "key_id")
+"""Columns a table made by an earlier version lacks: added where missing (``added``), empty for its old rows."""
 
 SQLITE, POSTGRES = 0, 1
 
@@ -42,6 +46,13 @@ def create(dialect: int) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {TABLE} (\n  {columns},\n  PRIMARY KEY ({', '.join(KEY)})\n)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_submitted ON {TABLE} (submitted_at)",
         f"CREATE INDEX IF NOT EXISTS {TABLE}_ended ON {TABLE} (ended_at)",
+    ]
+
+
+def added(existing: set[str], dialect: int) -> list[str]:
+    """The statements that add to a table with ``existing`` columns the ones it lacks."""
+    return [
+        f"ALTER TABLE {TABLE} ADD COLUMN {name} {TYPES[name][dialect]}" for name in ADDED_LATER if name not in existing
     ]
 
 

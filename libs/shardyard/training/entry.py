@@ -56,7 +56,7 @@ from typing import Final
 from shardyard.errors import ShardyardError
 from shardyard.training import exitcodes, store
 from shardyard.training.exitcodes import ExitCause, classify_exit
-from shardyard.training.lease import CHECK_EVERY_S, DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV, silence
+from shardyard.training.lease import CHECK_EVERY_S, DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV, expired
 from shardyard.training.preemption import STOP_SIGNAL
 
 MODULE: Final = "shardyard.training.entry"
@@ -285,7 +285,7 @@ def _run(invocation: Invocation, env: Mapping[str, str], signals: _Signals, cloc
             break
         except subprocess.TimeoutExpired:
             pass
-        if lease_file and (silent := silence(lease_file, clock())) >= lease_s:
+        if lease_file and (silent := expired(lease_file, clock(), lease_s)) is not None:
             _kill_group(child.pid)
             child.wait()
             _say(f"self-fenced: agent silent for {silent:.1f} s; the command was killed")

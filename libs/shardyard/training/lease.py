@@ -6,6 +6,9 @@ shard runs a watchdog thread over a lease the agent renews: the agent touches ``
 a heartbeat of its reaches the bus, and a shard whose lease file is older than ``SHARDYARD_AGENT_LEASE_S`` (below the
 pool's suspicion bound) exits at once with ``FENCED``, even when its main thread is blocked in a collective. Without
 those variables (a shard run by hand, a test) there is no watchdog. Torch-free: the agent imports it.
+
+On a loaded host the file holds the margin the agent's last beat carried (``shardyard.liveness``): the pool suspects
+the node that much later, and the lease lasts that much longer, so a starved agent does not fence healthy shards.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from shardyard.liveness import MAX_MARGIN_S
 from shardyard.training import exitcodes
 
 LEASE_FILE_ENV: Final = "SHARDYARD_AGENT_LEASE_FILE"
@@ -33,11 +37,30 @@ def silence(path: str, now: float) -> float:
         return float("inf")
 
 
-def renew(path: str) -> None:
-    """The agent's side: the lease runs from now."""
-    with open(path, "a"):
-        pass
-    os.utime(path)
+def margin(path: str) -> float:
+    """The margin the agent wrote with its last renewal (0 when none, or unreadable), at most ``MAX_MARGIN_S``."""
+    try:
+        with open(path) as f:
+            written = float(f.read(32) or 0.0)
+    except (OSError, ValueError):
+        return 0.0
+    return min(max(written, 0.0), MAX_MARGIN_S)
+
+
+def expired(path: str, now: float, lease_s: float) -> float | None:
+    """The agent's silence once it outlasted the lease (``lease_s`` plus the margin); None while the lease holds."""
+    silent = silence(path, now)
+    return silent if silent >= lease_s + margin(path) else None
+
+
+def renew(path: str, margin_s: float = 0.0) -> None:
+    """The agent's side: the lease runs from now, ``margin_s`` longer than its length (written whole, then moved
+    into place, so a shard never reads half of it)."""
+    fresh = f"{path}.new"
+    with open(fresh, "w") as f:
+        os.fchmod(f.fileno(), 0o644)  # a shard under a user of its own reads it; it says nothing secret
+        f.write(f"{margin_s:g}")
+    os.replace(fresh, path)
 
 
 def start_watchdog(
@@ -51,8 +74,8 @@ def start_watchdog(
 
     def watch() -> None:
         while True:
-            silent = silence(path, clock())
-            if silent >= lease_s:
+            silent = expired(path, clock(), lease_s)
+            if silent is not None:
                 print(f"shardyard runner: self-fenced: agent silent for {silent:.1f} s", file=sys.stderr, flush=True)
                 exit_now(exitcodes.FENCED)
                 return

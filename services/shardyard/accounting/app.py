@@ -3,11 +3,12 @@
 No consumer group: every replica (``shardyard up`` starts two) reads the whole topic from offset 0 on every start and
 so rebuilds every record the log still holds, by upserts that leave a row as it was when its facts are read again.
 Two replicas write the same rows; the revision guard of the upsert (``shardyard.jobdb.sql``) keeps one that is behind
-from taking a row back. Rows of jobs the log no longer holds (an embedded broker forgets its log at ``shardyard
-down``) are kept as they are.
+from taking a row back. Rows of unended jobs the log no longer holds (an embedded broker forgets its log when it
+stops, a cluster started afresh) are ended ``BROKER_LOG_LOST`` once the log was read whole (``book.stranded``).
 """
 
 import logging
+from datetime import timedelta
 
 from faststream import FastStream
 from pydantic import Field
@@ -25,6 +26,8 @@ from shardyard.service import Periodic, announce
 from shardyard.settings import ServiceSettings
 
 SERVICE = "accounting"
+RECONCILE_MARGIN_S = 30.0
+"""Rows of jobs accepted this long before the log was read whole are judged (clocks and the other replica allowed)."""
 log = logging.getLogger(__name__)
 
 
@@ -62,8 +65,10 @@ def build_app(settings: AccountingSettings, *, clock: Clock) -> FastStream:
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
         await follower.start()
+        began = clock.now() - timedelta(seconds=RECONCILE_MARGIN_S)
         await follower.caught_up()
         await handlers.flush()
+        await handlers.reconcile(began, clock.now())
         log.info("accounting: %d jobs rebuilt from the log into %s", len(book.jobs), redacted(settings.accounting_url))
 
     @app.after_startup

@@ -7,13 +7,18 @@ log, read once or twice, in one process or two, gives the same records, each wit
 
 Each placement (``job.scheduled``) opens an attempt; the move back to READY (``job.recovering``,
 ``job.preempted``) or the job's end closes it. GPU-hours and run time add up the attempts that closed.
+
+A row of an unended job the log no longer holds (:func:`stranded`) is ended ``BROKER_LOG_LOST`` once the log was
+read whole: ``shardyard history`` never shows a job READY for ever.
 """
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shardyard.events import (
+    FailureCause,
     JobAccepted,
     JobCancelled,
     JobFailed,
@@ -56,6 +61,8 @@ class JobFold:
     message: str = ""
     final_loss: float | None = None
     revision: int = 1
+    key_id: str | None = None
+    """The key its submission was signed with (its acceptance's)."""
 
     def apply(self, event: LifecycleFact) -> bool:
         """Fold one fact; False when it changes nothing (refused by the table, or a fact the record does not keep)."""
@@ -111,6 +118,8 @@ class JobFold:
             ended_at=self.ended_at,
             wait_s=(began_wait - spec.submitted_at).total_seconds() if began_wait is not None else None,
             run_s=sum(a.held_s for a in attempts) if started is not None and self.ended_at is not None else None,
+            owner=spec.owner,
+            key_id=self.key_id,
             final_loss=self.final_loss,
         )
 
@@ -147,7 +156,8 @@ class AccountingBook:
     def apply(self, event: LifecycleFact) -> None:
         if isinstance(event, JobAccepted):
             if event.job_id not in self.jobs:  # else the same acceptance again, or one the queue would refuse
-                self.jobs[event.job_id] = JobFold(spec=event.spec)
+                key_id = event.signature.key_id if event.signature is not None else None
+                self.jobs[event.job_id] = JobFold(spec=event.spec, key_id=key_id)
                 self._changed[event.job_id] = None
             return
         fold = self.jobs.get(event.job_id)
@@ -168,3 +178,27 @@ class AccountingBook:
     @property
     def pending(self) -> int:
         return len(self._changed)
+
+
+def stranded(kept: Iterable[JobRecord], book: AccountingBook, before: datetime, now: datetime) -> list[JobRecord]:
+    """The records of ``kept`` (the database's unended rows) of jobs the log does not hold, ended: the broker lost the
+    log that held them (an embedded broker's restart, a cluster started afresh), so no service knows them and none
+    would ever end them. Only jobs accepted ``before`` (the log was read whole from then on) are judged: a newer row
+    may come from a replica that read further than this one."""
+    known = {(job_id, fold.spec.submitted_at) for job_id, fold in book.jobs.items()}
+    ended: list[JobRecord] = []
+    for record in kept:
+        if record.state in TERMINAL or record.submitted_at >= before or (record.job_id, record.submitted_at) in known:
+            continue
+        ended.append(
+            replace(
+                record,
+                state=JobState.FAILED,
+                reason=FailureCause.BROKER_LOG_LOST.value,
+                message=f"the broker lost the log that held this job while it was {record.state.value}: nothing is "
+                "left to run or end it; submit it again",
+                ended_at=now,
+                revision=record.revision + 1,
+            )
+        )
+    return ended

@@ -8,14 +8,19 @@ every record anyway.
 
 import asyncio
 import logging
+from datetime import datetime
 
-from shardyard.accounting.book import AccountingBook
+from shardyard.accounting.book import AccountingBook, stranded
 from shardyard.bus.topics import Topic
 from shardyard.errors import AccountingError
+from shardyard.jobdb.query import MAX_LIMIT, HistoryQuery
+from shardyard.jobdb.record import JobRecord
 from shardyard.jobdb.store import Store
 from shardyard.jobdb.urls import redacted
+from shardyard.lifecycle import TERMINAL, JobState
 
 log = logging.getLogger(__name__)
+UNENDED = tuple(state for state in JobState if state not in TERMINAL)
 
 
 class AccountingHandlers:
@@ -47,6 +52,22 @@ class AccountingHandlers:
             log.info("accounting: writing to %s again", self.where)
         self.failing = False
         self.written += len(records)
+
+    async def reconcile(self, before: datetime, now: datetime) -> list[JobRecord]:
+        """End the unended rows of jobs the log no longer holds (``book.stranded``), once the log was read whole; the
+        rows ended."""
+        kept: list[JobRecord] = []
+        for state in UNENDED:
+            query = HistoryQuery(state=state, limit=MAX_LIMIT)
+            kept.extend(await asyncio.to_thread(self.store.select, query))
+        ended = stranded(kept, self.book, before, now)
+        if ended:
+            await asyncio.to_thread(self.store.upsert, ended)
+            for record in ended:
+                log.warning(
+                    "accounting: %s (accepted %s) ended: %s", record.job_id, record.submitted_at, record.message
+                )
+        return ended
 
     def close(self) -> None:
         self.store.close()

@@ -18,6 +18,23 @@ SERVICE = "fault-manager"
 GROUP = "shardyard-fault-manager"
 
 
+UNREAD = frozenset(
+    {
+        "job.accepted",
+        "job.rejected",
+        "job.ready",
+        "job.unschedulable",
+        "job.waiting",
+        "job.running",
+        "shard.progress",
+        "shard.checkpointed",
+        "shard.stop_request",
+        "shard.revocation",
+    }
+)
+"""Followed facts the fault manager never applies (its book, the redundancy window): passed over undecoded."""
+
+
 class FaultSettings(ReplicatedSettings):
     """The fault manager: shard failures and node losses become recovery plans (or the job's end); the recent
     failure rate sets the spare ratio."""
@@ -81,7 +98,9 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     book = FaultBook(policy=settings.retry_policy(), owned=frozenset())  # until the group gives it partitions
     redundancy = RedundancyTracker(policy=settings.redundancy_policy())
     handlers = FaultHandlers(book, redundancy, bus, clock)
-    follow = Follow([LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY], handlers.on_followed)
+    follow = Follow(
+        [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY], handlers.on_followed, unread=UNREAD
+    )
     # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
     # dead-letters it (the follower only skips it).
     split = Split(

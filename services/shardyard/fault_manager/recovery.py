@@ -65,6 +65,8 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         FailureCause.DISK_FULL: Disposition.RETRY,
         # The node's disk failed (EIO, or went read-only): retried elsewhere.
         FailureCause.IO_ERROR: Disposition.RETRY,
+        # Accounting's end of a job whose log the broker lost: no shard reports it, and nothing is left to retry.
+        FailureCause.BROKER_LOG_LOST: Disposition.FAIL,
     }
 )
 

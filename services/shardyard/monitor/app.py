@@ -2,6 +2,7 @@
 measurements too; the view out over HTTP; alert transitions out to the alerts topic."""
 
 import gc
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from shardyard.monitor.alerts import AlertBook, CatchUp
 from shardyard.monitor.feed import Feed
 from shardyard.monitor.handlers import MonitorHandlers
 from shardyard.monitor.http import build_http
+from shardyard.monitor.leadership import LeaderWatch
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.network import Network
 from shardyard.monitor.rules import AlertPolicy
@@ -50,6 +52,13 @@ RULES = AlertPolicy()
 
 class MonitorSettings(ServiceSettings):
     """The monitor: metrics, the status API."""
+
+    dead_letter_share: str = Field(
+        default="0/1",
+        pattern=r"^\d+/[1-9]\d*$",
+        description="THIS/MANY: this replica dead-letters the bad records of the partitions p mod MANY = THIS of the"
+        " topics no service reads in a group (`up` gives each replica its share)",
+    )
 
     http_host: str = Field(
         default="127.0.0.1", description="address the API and dashboard bind (another than loopback needs a token)"
@@ -101,6 +110,17 @@ class MonitorSettings(ServiceSettings):
     )
     alert_disk_full_window_s: float = Field(
         default=RULES.disk_full_window_s, gt=0, description="DISK_FULL: fires this long after a DISK_FULL failure"
+    )
+    alert_leader_proof_s: float = Field(
+        default=RULES.leader_proof_s, gt=0, description="NO_LEADER, LEADERSHIP_HIJACKED: leadership unproven this long"
+    )
+    leadership_interval_s: float = Field(
+        default=2.0, gt=0, description="ask the broker who holds each leader group's partition this often"
+    )
+    alert_node_alerts_grouped_over: int = Field(
+        default=RULES.node_alerts_grouped_over,
+        ge=0,
+        description="NODE_SUSPECT, HEARTBEAT_LAG: more nodes than this at once make one alert on all nodes ('*')",
     )
     link_max_age_s: float = Field(
         default=LinkTable.max_age_s, gt=0, description="a link measurement older than this is stale (s)"
@@ -169,7 +189,9 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     bus = Bus(broker, service=SERVICE)
     view = ClusterView(telemetry=Telemetry(clock=clock), network=settings.network())
     exported = MonitorMetrics(view, clock)
-    handlers = MonitorHandlers(view, exported.events, bus, bus.seal)
+    this, many = (int(part) for part in settings.dead_letter_share.split("/"))
+    since_ms = int(time.time() * 1000)
+    handlers = MonitorHandlers(view, exported.events, bus, bus.seal, share=(this % many, many), since_ms=since_ms)
     # No consumer group: every monitor replica reads every topic (heartbeats from their end) and so rebuilds its view.
     feed = Feed(
         settings.bootstrap,
@@ -178,7 +200,8 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
         name=f"{SERVICE}-{settings.instance}",
         from_end=[HEARTBEATS],
     )
-    tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock)
+    leaders = LeaderWatch(settings.bootstrap, view, clock, name=f"{SERVICE}-{settings.instance}-leaders")
+    tasks = _periodic_tasks(settings, view=view, feed=feed, bus=bus, clock=clock, leaders=leaders)
     check_exposure(settings.http_host, settings.http_read_token)
     http = build_http(
         view,
@@ -209,6 +232,7 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
     async def stop() -> None:
         for task in tasks:
             await task.stop()
+        await leaders.stop()
         await runner.cleanup()
         await feed.stop()
 
@@ -216,7 +240,7 @@ def build_app(settings: MonitorSettings, *, clock: Clock) -> FastStream:
 
 
 def _periodic_tasks(
-    settings: MonitorSettings, *, view: ClusterView, feed: Feed, bus: Bus, clock: Clock
+    settings: MonitorSettings, *, view: ClusterView, feed: Feed, bus: Bus, clock: Clock, leaders: LeaderWatch
 ) -> tuple[Periodic, ...]:
     """The replica's periodic work: its consumer lag, measured into the view, and the alerts, judged on this
     replica's view once it has caught up, published to the alerts topic and shown from it (see monitor/alerts.py)."""
@@ -237,5 +261,6 @@ def _periodic_tasks(
 
     return (
         Periodic("consumer-lag", settings.lag_interval_s, measure_lag),
+        Periodic("leadership", settings.leadership_interval_s, leaders.tick),
         Periodic("alerts", settings.alert_interval_s, judge_alerts),
     )

@@ -15,8 +15,8 @@ from prometheus_client import Counter
 
 from shardyard import metrics
 from shardyard.bus.codec import decode
-from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, screen
-from shardyard.bus.topics import Topic
+from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, screen_read
+from shardyard.bus.topics import MONITOR_LETTERS, Topic, dead_letterer
 from shardyard.errors import EventDecodeError
 from shardyard.monitor.feed import Record
 from shardyard.monitor.views import ClusterView
@@ -33,12 +33,35 @@ class DeadLetters(Protocol):
 
 
 class MonitorHandlers:
-    def __init__(self, view: ClusterView, events: Counter, bus: DeadLetters, seal: Seal | None = None) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        events: Counter,
+        bus: DeadLetters,
+        seal: Seal | None = None,
+        *,
+        share: tuple[int, int] = (0, 1),
+        since_ms: int = 0,
+    ) -> None:
         self.view = view
         self.events = events
         self.bus = bus
         self.seal = seal
         """Checks each event's seal, and a dead letter's before it counts as a forged event (``bus.seal``)."""
+        self.share = share
+        """(this replica, of how many): it dead-letters the bad records of the partitions ``p % many == this`` of
+        the topics that are the monitor's to dead-letter (``topics.dead_letterer``); the others skip them."""
+        self.since_ms = since_ms
+        """Records appended before this (ms; this replica's start) were dead-lettered by whoever read them then."""
+
+    def letters(self, topic: Topic, record: Record) -> bool:
+        """Whether this replica dead-letters ``record`` if it is bad: one dead letter a bad record, cluster-wide."""
+        this, many = self.share
+        return (
+            dead_letterer(topic.name) == MONITOR_LETTERS
+            and record.partition % many == this
+            and record.timestamp >= self.since_ms
+        )
 
     async def on_records(self, topic: Topic, records: Sequence[Record]) -> None:
         """Fold a batch of one topic's records, in order."""
@@ -59,7 +82,7 @@ class MonitorHandlers:
             began = time.perf_counter()
             try:
                 event = decode(topic, record.value or b"")
-                why = screen(self.seal, topic.name, record.key, record.value or b"", record.headers, event)
+                why = screen_read(self.seal, topic.name, record, record.value or b"", event)
                 if why is None:
                     self.view.apply(event)
                 else:
@@ -74,10 +97,14 @@ class MonitorHandlers:
             self.events.labels(topic.name).inc(len(records) - len(refused) - len(unsealed))
         metrics.handled(topic.name, seconds)
         for record, error in refused:
-            log.warning("monitor: dead-lettering %s/%d/%d: %s", record.topic, record.partition, record.offset, error)
-            await self.bus.dead_letter_record(record.value or b"", record, error)
+            if self.letters(topic, record):
+                log.warning(
+                    "monitor: dead-lettering %s/%d/%d: %s", record.topic, record.partition, record.offset, error
+                )
+                await self.bus.dead_letter_record(record.value or b"", record, error)
         for record, why in unsealed:
-            await self.bus.refuse(record.value or b"", record, why)
+            if self.letters(topic, record):
+                await self.bus.refuse(record.value or b"", record, why)
 
     def _sealed(self, record: Record) -> bool:
         """Whether a dead letter comes from a component of this cluster: its own seal verifies (anyone can write a

@@ -81,6 +81,13 @@ class StatusApi:
         detail = self.view.job_detail(found, self.clock.now())
         return _answer(json_body({**detail, "spec": spec_for(detail.get("spec"), reader(request))}))
 
+    async def verdict(self, request: web.Request) -> web.Response:
+        """The queue's verdict on the submission written at ``?source=topic/partition/offset``; 404 until it has one."""
+        found = self.view.verdicts.of(request.query.get("source", ""))
+        if found is None:
+            return _answer(json_body({"error": "no verdict yet"}), status=404)
+        return _answer(json_body(found))
+
     async def series(self, request: web.Request) -> web.Response:
         found = self.view.jobs.get(request.match_info["job_id"])
         if found is None or found.state is None:
@@ -142,6 +149,7 @@ def build_http(
     app = web.Application(middlewares=[token_guard(read_token, teams or (lambda: None))] if guarded else [])
     app.router.add_get("/api/jobs", api.kept("jobs", lambda: {"jobs": view.jobs_json(), "counts": view.counts()}))
     app.router.add_get("/api/jobs/{job_id}", api.job)
+    app.router.add_get("/api/verdict", api.verdict)
     app.router.add_get("/api/jobs/{job_id}/series", api.series)
     app.router.add_get("/api/summary", api.kept("summary", view.summary_json))
     app.router.add_get("/api/nodes", api.nodes)

@@ -32,6 +32,7 @@ from shardyard.events import FailureCause, NodeLease, NodeState, NodeStatus
 from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.exposition import FamiliesCollector, Family, Key, Kind, render
 from shardyard.monitor.jobs import JobView
+from shardyard.monitor.leadership import leadership_family
 from shardyard.monitor.network import RTT_PAIR_NODES as RTT_PAIR_NODES  # re-exported: its home was here
 from shardyard.monitor.network import Pair, mean_rtt
 from shardyard.monitor.network_metrics import network_families
@@ -316,7 +317,8 @@ def alert_families(view: ClusterView) -> Iterator[Family]:
             dead.add((topic,), seen.last_at.timestamp())
         if seen.forged_at is not None:
             forged.add((topic,), seen.forged_at.timestamp())
-    yield from (firing, lag, dead, forged, *_node_liveness(view), *_job_progress(view), *_node_disks(view))
+    yield from (firing, lag, dead, forged, leadership_family(view), *_node_liveness(view), *_job_progress(view))
+    yield from _node_disks(view)
 
 
 def _node_liveness(view: ClusterView) -> Iterator[Family]:

@@ -8,8 +8,8 @@ condition that holds.
 """
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 from shardyard.events import AlertRule, AlertSeverity, NodeStatus, PendingReason
 from shardyard.events.alert import alert_key
@@ -17,7 +17,9 @@ from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.condition import Condition
 from shardyard.monitor.forged import forged_events
 from shardyard.monitor.jobs import JobView
+from shardyard.monitor.leadership import leadership_hijacked, no_leader
 from shardyard.monitor.network import gang_nodes
+from shardyard.monitor.policy import AlertPolicy
 from shardyard.monitor.views import ClusterView
 from shardyard.units import format_bytes
 
@@ -35,36 +37,6 @@ SHORTAGE: frozenset[str] = frozenset(
 )
 """Pending reasons that mean the cluster lacks capacity. Waiting for a parent, an artifact, a backoff or a
 higher-priority job's reservation is not a shortage of capacity."""
-
-
-@dataclass(frozen=True)
-class AlertPolicy:
-    """Thresholds and ``for`` durations of the rules (from MonitorSettings), and whose consumer lag is judged here."""
-
-    instance: str = "monitor"
-    resource_shortage_s: float = 60.0
-    sync_timeout_window_s: float = 300.0
-    slow_sync_ratio: float = 1.5
-    gpu_temperature_c: float = 85.0
-    gpu_temperature_for_s: float = 30.0
-    heartbeat_lag_s: float = 2.0
-    consumer_lag_messages: int = 1000
-    consumer_lag_for_s: float = 30.0
-    no_progress_s: float = 120.0
-    dead_letter_window_s: float = 300.0
-    slow_link_for_s: float = 30.0
-    disk_floor_bytes: int = 1 << 30
-    """DISK_FULL: an output disk with less free space than this (the scheduler's disk filter floor)."""
-    disk_full_window_s: float = 300.0
-    """DISK_FULL: fires this long after a shard failed DISK_FULL on the node, whatever its disk says now."""
-
-    @property
-    def lag_subject(self) -> str:
-        return f"monitor/{self.instance}"
-
-    @property
-    def disk_floor(self) -> str:
-        return format_bytes(self.disk_floor_bytes)
 
 
 # --- what the rules read from the view (also exported as metrics, so Prometheus judges the same figures) -------
@@ -201,20 +173,41 @@ def slow_link(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator
         )
 
 
-def _node_status(status: NodeStatus, rule: AlertRule, severity: AlertSeverity) -> Rule:
-    def rule_of(view: ClusterView, now: datetime, _policy: AlertPolicy) -> Iterator[Condition]:
-        for node in view.nodes.values():
-            if node.status is status:
-                silent = _age(now, node.last_heartbeat_at)
-                yield Condition(
-                    rule,
-                    node.node_id,
-                    severity,
-                    f"{node.node_id} is {status}: no heartbeat for {silent:.1f} s",
-                    silent,
-                    0.0,
-                    node.last_heartbeat_at,
-                )
+ALL_NODES: Final = "*"
+"""The subject of a node rule's alert grouped over many nodes (``AlertPolicy.node_alerts_grouped_over``)."""
+
+
+def _grouped(rule: AlertRule, severity: AlertSeverity, nodes: list[str], what: str, policy: AlertPolicy) -> Condition:
+    named = ", ".join(sorted(nodes)[:5])
+    return Condition(
+        rule,
+        ALL_NODES,
+        severity,
+        f"{len(nodes)} nodes {what} at once (more than {policy.node_alerts_grouped_over}: the bus, the control plane "
+        f"or the network more likely than the nodes), among them {named}",
+        float(len(nodes)),
+        float(policy.node_alerts_grouped_over),
+        None,
+    )
+
+
+def _node_status(status: NodeStatus, rule: AlertRule, severity: AlertSeverity, group: bool) -> Rule:
+    def rule_of(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator[Condition]:
+        nodes = [view.nodes[node_id] for node_id in view.with_status[status]]
+        if group and len(nodes) > policy.node_alerts_grouped_over:
+            yield _grouped(rule, severity, [node.node_id for node in nodes], f"are {status}", policy)
+            return
+        for node in nodes:
+            silent = _age(now, node.last_heartbeat_at)
+            yield Condition(
+                rule,
+                node.node_id,
+                severity,
+                f"{node.node_id} is {status}: no heartbeat for {silent:.1f} s",
+                silent,
+                0.0,
+                node.last_heartbeat_at,
+            )
 
     return rule_of
 
@@ -250,6 +243,9 @@ def heartbeat_lag(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iter
         if (last < cutoff or transits.get(node_id, 0.0) > limit)
         and ((state := view.nodes.get(node_id)) is None or state.status is not NodeStatus.LOST)
     ]
+    if len(lagging) > policy.node_alerts_grouped_over:
+        yield _grouped(AlertRule.HEARTBEAT_LAG, AlertSeverity.WARNING, lagging, "have lagging heartbeats", policy)
+        return
     for node_id in sorted(lagging):
         last = view.last_seen[node_id]
         age, transit, silent = _age(now, last), transits.get(node_id, 0.0), last < cutoff
@@ -366,8 +362,8 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.RESOURCE_SHORTAGE: resource_shortage,
     AlertRule.SYNC_TIMEOUT: sync_timeout,
     AlertRule.SLOW_SYNC: slow_sync,
-    AlertRule.NODE_SUSPECT: _node_status(NodeStatus.SUSPECT, AlertRule.NODE_SUSPECT, AlertSeverity.WARNING),
-    AlertRule.NODE_LOST: _node_status(NodeStatus.LOST, AlertRule.NODE_LOST, AlertSeverity.CRITICAL),
+    AlertRule.NODE_SUSPECT: _node_status(NodeStatus.SUSPECT, AlertRule.NODE_SUSPECT, AlertSeverity.WARNING, group=True),
+    AlertRule.NODE_LOST: _node_status(NodeStatus.LOST, AlertRule.NODE_LOST, AlertSeverity.CRITICAL, group=False),
     AlertRule.GPU_OVER_TEMPERATURE: gpu_over_temperature,
     AlertRule.HEARTBEAT_LAG: heartbeat_lag,
     AlertRule.CONSUMER_LAG: consumer_lag,
@@ -377,6 +373,8 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.DISK_FULL: disk_full,
     AlertRule.QUEUE_STARVED: queue_starved,
     AlertRule.FORGED_EVENTS: forged_events,
+    AlertRule.NO_LEADER: no_leader,
+    AlertRule.LEADERSHIP_HIJACKED: leadership_hijacked,
 }
 
 

@@ -14,6 +14,7 @@ from shardyard.events import (
     JobSucceeded,
     JobUnschedulable,
     NodeLease,
+    NodeLeases,
     ShardFailed,
     ShardProgress,
 )
@@ -62,6 +63,10 @@ class Telemetry:
         match event:
             case Heartbeat() | NodeLease():
                 self.heartbeat_lag_s[event.node_id] = (self.clock.now() - event.occurred_at).total_seconds()
+            case NodeLeases():
+                now = self.clock.now()
+                for lease in event.leases:
+                    self.heartbeat_lag_s[lease.node_id] = (now - lease.occurred_at).total_seconds()
             case ShardFailed() if (event.job_id, event.shard_index, event.attempt) not in self._failed:
                 self._failed.add((event.job_id, event.shard_index, event.attempt))
                 self.shard_failures[event.cause] = self.shard_failures.get(event.cause, 0) + 1

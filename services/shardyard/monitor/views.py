@@ -26,6 +26,7 @@ from shardyard.events import (
     LinkMeasured,
     NodeDrain,
     NodeLease,
+    NodeLeases,
     NodeLost,
     NodeState,
     NodeStatus,
@@ -42,10 +43,12 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact
 from shardyard.monitor.alert_log import AlertLog
+from shardyard.monitor.holding import Holding
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import Network, gang_links_json, gang_nodes, links_json
 from shardyard.monitor.queues import QueueRow, queue_rows, queues_json
 from shardyard.monitor.telemetry import Telemetry
+from shardyard.monitor.verdicts import Verdicts
 
 NODE_FIELDS: set[str] = {
     "node_id",
@@ -82,11 +85,17 @@ class DeadLettered:
 class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
+    with_status: dict[NodeStatus, dict[str, None]] = field(default_factory=lambda: {s: {} for s in NodeStatus})
+    """The nodes of each status, as ``nodes`` says: the rules on SUSPECT and LOST nodes read only those."""
     heartbeats: dict[str, Heartbeat | NodeLease] = field(default_factory=dict)
     """Per node, its newest beat (a full heartbeat or a lease): its live CPU load and GPU use."""
     services: dict[str, ServiceReady] = field(default_factory=dict)
     leaders: dict[str, LeaderElected] = field(default_factory=dict)
     """Each replicated service's current leader: the election with the highest term."""
+    verdicts: Verdicts = field(default_factory=Verdicts)
+    """The queue's verdict on each recent submission, by where it was written (``shardyard submit`` waits for it)."""
+    leadership: dict[str, Holding] = field(default_factory=dict)
+    """Who holds each elected service's leadership partition, as its group coordinator said (``monitor.leadership``)."""
     preemptions: int = 0
     """Completed preemptions (JobPreempted), each counted once."""
     cancellations: int = 0
@@ -160,6 +169,10 @@ class ClusterView:
         self.telemetry.fold(event)
         match event:
             case NodeState():
+                was = self.nodes.get(event.node_id)
+                if was is not None:
+                    self.with_status[was.status].pop(event.node_id, None)
+                self.with_status[event.status][event.node_id] = None
                 self.nodes[event.node_id] = event
                 self.network.node_status(event.node_id, lost=event.status is NodeStatus.LOST)
                 self._seen(event.node_id)
@@ -171,6 +184,10 @@ class ClusterView:
             case Heartbeat() | NodeLease():
                 self.heartbeats[event.node_id] = event
                 self._seen(event.node_id)
+            case NodeLeases():
+                for lease in event.leases:
+                    self.heartbeats[lease.node_id] = lease
+                    self._seen(lease.node_id)
             case NodeDrain():
                 pass  # the resource pool answers with the node's state, which carries the mark
             case ServiceReady():
@@ -215,6 +232,7 @@ class ClusterView:
             self.last_seen[node_id] = heartbeat.occurred_at
 
     def _lifecycle(self, event: LifecycleFact) -> None:
+        self.verdicts.fold(event)  # a refused resubmission too: its verdict is its submitter's news
         if not self.job(event.job_id).fold_lifecycle(event):
             return
         match event:

@@ -21,8 +21,10 @@ from shardyard.errors import ConfigError
 from shardyard.events import NodeState
 from shardyard.gpus import catalogue_with
 from shardyard.lifecycle import TERMINAL, LifecycleFact, target_state
+from shardyard.liveness import LoopLag
 from shardyard.netprobe import MAX_BURST_BYTES, bind_endpoint
 from shardyard.node_agent.artifacts import ArtifactWatch
+from shardyard.node_agent.beats import DEFAULT_REFRESH_S
 from shardyard.node_agent.benchmark import (
     DEFAULT_SECONDS,
     DEFAULT_SIZE,
@@ -102,9 +104,7 @@ class AgentSettings(ServiceSettings):
     rendezvous_port_count: int = Field(default=64, gt=0, le=1000)
     log_dir: Path = Path(".shardyard/logs")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    status_refresh_s: float = Field(
-        default=10.0, gt=0, description="send the full heartbeat at least this often; a small lease between"
-    )
+    status_refresh_s: float = Field(default=DEFAULT_REFRESH_S, gt=0, description="full heartbeat this often at least")
     lease_s: float = Field(
         default=DEFAULT_LEASE_S,
         gt=0,
@@ -310,7 +310,7 @@ def _periodic_work(
     beat = Periodic("heartbeat", settings.heartbeat_interval_s, handlers.heartbeat)
     poll = Periodic("artifact-poll", settings.artifact_poll_s, handlers.poll_artifacts)
     fence = Periodic("self-fence", CHECK_INTERVAL_S, handlers.check_lease)
-    work = [fence, poll, beat, *probing]
+    work: list[Periodic | LoopLag] = [handlers.heartbeats.loop_lag, fence, poll, beat, *probing]
 
     @app.after_startup
     async def ready() -> None:

@@ -1,7 +1,11 @@
 """The agent's heartbeat and the lease it renews. One beat at a time, numbered in the order it is published: the
 full heartbeat or its lease (:mod:`.beats`). A beat the bus acknowledged renews the lease, and the lease file the
 node's shards watch; once no beat went out for ``lease_s`` the lease is lost and the agent fences itself
-(:mod:`.fencing`). A delivered beat also lets out what the outbox kept while the bus was gone."""
+(:mod:`.fencing`). A delivered beat also lets out what the outbox kept while the bus was gone.
+
+Each beat carries the agent's stalls (``shardyard.liveness``): its event loop's worst lag since the last beat, and the
+margin its worst stall of the last minute (that lag, or the broker's wait to acknowledge a beat) asks for. The pool
+suspects the node that much later, and the shards' lease file is renewed with the same margin."""
 
 import asyncio
 import socket
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from shardyard.clock import Clock
 from shardyard.events import DiskSpace, GpuStatus, Heartbeat, RunningShard
+from shardyard.liveness import LoopLag, Stalls, margin_s
 from shardyard.node_agent.artifacts import ArtifactWatch
 from shardyard.node_agent.beats import Beats
 from shardyard.node_agent.fencing import fence_message, lease_expired
@@ -67,6 +72,11 @@ class Heartbeats:
         """Full heartbeat or lease, beat by beat."""
         self.bus_ok_at = clock.monotonic()
         """When a heartbeat last reached the bus (monotonic seconds): the lease runs from here."""
+        self.loop_lag = LoopLag()
+        """Started with the agent's periodic work; a beat takes its worst since the last one."""
+        self.stalls = Stalls()
+        self.margin_s = 0.0
+        """The margin of the last beat sent: what the shards' lease is renewed with."""
         self._lock = asyncio.Lock()  # one heartbeat at a time: seq order is publish order
 
     def start_lease(self) -> None:
@@ -87,8 +97,13 @@ class Heartbeats:
             heartbeat = await status(self.seq + 1)
             self.seq += 1
             sent = self.clock.monotonic()
+            lag = self.loop_lag.take()
+            self.stalls.add(sent, lag)
+            self.margin_s = margin_s(self.stalls.worst(sent))
+            heartbeat = heartbeat.model_copy(update={"loop_lag_s": round(lag, 4), "margin_s": self.margin_s})
             beat = self.beats.next(heartbeat, sent)
             delivered = await self.outbox.publish(beat)
+            self.stalls.add(sent, self.clock.monotonic() - sent)  # the broker's wait: a stall the next beat tells
             if delivered:  # the lease runs from the sending: the pool may have heard of us no later than that
                 self.beats.delivered(beat, sent)
                 self.bus_ok_at = max(self.bus_ok_at, sent)
@@ -100,4 +115,4 @@ class Heartbeats:
         """Keep this agent's shards alive: they fence themselves when the lease file ages (agent paused or cut off)."""
         if self.lease_file is not None:
             Path(self.lease_file).parent.mkdir(parents=True, exist_ok=True)
-            renew(self.lease_file)
+            renew(self.lease_file, self.margin_s)

@@ -44,6 +44,7 @@ from shardyard.events import (
     PendingReason,
     QueuesConfigured,
     RejectReason,
+    UsedSignature,
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
 from shardyard.queue import team_cancel
@@ -119,6 +120,8 @@ class QueueBook:
         """A fact from the lifecycle topic (including the queue's own earlier output). Never decides anything."""
         if isinstance(event, JobAccepted | JobRejected):
             self.sources.add(event.source_offset)
+        if isinstance(event, JobAccepted | JobRejected | JobCancelRequested) and event.signature is not None:
+            self.gate.replays.remember(event.signature.nonce, event.signature.expires_s)
         if isinstance(event, JobCancelRequested):
             self._note_cancel_request(event)
             return
@@ -199,21 +202,29 @@ class QueueBook:
         result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
         if not isinstance(result, Admitted):
             return self._reject(result.job_id, result.reason, result.message, source, now, result.errors)
+        spent = None if signed is None else UsedSignature.of(signed)
         spec = result.spec
         denied = self.gate.admits(signed, spec.queue)
         if denied is not None:
-            return self._reject(spec.job_id, denied.reason, denied.message, source, now)
+            return self._reject(spec.job_id, denied.reason, denied.message, source, now, signature=spent)
         spec_or_denied = self.gate.env_for_agents(spec, signed)
         if isinstance(spec_or_denied, Denied):
-            return self._reject(spec.job_id, spec_or_denied.reason, spec_or_denied.message, source, now)
+            return self._reject(
+                spec.job_id, spec_or_denied.reason, spec_or_denied.message, source, now, signature=spent
+            )
         spec = spec_or_denied
         refusal = self._refusal(spec, source=source, now=now) or self._quota_refusal(spec, source=source, now=now)
         if refusal is not None:
-            refusal = refusal.model_copy(update={"event_id": verdict_id(source)})
+            refusal = refusal.model_copy(update={"event_id": verdict_id(source), "signature": spent})
             self.apply(refusal)
             return [refusal]
         accepted = JobAccepted(
-            event_id=verdict_id(source), occurred_at=now, job_id=spec.job_id, spec=spec, source_offset=source
+            event_id=verdict_id(source),
+            occurred_at=now,
+            job_id=spec.job_id,
+            spec=spec,
+            source_offset=source,
+            signature=spent,
         )
         self.apply(accepted)
         return [accepted, *self._settle([spec.job_id], now)]
@@ -239,6 +250,8 @@ class QueueBook:
         source: str,
         now: datetime,
         errors: tuple[FieldError, ...] = (),
+        *,
+        signature: UsedSignature | None = None,
     ) -> list[Event]:
         rejection = JobRejected(
             event_id=verdict_id(source),
@@ -248,6 +261,7 @@ class QueueBook:
             message=message,
             errors=errors,
             source_offset=source,
+            signature=signature,
         )
         self.apply(rejection)
         return [rejection]

@@ -9,7 +9,7 @@ cluster's own secret instead (``shardyard cancel`` without credentials)."""
 import json
 from datetime import datetime
 
-from shardyard.events import JobCancelRequested, RejectReason
+from shardyard.events import JobCancelRequested, RejectReason, UsedSignature
 from shardyard.queue.auth import Denied, Gate
 from shardyard.signing import Signed
 
@@ -45,4 +45,10 @@ def decide(
     denied = gate.admits(signed, queue)
     if denied is not None:
         return Denied(RejectReason.FORBIDDEN, f"team {signed.team} may not cancel {job_id!r} of queue {queue!r}")
-    return JobCancelRequested(event_id=event_id, occurred_at=now, job_id=job_id, requested_by=f"team {signed.team}")
+    return JobCancelRequested(
+        event_id=event_id,
+        occurred_at=now,
+        job_id=job_id,
+        requested_by=f"team {signed.team}",
+        signature=UsedSignature.of(signed),
+    )

@@ -6,7 +6,7 @@ from pydantic import Field
 from shardyard.bus.reach import BrokerReach
 from shardyard.bus.topics import ASSIGNMENTS, HEARTBEATS, LIFECYCLE, NODE_STATE, SHARD_EVENTS
 from shardyard.clock import Clock
-from shardyard.resource_pool.book import PoolBook
+from shardyard.resource_pool.book import STATE_REFRESH_S, PoolBook
 from shardyard.resource_pool.handlers import PoolHandlers
 from shardyard.resource_pool.ledger import Ledger
 from shardyard.resource_pool.telemetry import Tolerance
@@ -19,6 +19,26 @@ PAUSE_TICKS = 10
 """A replica whose ticks were this many intervals apart (at least 1 s) was not running: it judges no silence then."""
 
 
+UNREAD = frozenset(
+    {
+        "job.accepted",
+        "job.rejected",
+        "job.ready",
+        "job.unschedulable",
+        "job.waiting",
+        "job.preempting",
+        "job.running",
+        "job.cancel_requested",
+        "shard.started",
+        "shard.progress",
+        "shard.checkpointed",
+        "shard.stop_request",
+    }
+)
+"""Followed facts the pool never applies (its ledger, ``Ledger.apply``, and other replicas' node states): passed over
+undecoded."""
+
+
 class PoolSettings(ReplicatedSettings):
     """The resource pool: node inventory, liveness and reservations. Replicas split the nodes between them."""
 
@@ -27,7 +47,9 @@ class PoolSettings(ReplicatedSettings):
     tick_interval_s: float = 0.1
     """How often silences are checked: a node turns SUSPECT between this long before its 3 s of silence end and
     their end."""
-    state_refresh_s: float = Field(default=30.0, gt=0, description="republish an unchanged node's state this often")
+    state_refresh_s: float = Field(
+        default=STATE_REFRESH_S, gt=0, description="republish an unchanged node's state this often"
+    )
     load_step: float = Field(default=0.05, gt=0, description="CPU load change that republishes a node's state")
     start_deadline_s: float = Field(
         default=60.0, gt=0, description="the scheduler's start deadline: no reservation is orphaned within it"
@@ -58,7 +80,10 @@ def build_app(settings: PoolSettings, *, clock: Clock) -> FastStream:
     reach = BrokerReach(settings.bootstrap, name=f"{SERVICE}-{settings.instance}")
     handlers = PoolHandlers(book, bus, clock, reach.reachable)
     follow = Follow(
-        [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE], handlers.on_followed, after_batch=handlers.flush
+        [NODE_STATE, ASSIGNMENTS, SHARD_EVENTS, LIFECYCLE],
+        handlers.on_followed,
+        after_batch=handlers.flush,
+        unread=UNREAD,
     )
     # A dead replica's nodes are judged again within one election's time. Partitions given are judged at once: the
     # follower is not waited on.

@@ -5,7 +5,9 @@ Agents send a full heartbeat (inventory and telemetry) when their inventory chan
 small lease (liveness and telemetry, :class:`~shardyard.events.NodeLease`) every other second; both renew liveness.
 
 A node is ALIVE while it heartbeats, SUSPECT after ``suspect_after_s`` of silence and LOST after ``lost_after_s``;
-a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile).
+a LOST node that heartbeats again is ALIVE again (its old shards were failed meanwhile). A node whose agent reported
+stalls of its own (a loaded host: ``shardyard.liveness``) is suspected later by the margin its last beat carried, at
+most ``liveness.MAX_MARGIN_S``; LOST stays at ``lost_after_s``.
 
 Silence runs from the *sending* of the node's last heartbeat (its ``occurred_at``), not from when the pool read it: a
 node that died just after a heartbeat has been dead for as long as the heartbeat took to arrive. The agent's clock is
@@ -41,6 +43,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Final
 
 from shardyard.bus.topics import HEARTBEATS, partition_of
@@ -49,17 +52,29 @@ from shardyard.events import (
     Heartbeat,
     NodeDrain,
     NodeLease,
+    NodeLeases,
     NodeLost,
     NodeState,
     NodeStatus,
     RunningShard,
     inventory_of,
 )
+from shardyard.liveness import MAX_MARGIN_S
 from shardyard.resource_pool.ledger import Key, Ledger
 from shardyard.resource_pool.telemetry import Telemetry, Tolerance, moved
 
+STATE_REFRESH_S: Final = 300.0
+"""How often an unchanged node's state is republished: every replica of the scheduler, fault manager, monitor and
+pool and every agent reads each one, so at 10,000 nodes a 30 s refresh was 333 states a second read by all of them."""
 MAX_TRANSIT_S: Final = 0.5
 """How much earlier than its receipt a heartbeat's own timestamp may start the node's silence."""
+
+
+@lru_cache(maxsize=1 << 17)
+def heartbeat_partition(node_id: str) -> int:
+    """The heartbeats partition of ``node_id``, hashed once a node: murmur2 in Python costs ~20 µs, and a tick that
+    holds back the partitions catching up asks it of every node it reads, a relayed record of every lease."""
+    return partition_of(node_id, HEARTBEATS)
 
 
 def keys_of(running: Iterable[RunningShard]) -> list[Key]:
@@ -82,6 +97,8 @@ class NodeRecord:
     """When the node went quiet: the sending of its last heartbeat (see :func:`silent_since`); the receipt if None."""
     seq: int = 0
     """The agent's newest beat (full heartbeat or lease) read."""
+    margin_s: float = 0.0
+    """How much later than ``suspect_after_s`` the node is suspected: its last beat's margin (its agent's stalls)."""
     inventory: tuple[object, ...] = ()
     telemetry: Telemetry | None = None
     published: tuple[tuple[object, ...], Telemetry] | None = None
@@ -119,7 +136,7 @@ class PoolBook:
     catching_up: dict[int, datetime] = field(default_factory=dict)
     """The owned partitions not read up to the present since a takeover or a pause, and when that began: their nodes
     are not suspected until one of their heartbeats sent since then is read, or ``suspect_after_s`` has passed."""
-    refresh_s: float = 30.0
+    refresh_s: float = STATE_REFRESH_S
     """An unchanged node's state is republished this often."""
     tolerance: Tolerance = field(default_factory=Tolerance)
     watched: "OrderedDict[str, None]" = field(default_factory=OrderedDict)
@@ -130,7 +147,7 @@ class PoolBook:
     """``watched`` must be sorted again (nodes were restored or taken over out of receipt order)."""
 
     def owns(self, node_id: str) -> bool:
-        return self.owned is None or partition_of(node_id, HEARTBEATS) in self.owned
+        return self.owned is None or heartbeat_partition(node_id) in self.owned
 
     def assign(self, partitions: Iterable[int], now: datetime) -> None:
         """The group gave this replica ``partitions`` (all it owns from now on): the heartbeats since the previous
@@ -187,6 +204,7 @@ class PoolBook:
             rendezvous_ports=hb.rendezvous_ports,
             probe_port=hb.probe_port,
             last_heartbeat_at=record.received_at,
+            last_beat_seq=record.seq,
             gpus=live.gpus(hb.gpus),
             allocated_gpus=allocated,
             cpu_cores=hb.cpu_cores,
@@ -204,8 +222,8 @@ class PoolBook:
         """A full heartbeat: the node is alive, and this is its inventory now."""
         record = self.nodes.get(heartbeat.node_id)
         same_agent = record is not None and record.heartbeat.agent_instance == heartbeat.agent_instance
-        if same_agent and record is not None and heartbeat.seq < record.seq:
-            return []  # a late, reordered heartbeat says nothing new
+        if same_agent and record is not None and heartbeat.seq <= record.seq:
+            return []  # believed once: an older or the same beat again is a replay (bus.seal refuses most before)
         if record is None:
             record = self.nodes[heartbeat.node_id] = NodeRecord(heartbeat, now)
         else:
@@ -219,17 +237,27 @@ class PoolBook:
         (a node it never heard of, or an agent restarted) says nothing it can publish: the agent's next full
         heartbeat, due at the latest on its refresh, introduces it."""
         record = self.nodes.get(lease.node_id)
-        if record is None or record.heartbeat.agent_instance != lease.agent_instance or lease.seq < record.seq:
-            return []
+        if record is None or record.heartbeat.agent_instance != lease.agent_instance or lease.seq <= record.seq:
+            return []  # believed once, as a full heartbeat
         record.seq = lease.seq
         record.telemetry = (record.telemetry or Telemetry.of(record.heartbeat)).renewed(lease)
         return self._renewed(lease.node_id, record, lease, now)
 
+    def on_leases(self, relayed: NodeLeases, now: datetime) -> list[Event]:
+        """A relay's batch of leases: each one as if it came alone, for the nodes this replica owns. A lease of a node
+        another replica owns is not this replica's to judge (the relay put it in the wrong partition): ignored."""
+        out: list[Event] = []
+        for lease in relayed.leases:
+            if self.owns(lease.node_id):
+                out.extend(self.on_lease(lease, now))
+        return out
+
     def _renewed(self, node_id: str, record: NodeRecord, beat: Heartbeat | NodeLease, now: datetime) -> list[Event]:
         was = record.status
+        record.margin_s = min(beat.margin_s, MAX_MARGIN_S)
         record.status, record.received_at, record.silent_since = NodeStatus.ALIVE, now, silent_since(beat, now)
         if self.catching_up:
-            partition = partition_of(node_id, HEARTBEATS)
+            partition = heartbeat_partition(node_id)
             began = self.catching_up.get(partition)
             if began is not None and beat.occurred_at >= began:
                 del self.catching_up[partition]  # read up to what was sent since: the rest is silence again
@@ -268,7 +296,7 @@ class PoolBook:
             occurred_at=state.last_heartbeat_at,
             node_id=state.node_id,
             agent_instance=state.agent_instance,
-            seq=0,
+            seq=state.last_beat_seq,  # a beat of this agent no newer than it was read already
             host=state.host,
             address=state.address,
             rendezvous_ports=state.rendezvous_ports,
@@ -333,7 +361,7 @@ class PoolBook:
             record = self.nodes[node_id]
             if (now - record.received_at).total_seconds() + MAX_TRANSIT_S < suspect_at:
                 break  # this node's silence, and every later one's, is short of suspicion
-            if held and partition_of(node_id, HEARTBEATS) in held:
+            if held and heartbeat_partition(node_id) in held:
                 continue  # its partition's newer heartbeats may still be unread
             silent = record.silence(now)
             if record.status is not NodeStatus.LOST and silent >= lost_at:
@@ -346,7 +374,7 @@ class PoolBook:
                         occurred_at=now, node_id=node_id, last_heartbeat_at=record.received_at, silent_for_s=silent
                     )
                 )
-            elif record.status is NodeStatus.ALIVE and silent >= suspect_at:
+            elif record.status is NodeStatus.ALIVE and silent >= suspect_at + record.margin_s:
                 record.status = NodeStatus.SUSPECT
                 out.append(self.state_of(node_id, now))
         for node_id in gone:

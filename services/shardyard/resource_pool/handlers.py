@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import Topic
 from shardyard.clock import Clock
-from shardyard.events import Event, Heartbeat, NodeDrain, NodeLease, NodeState
+from shardyard.events import Event, Heartbeat, NodeDrain, NodeLease, NodeLeases, NodeState
+from shardyard.metrics import POOL_BEATS
 from shardyard.resource_pool.book import PoolBook
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,9 @@ class PoolHandlers:
         """Nodes whose reservations the batch being followed changed."""
         """Whether followed events are current (publish what they change) or the log being caught up with."""
 
-    async def on_heartbeats(self, events: Sequence[Heartbeat | NodeLease | NodeDrain]) -> list[Event]:
-        """A batch of the heartbeats topic: agents' full heartbeats and leases, and operators' drain requests.
+    async def on_heartbeats(self, events: Sequence[Heartbeat | NodeLease | NodeLeases | NodeDrain]) -> list[Event]:
+        """A batch of the heartbeats topic: agents' full heartbeats and leases, relays' leases, and operators' drain
+        requests.
         Returns the node states they change (the bus publishes them, then commits the batch)."""
         now = self.clock.now()
         out: list[Event] = []
@@ -35,8 +37,13 @@ class PoolHandlers:
                 case NodeDrain():
                     out.extend(self.book.on_drain(event, now))
                 case NodeLease():
+                    POOL_BEATS.labels("lease").inc()
                     out.extend(self.book.on_lease(event, now))
+                case NodeLeases():
+                    POOL_BEATS.labels("relayed").inc(len(event.leases))
+                    out.extend(self.book.on_leases(event, now))
                 case Heartbeat():
+                    POOL_BEATS.labels("heartbeat").inc()
                     out.extend(self.book.on_heartbeat(event, now))
         return out
 

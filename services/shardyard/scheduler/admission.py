@@ -4,7 +4,7 @@ Pure: time comes in; the book picks the attempt number (see ``fencing``) and app
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from shardyard.events import JobScheduled, JobSpec, ShardAssignment, Workload
@@ -33,13 +33,24 @@ def waits_for_spares(place: Place, job: PendingJob, *, wanted: int, first: bool,
     return (now - job.ready_at).total_seconds() < grace_s
 
 
+def ports_in_use(gangs: Iterable[Gang]) -> dict[str, set[int]]:
+    """Node -> the rendezvous ports its gangs' coordinators hold there."""
+    used: dict[str, set[int]] = {}
+    for gang in gangs:
+        used.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
+    return used
+
+
 def free_port(view: NodeView, gangs: Iterable[Gang], last: tuple[str, int] | None) -> int | None:
     """A rendezvous port of ``view`` that no gang uses, and not ``last``, the (node, port) of the job's previous
     rendezvous: the old attempt's store may linger on it."""
-    used = {g.scheduled.rendezvous_port for g in gangs if g.scheduled.coordinator_node == view.node_id}
-    if last is not None and last[0] == view.node_id:
-        used.add(last[1])
-    return next((p for p in view.rendezvous_ports if p not in used), None)
+    return first_free(view, ports_in_use(gangs).get(view.node_id, set()), last)
+
+
+def first_free(view: NodeView, used: Collection[int], last: tuple[str, int] | None) -> int | None:
+    """``free_port`` with the ports ``view``'s gangs hold known (``ports_in_use``)."""
+    avoid = last[1] if last is not None and last[0] == view.node_id else None
+    return next((p for p in view.rendezvous_ports if p not in used and p != avoid), None)
 
 
 def workload(spec: JobSpec, *, output_path: str, resume_from: str | None) -> Workload:

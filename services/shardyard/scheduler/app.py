@@ -19,12 +19,16 @@ from shardyard.placement.model import Policy
 from shardyard.queues_file import POLL_S, QueuesWatch
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.elasticity import ElasticityTracker
+from shardyard.scheduler.exclusions import DEFAULT_HEAL_S
 from shardyard.scheduler.handlers import SchedulerHandlers
 from shardyard.service import Periodic, announce
 from shardyard.settings import ReplicatedSettings
 
 SERVICE = "scheduler"
 FOLLOWED = (LIFECYCLE, SHARD_EVENTS, NODE_STATE, REDUNDANCY, LINKS, QUEUES)
+UNREAD = frozenset({"job.accepted", "job.rejected", "job.unschedulable", "job.waiting", "shard.progress"})
+"""Followed facts the scheduler never applies (``BookFacts.apply``, ``SchedulerHandlers``): passed over undecoded. A
+burst's acceptances carry whole specs, and a running job's progress reports come every few seconds."""
 TAKE_OVER_RETRY_S = (0.5, 10.0)
 """A take-over that failed (the broker too busy to answer, a book that could not be rebuilt) is tried again after
 the first of these, doubling up to the second, for as long as the replica is elected."""
@@ -74,6 +78,11 @@ class SchedulerSettings(ReplicatedSettings):
         "nodes report their running shards on change and every 10 s",
     )
     spare_grace_s: float = Field(default=2.0, ge=0, description="how long a new gang waits for room for its spares")
+    exclusion_heal_s: float = Field(
+        default=DEFAULT_HEAL_S,
+        ge=0,
+        description="a node excluded from a job after a failure there is used again once ALIVE this long",
+    )
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
     queues_file: str | None = Field(
@@ -104,6 +113,7 @@ class SchedulerSettings(ReplicatedSettings):
             start_deadline_s=self.start_deadline_s,
             reservation_grace_s=self.reservation_grace_s,
             spare_grace_s=self.spare_grace_s,
+            exclusion_heal_s=self.exclusion_heal_s,
             elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
         )
 
@@ -160,6 +170,7 @@ class SchedulerReplica:
             name=f"{SERVICE}-follower",
             fetch_max_wait_ms=fetch_wait_ms(job_path=True),  # ready jobs, shard ends and node states: the job's path
             after_batch=self.handlers.flush,
+            unread=UNREAD,
         )
 
     async def start(self) -> None:

@@ -22,9 +22,10 @@ from shardyard.events import (
     RevocationReason,
 )
 from shardyard.placement.cycle import schedule
+from shardyard.placement.filters import EXCLUDED
 from shardyard.placement.model import Invalid, NodeView, Place, Preempt, Snapshot, Unschedulable
 from shardyard.scheduler import preemption
-from shardyard.scheduler.admission import admit, free_port, waits_for_spares
+from shardyard.scheduler.admission import admit, first_free, ports_in_use, waits_for_spares
 from shardyard.scheduler.cancellation import cancellation
 from shardyard.scheduler.completion import settle
 from shardyard.scheduler.facts import BookFacts
@@ -36,6 +37,9 @@ from shardyard.scheduler.start_deadline import timed_out
 
 class SchedulerBook(BookFacts):
     """The scheduler's decisions over what ``BookFacts`` knows (see the module's doc)."""
+
+    _cycle_ports: dict[str, set[int]] | None = None
+    """During a cycle's decisions: node -> the rendezvous ports its gangs hold (``cycle``)."""
 
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self, now: datetime | None = None) -> Snapshot:
@@ -67,14 +71,23 @@ class SchedulerBook(BookFacts):
             return out
         snapshot = self.snapshot(now)
         by_id = self._views.views  # the snapshot's views, by node id
-        # Spares follow the ratio in force now, not the one when the job became ready.
-        queue = [replace(job, spares=self._spares(job.spec)) for job in self.pending.values()]
-        for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
-            try:
-                out.extend(self._carry_out(decision, by_id, now))
-            except Exception as exc:  # one job's bad data fails that job, never the cycle
-                if not isinstance(decision, Preempt):  # a victim is a placed job: its preemption is just not made
-                    out.extend(self._invalid(Invalid(decision.job_id, f"{type(exc).__name__}: {exc}"[:500]), now))
+        # The rendezvous ports in use, once a cycle (each admission adds its own): looked up per gang placed, a walk
+        # of every gang made a burst's cycle quadratic in the gangs.
+        self._cycle_ports = ports_in_use(self.gangs.values())
+        # Spares follow the ratio in force now; exclusions that healed since the job was queued end now.
+        queue = [
+            replace(job, spares=self._spares(job.spec), excluded_nodes=self.kept_off(job.spec.job_id, now))
+            for job in self.pending.values()
+        ]
+        try:
+            for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
+                try:
+                    out.extend(self._carry_out(decision, by_id, now))
+                except Exception as exc:  # one job's bad data fails that job, never the cycle
+                    if not isinstance(decision, Preempt):  # a victim is a placed job: its preemption is just not made
+                        out.extend(self._invalid(Invalid(decision.job_id, f"{type(exc).__name__}: {exc}"[:500]), now))
+        finally:
+            self._cycle_ports = None
         return out
 
     def _carry_out(
@@ -88,6 +101,9 @@ class SchedulerBook(BookFacts):
             return self._preempt(decision, now)
         if isinstance(decision, Invalid):
             return self._invalid(decision, now)
+        kept_off = self.exclusions.describe(decision.job_id, now) if decision.node_counts.get(EXCLUDED) else ""
+        if kept_off:  # which nodes, and until when: the wait has an end
+            decision = replace(decision, message=f"{decision.message}; {kept_off}")
         return self.reasons.unschedulable(decision, self.pending[decision.job_id], now)
 
     def _invalid(self, decision: Invalid, now: datetime) -> list[Event]:
@@ -154,11 +170,14 @@ class SchedulerBook(BookFacts):
             now=now,
         )
         self.apply(scheduled)
+        if self._cycle_ports is not None:
+            self._cycle_ports.setdefault(coordinator.node_id, set()).add(port)
         self.reasons.forget(place.job_id)
         return [scheduled, *assignments]
 
     def _free_port(self, view: NodeView, job_id: str) -> int | None:
-        return free_port(view, self.gangs.values(), self.last_port.get(job_id))
+        used = self._cycle_ports if self._cycle_ports is not None else ports_in_use(self.gangs.values())
+        return first_free(view, used.get(view.node_id, set()), self.last_port.get(job_id))
 
     def _preempt(self, decision: Preempt, now: datetime) -> list[Event]:
         """Ask every shard of the victim to checkpoint and stop; the gang ends when all have (or at the deadline)."""
@@ -208,7 +227,7 @@ class SchedulerBook(BookFacts):
             return out
         views = {view.node_id: view for view in self.snapshot().nodes}
         ground = Ground(self.nodes, before, views, lambda view: self._free_port(view, plan.job_id), self.policy)
-        avoided = frozenset(self.excluded.get(plan.job_id, ())) | set(plan.avoid_nodes)  # no survivor on a full disk
+        avoided = self.kept_off(plan.job_id, now)  # its exclusions, and no survivor on a full disk
         reformed = reform(gang, avoided, ground, now)
         if reformed is not None:
             out.extend(self._admit(reformed, views, now))

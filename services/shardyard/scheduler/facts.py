@@ -3,7 +3,6 @@ placed, running, preempted, recovering and ended, node states, link measurements
 decides here: ``SchedulerBook`` (``book``) adds the decisions on top of this state."""
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime
 
 from shardyard.events import (
@@ -36,6 +35,7 @@ from shardyard.placement.snapshot import SnapshotCache
 from shardyard.scheduler.admission import spares
 from shardyard.scheduler.cancellation import CancelRequests
 from shardyard.scheduler.elasticity import ElasticityTracker
+from shardyard.scheduler.exclusions import DEFAULT_HEAL_S, Exclusions
 from shardyard.scheduler.fencing import Fence
 from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.links import LinkView
@@ -57,6 +57,7 @@ class BookFacts:
         reservation_grace_s: float = 30.0,
         spare_grace_s: float = 2.0,
         elasticity: ElasticityTracker | None = None,
+        exclusion_heal_s: float = DEFAULT_HEAL_S,
     ) -> None:
         self.term = term
         """The term this book decides under: its replica's, once elected. Never raised by what it reads."""
@@ -80,7 +81,10 @@ class BookFacts:
         self.resume_step: dict[str, int] = {}
         self.spare_ratio = 0.0
         """The fault manager's redundancy ratio: new gangs get ceil(shards x ratio) spares."""
-        self.excluded: dict[str, frozenset[str]] = {}
+        self.exclusions = Exclusions(heal_s=exclusion_heal_s)
+        """Nodes each job is kept off after a failure there, until the node has been healthy a while."""
+        self.avoid: dict[str, frozenset[str]] = {}
+        """Job -> nodes its next attempt only avoids (a disk that filled)."""
         self.last_port: dict[str, tuple[str, int]] = {}
         """Job -> (node, port) of its latest rendezvous: a new attempt takes another port."""
         self.fence = Fence()
@@ -108,6 +112,7 @@ class BookFacts:
         match event:
             case NodeState():
                 self.nodes[event.node_id] = event
+                self.exclusions.node(event)
                 self.running[event.node_id] = running_keys(event)
                 self._views.changed(event.node_id)
                 if event.status is NodeStatus.LOST:
@@ -153,13 +158,11 @@ class BookFacts:
         if gang is not None and gang.scheduled.attempt > plan.attempt:
             return  # a plan for an attempt already replaced
         self._attempt_ended(self.gangs.pop(plan.job_id, None), plan.occurred_at)
-        self.excluded[plan.job_id] = self.excluded.get(plan.job_id, frozenset()) | set(plan.exclude_nodes)
+        self.exclusions.add(plan.job_id, plan.exclude_nodes, plan.occurred_at)
+        self.avoid[plan.job_id] = frozenset(plan.avoid_nodes)
         spec = self.specs.get(plan.job_id)
         if spec is not None:
-            pending = self._pending(spec, plan.occurred_at, not_before=plan.retry_at)
-            if plan.avoid_nodes:
-                pending = replace(pending, excluded_nodes=pending.excluded_nodes | set(plan.avoid_nodes))
-            self.pending[plan.job_id] = pending
+            self.pending[plan.job_id] = self._pending(spec, plan.occurred_at, not_before=plan.retry_at)
 
     def _requeue_preempted(self, event: JobPreempted) -> None:
         ended = self.gangs.pop(event.job_id, None)
@@ -195,11 +198,16 @@ class BookFacts:
         self.reasons.forget(job_id)
         self.resume.pop(job_id, None)
         self.resume_step.pop(job_id, None)
-        self.excluded.pop(job_id, None)
+        self.exclusions.forget(job_id)
+        self.avoid.pop(job_id, None)
         self.specs.pop(job_id, None)
         self.attained.pop(job_id, None)
         self.expected.pop(job_id, None)
         self.finished.add(job_id)
+
+    def kept_off(self, job_id: str, now: datetime) -> frozenset[str]:
+        """The nodes ``job_id`` may not use now: its exclusions that have not healed, and its attempt's avoided."""
+        return self.exclusions.of(job_id, now) | self.avoid.get(job_id, frozenset())
 
     def _spares(self, spec: JobSpec) -> int:
         return spares(spec, self.spare_ratio)
@@ -221,7 +229,7 @@ class BookFacts:
         return PendingJob(
             spec,
             ready_at,
-            excluded_nodes=self.excluded.get(spec.job_id, frozenset()) if excluded else frozenset(),
+            excluded_nodes=self.kept_off(spec.job_id, ready_at) if excluded else frozenset(),
             not_before=not_before,
             spares=self._spares(spec) if excluded else 0,
             attained_gpu_s=attained,

@@ -2,13 +2,15 @@
 attempts, result and reason, the one final loss); late, duplicated and fenced facts change nothing; the same log read
 twice gives the same records."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from shardyard.accounting.book import AccountingBook
+from shardyard.accounting.book import AccountingBook, stranded
 from shardyard.events import (
     FailureCause,
+    JobAccepted,
     JobFailed,
     JobPreempted,
     JobRejected,
@@ -17,6 +19,7 @@ from shardyard.events import (
     JobUnschedulable,
     PendingReason,
     RejectReason,
+    UsedSignature,
 )
 from shardyard.jobdb.record import JobRecord
 from shardyard.lifecycle import JobState
@@ -111,3 +114,36 @@ def test_the_json_of_a_record_is_plain_values() -> None:
     document = record.to_json()
     assert document["state"] == "SUCCEEDED" and document["submitted_at"] == T0.isoformat()
     assert document["started_at"] == (T0 + timedelta(seconds=10)).isoformat() and document["final_loss"] == 1.25
+
+
+def test_an_unended_row_of_a_job_the_log_no_longer_holds_ends_broker_log_lost() -> None:
+    book = AccountingBook()
+    for event in accepted("kept", at(0)):
+        book.apply(event)  # type: ignore[arg-type]
+    row = JobRecord(job_id="lost", submitted_at=at(0), state=JobState.READY, gpus=1, gpu_model=None, attempts=0,
+                    gpu_hours=0.0, revision=3)  # fmt: skip
+    same_id_new_job = JobRecord(job_id="kept", submitted_at=at(-100), state=JobState.RUNNING, gpus=1, gpu_model=None,
+                                attempts=1, gpu_hours=0.0, revision=5)  # fmt: skip
+    known = book.take_changed()[0]
+    newer = replace(row, job_id="newer", submitted_at=at(50))  # another replica may have read further
+    ended = replace(row, job_id="done", state=JobState.SUCCEEDED)
+
+    found = stranded([row, same_id_new_job, known, newer, ended], book, before=at(40), now=at(60))
+
+    assert [(r.job_id, r.submitted_at) for r in found] == [("lost", at(0)), ("kept", at(-100))]
+    assert {(r.state, r.reason, r.ended_at) for r in found} == {(JobState.FAILED, "BROKER_LOG_LOST", at(60))}
+    assert found[0].revision == 4 and "while it was READY" in found[0].message
+
+
+def test_a_record_names_who_submitted_and_the_key_that_signed() -> None:
+    book = AccountingBook()
+    accepted_signed, ready = accepted("signed", at(0), owner="alice")
+    assert isinstance(accepted_signed, JobAccepted)
+    key = UsedSignature(nonce="n1", expires_s=300.0, team="default", key_id="k2")
+    book.apply(accepted_signed.model_copy(update={"signature": key}))
+    book.apply(ready)  # type: ignore[arg-type]
+    for event in accepted("unsigned", at(1)):
+        book.apply(event)  # type: ignore[arg-type]
+    records = {r.job_id: r for r in book.take_changed()}
+    assert (records["signed"].owner, records["signed"].key_id) == ("alice", "k2")
+    assert records["unsigned"].key_id is None

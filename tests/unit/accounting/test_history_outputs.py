@@ -5,6 +5,7 @@ database it reads."""
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -53,7 +54,9 @@ def test_the_table_json_and_csv_carry_every_record() -> None:
     text = as_table(RECORDS).splitlines()
     assert text[0].split()[:3] == ["JOB", "STATE", "TEAM"] and len(text) == 1 + len(RECORDS)
     retried = next(line for line in text if line.startswith("job-retried"))
-    assert retried.split()[1:6] == ["SUCCEEDED", "-", "default", "2", "A100+V100"] and "1h00m" in retried
+    assert retried.split()[1:8] == ["SUCCEEDED", "-", "-", "-", "default", "2", "A100+V100"] and "1h00m" in retried
+    signed = replace(RECORDS[0], job_id="job-signed", team="team-a", owner="alice", key_id="k2")
+    assert as_table([signed]).splitlines()[1].split()[2:5] == ["team-a", "alice", "k2"]  # TEAM, USER, KEY
     assert "USER_ERROR: exit 1" in next(line for line in text if line.startswith("job-failed"))
     assert json.loads(as_json(RECORDS)) == {"jobs": [r.to_json() for r in RECORDS]}
     rows = list(csv.DictReader(io.StringIO(as_csv(RECORDS))))

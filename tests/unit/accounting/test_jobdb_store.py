@@ -2,6 +2,8 @@
 an upsert of the same rows changes nothing, an older revision never replaces a newer one, and ``--since``,
 ``--state``, ``--job`` and ``--limit`` select what they say."""
 
+import multiprocessing
+import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +14,7 @@ from shardyard.errors import AccountingError, ConfigError
 from shardyard.jobdb import sql
 from shardyard.jobdb.query import HistoryQuery, parse_since, query_of
 from shardyard.jobdb.record import COLUMNS
+from shardyard.jobdb.sqlite import SqliteStore
 from shardyard.jobdb.store import open_store
 from shardyard.jobdb.urls import default_url, redacted, sqlite_path
 from shardyard.lifecycle import JobState
@@ -109,3 +112,45 @@ def test_filters_select_what_they_say(tmp_path: Path) -> None:
     assert ids(since=since, state="SUCCEEDED") == ["job-succeeded", "job-retried"]
     assert ids(limit="2") == ["job-running", "job-succeeded"]
     store.close()
+
+
+def _open_new(path: str) -> str | None:
+    try:
+        SqliteStore(Path(path), create=True).close()
+    except AccountingError as exc:
+        return str(exc)
+    return None
+
+
+def test_writers_opening_a_new_file_at_once_all_get_it(tmp_path: Path) -> None:
+    """``up`` starts two accounting replicas together: both must open the new file (before: "database is locked", 2
+    of 120 simultaneous opens)."""
+    failed: list[str] = []
+    with multiprocessing.get_context("fork").Pool(12) as pool:
+        for round_ in range(50):
+            path = str(tmp_path / f"accounting-{round_}.db")
+            failed += [why for why in pool.map(_open_new, [path] * 12) if why]
+    assert failed == []
+
+
+def test_a_table_of_an_earlier_version_gets_the_columns_it_lacks(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    columns = ", ".join(f"{name} {sql.TYPES[name][sql.SQLITE]}" for name in sql.TYPES if name not in sql.ADDED_LATER)
+    old.execute(f"CREATE TABLE {sql.TABLE} ({columns}, PRIMARY KEY (job_id, submitted_at))")
+    old.execute(
+        f"INSERT INTO {sql.TABLE} (job_id, submitted_at, state, gpus, attempts, gpu_hours, revision, message)"
+        " VALUES ('old-job', '2026-01-01T00:00:00.000000+00:00', 'SUCCEEDED', 1, 1, 0.5, 3, '')"
+    )
+    old.commit()
+    old.close()
+
+    store = SqliteStore(path, create=True)
+    try:
+        (record,) = store.select(HistoryQuery(job_id="old-job"))
+        assert (record.state, record.owner, record.key_id) == (JobState.SUCCEEDED, None, None)
+        store.upsert([replace(record, revision=4, owner="alice", key_id="k2")])
+        (again,) = store.select(HistoryQuery(job_id="old-job"))
+        assert (again.owner, again.key_id) == ("alice", "k2")
+    finally:
+        store.close()

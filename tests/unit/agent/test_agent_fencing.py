@@ -12,6 +12,7 @@ from shardyard.events import (
     Event,
     FailureCause,
     Heartbeat,
+    NodeLease,
     ShardCheckpointed,
     ShardFailed,
     ShardProgress,
@@ -22,6 +23,7 @@ from shardyard.node_agent.handlers import AgentHandlers
 from shardyard.node_agent.identity import NodeIdentity
 from shardyard.node_agent.inventory import SimulatedGpus
 from shardyard.node_agent.launcher import LaunchSpec
+from shardyard.training.lease import margin
 from tests.support import wait
 from tests.support.clock import FakeClock
 from tests.unit.agent.test_agent_handlers import FakeDisk, FakeLauncher, FakeProcess
@@ -139,6 +141,26 @@ async def test_heartbeats_renew_the_lease(tmp_path: Path) -> None:
 
     assert not agent.launcher.processes[0].exit.done()
     assert agent.handlers.bus_ok_at == 19.0
+
+
+async def test_a_stalled_agent_says_so_in_its_beats_and_its_shards_lease_lasts_as_much_longer(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    beats = agent.handlers.heartbeats
+    beats.lease_file = str(tmp_path / "node-a.lease")  # what the agent's shards watch
+    agent.clock.move_to(1.0)
+    await agent.handlers.heartbeat()
+    assert agent.bus.of(Heartbeat)[-1].margin_s == 0.0
+    assert margin(str(beats.lease_file)) == 0.0
+
+    beats.stalls.add(1.5, 1.2)  # the host held the agent 1.2 s (its loop's lag, measured by LoopLag)
+    agent.clock.move_to(2.0)
+    await agent.handlers.heartbeat()
+    (lease,) = agent.bus.of(NodeLease)
+    assert lease.margin_s == 2.4 and margin(str(beats.lease_file)) == 2.4
+
+    agent.clock.move_to(70.0)  # a calm minute later, the margin is gone
+    await agent.handlers.heartbeat()
+    assert agent.bus.events[-1].margin_s == 0.0 and margin(str(beats.lease_file)) == 0.0  # type: ignore[attr-defined]
 
 
 async def test_while_the_bus_is_down_progress_is_dropped_and_the_rest_kept_in_order(tmp_path: Path) -> None:

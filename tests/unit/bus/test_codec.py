@@ -77,6 +77,7 @@ from tests.unit.builders import (
     job_spec,
     node_state,
     progress,
+    relayed,
     scheduled,
     started,
 )
@@ -178,6 +179,7 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (JobCancelled(occurred_at=at(1), job_id="job-7", message="by user"), LIFECYCLE, "job-7"),
     (NodeDrain(occurred_at=at(1), node_id="node-b", draining=True), HEARTBEATS, "node-b"),
     (lease_of(heartbeat("node-b")), HEARTBEATS, "node-b"),
+    (relayed("rack-1", heartbeat("node-c"), heartbeat("node-d")), HEARTBEATS, "node-c"),
     (
         ShardStopRequest(
             occurred_at=at(1),

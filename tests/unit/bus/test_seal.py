@@ -2,6 +2,7 @@
 is its own, who may publish what, the cluster secret's file, and the monitor's view of refused events and the
 FORGED_EVENTS rule."""
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from shardyard.bus.seal import (
     permitted,
     screen,
 )
-from shardyard.bus.topics import DEADLETTER, HEARTBEATS, Topic
+from shardyard.bus.topics import DEADLETTER, HEARTBEATS, NODE_STATE, Topic
 from shardyard.cluster_secret import read_secret, write_secret
 from shardyard.errors import ConfigError
 from shardyard.events import (
@@ -35,7 +36,7 @@ from shardyard.monitor.handlers import MonitorHandlers
 from shardyard.monitor.metrics import MonitorMetrics
 from shardyard.monitor.rules import AlertPolicy
 from shardyard.monitor.views import ClusterView
-from tests.unit.builders import at, heartbeat
+from tests.unit.builders import at, heartbeat, node_state, relayed
 
 KEYS = Keys(b"s" * 32)
 
@@ -99,6 +100,10 @@ def test_each_component_has_a_key_of_its_own() -> None:
         ("node-agent/node-b", completed("node-a"), False),  # another node's shard
         ("node-agent/node-a", heartbeat("node-a"), True),
         ("node-agent/node-a", heartbeat("node-mallory"), False),
+        ("node-relay/rack-1", relayed("rack-1", heartbeat("node-a"), heartbeat("node-b")), True),
+        ("node-relay/rack-2", relayed("rack-1", heartbeat("node-a")), False),  # under another relay's name
+        ("node-relay/rack-1", heartbeat("node-a"), False),  # a relay carries leases only
+        ("node-agent/node-a", relayed("node-a", heartbeat("node-a")), False),
         ("node-agent/node-a", NodeDrain(occurred_at=at(1), node_id="node-a", draining=True), False),
         ("node-agent/node-a", JobCancelRequested(occurred_at=at(1), job_id="j"), False),
         ("admin/alice", JobCancelRequested(occurred_at=at(1), job_id="j"), True),
@@ -156,8 +161,14 @@ class Bus:
         self.letters.append((record.topic, why.value))
 
 
-def record(topic: Topic, value: bytes, headers: list[tuple[str, bytes]] | None, key: bytes = b"node-a") -> object:
-    stamp = int(at(1).timestamp() * 1000)
+def record(
+    topic: Topic,
+    value: bytes,
+    headers: list[tuple[str, bytes]] | None,
+    key: bytes = b"node-a",
+    stamp: int | None = None,
+) -> object:
+    stamp = int(at(1).timestamp() * 1000) if stamp is None else stamp
     return ConsumerRecord(topic.name, 0, 0, stamp, 0, key, value, None, len(value), len(value), headers or ())
 
 
@@ -165,14 +176,20 @@ async def test_the_monitor_folds_only_sealed_events_and_counts_the_refused_for_f
     view, bus = ClusterView(), Bus()
     monitor = MonitorHandlers(view, MonitorMetrics(view).events, bus, Seal(KEYS, "monitor", "monitor-0"))
     real, fake = heartbeat("node-a"), heartbeat("node-mallory")
+    now_ms = int(time.time() * 1000)
     await monitor.on_records(
         HEARTBEATS,
         [
-            record(HEARTBEATS, encode(real), sealed_by(AGENT, "node-a", real)),  # type: ignore[list-item]
-            record(HEARTBEATS, encode(fake), None, b"node-mallory"),  # type: ignore[list-item]
+            # appended as they were sealed: now
+            record(HEARTBEATS, encode(real), sealed_by(AGENT, "node-a", real), stamp=now_ms),  # type: ignore[list-item]
+            record(HEARTBEATS, encode(fake), None, b"node-mallory", stamp=now_ms),  # type: ignore[list-item]
         ],
     )
-    assert set(view.heartbeats) == {"node-a"} and bus.letters == [(HEARTBEATS.name, "UNSEALED")]
+    # The heartbeats' bad records are the pool's to dead-letter; a topic only followed is the monitor's.
+    assert set(view.heartbeats) == {"node-a"} and bus.letters == []
+    unsealed = node_state("node-mallory")
+    await monitor.on_records(NODE_STATE, [record(NODE_STATE, encode(unsealed), None, b"node-mallory", stamp=now_ms)])  # type: ignore[list-item]
+    assert bus.letters == [(NODE_STATE.name, "UNSEALED")] and "node-mallory" not in view.nodes
 
     # The consumers' dead letters: a forged one counts only when the dead letter's own seal verifies.
     letter = b"{}"

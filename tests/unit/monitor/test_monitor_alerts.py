@@ -28,7 +28,7 @@ from shardyard.monitor.alerts import RESEND_AFTER_S, AlertBook, CatchUp
 from shardyard.monitor.app import MonitorSettings
 from shardyard.monitor.jobs import SyncPace
 from shardyard.monitor.metrics import make_registry
-from shardyard.monitor.rules import AlertPolicy
+from shardyard.monitor.rules import ALL_NODES, AlertPolicy
 from shardyard.monitor.telemetry import Telemetry
 from shardyard.monitor.views import ClusterView
 from tests.support.clock import FakeClock
@@ -260,6 +260,28 @@ def test_slow_heartbeat_transit_counts_as_lag() -> None:
     view.apply(heartbeat(occurred_at=at(0)))  # arrives 3 s after it was sent
 
     assert transitions(judge(AlertBook(POLICY), view, 0.5)) == [(FIRE, AlertRule.HEARTBEAT_LAG, "node-a")]
+
+
+@pytest.mark.parametrize("rule", [AlertRule.NODE_SUSPECT, AlertRule.HEARTBEAT_LAG])
+def test_many_nodes_at_once_make_one_alert_on_all_of_them(rule: AlertRule) -> None:
+    policy = AlertPolicy(instance="m1", node_alerts_grouped_over=3)
+    few = [node_state(f"node-{i}", status=NodeStatus.SUSPECT) for i in range(3)]
+    many = [*few, node_state("node-3", status=NodeStatus.SUSPECT)]
+
+    alone = {subject for _, fired, subject in transitions(judge(AlertBook(policy), view_of(*few), 3)) if fired is rule}
+    (grouped,) = [alert for alert in judge(AlertBook(policy), view_of(*many), 3) if alert.rule is rule]
+
+    assert alone == {"node-0", "node-1", "node-2"}
+    assert (grouped.subject, grouped.value) == (ALL_NODES, 4.0)
+    assert "4 nodes" in grouped.summary and "node-0, node-1, node-2, node-3" in grouped.summary
+
+
+def test_lost_nodes_are_never_grouped() -> None:
+    lost = [node_state(f"node-{i}", status=NodeStatus.LOST) for i in range(4)]
+
+    fired = judge(AlertBook(AlertPolicy(instance="m1", node_alerts_grouped_over=3)), view_of(*lost), 11)
+
+    assert sorted(a.subject for a in fired if a.rule is AlertRule.NODE_LOST) == [f"node-{i}" for i in range(4)]
 
 
 # --- consumer lag: judged only by the replica it is about -------------------------------------------------------------

@@ -60,15 +60,40 @@ async def test_a_batch_folds_in_order() -> None:
 
 async def test_an_undecodable_record_is_dead_lettered_and_the_rest_folded() -> None:
     handle, view, exported, dead = handlers()
-    before = consumed(HEARTBEATS)
+    before = consumed(NODE_STATE)
+
+    await handle.on_records(NODE_STATE, records(NODE_STATE, b"not a node state", encode(node_state("n1"))))
+
+    assert [(raw, source) for raw, source, _error in dead.sent] == [(b"not a node state", f"{NODE_STATE.name}/0/0")]
+    assert "not a shardyard.nodes.state event" in dead.sent[0][2]
+    assert "n1" in view.nodes
+    assert folded(exported, NODE_STATE) == 1  # the refused record is not a consumed event...
+    assert consumed(NODE_STATE) == before + 2  # ...but was read
+
+
+async def test_a_bad_record_of_a_topic_a_service_group_reads_is_that_services_to_dead_letter() -> None:
+    handle, view, exported, dead = handlers()
 
     await handle.on_records(HEARTBEATS, records(HEARTBEATS, b"not a heartbeat", encode(heartbeat("n1"))))
 
-    assert [(raw, source) for raw, source, _error in dead.sent] == [(b"not a heartbeat", f"{HEARTBEATS.name}/0/0")]
-    assert "not a shardyard.nodes.heartbeats event" in dead.sent[0][2]
-    assert "n1" in view.heartbeats
-    assert folded(exported, HEARTBEATS) == 1  # the refused record is not a consumed event...
-    assert consumed(HEARTBEATS) == before + 2  # ...but was read
+    assert dead.sent == []  # the resource pool's group dead-letters it: one dead letter, not one per reader
+    assert "n1" in view.heartbeats and folded(exported, HEARTBEATS) == 1
+
+
+async def test_replicas_share_the_dead_letters_by_partition_and_leave_those_from_before_their_start() -> None:
+    view = ClusterView()
+    bad = [
+        ConsumerRecord(NODE_STATE.name, partition, 0, stamp, 0, b"k", b"x", None, 1, 1, ())
+        for partition, stamp in ((0, 500), (1, 500), (2, 500), (3, 100))
+    ]
+    sent: dict[int, list[str]] = {}
+    for this in (0, 1):
+        dead = DeadLetters()
+        handle = MonitorHandlers(view, MonitorMetrics(view).events, dead, share=(this, 2), since_ms=200)
+        await handle.on_records(NODE_STATE, bad)
+        sent[this] = [source for _raw, source, _error in dead.sent]
+
+    assert sent == {0: [f"{NODE_STATE.name}/0/0", f"{NODE_STATE.name}/2/0"], 1: [f"{NODE_STATE.name}/1/0"]}
 
 
 async def test_dead_letters_are_counted() -> None:

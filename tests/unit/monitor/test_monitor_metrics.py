@@ -29,7 +29,7 @@ from shardyard.monitor.views import ClusterView
 from shardyard.placement.snapshot import build_snapshot
 from shardyard.topology import estimated_rtt_ms
 from tests.support.clock import FakeClock
-from tests.unit.builders import GIB, at, failed, gpus, heartbeat, job_spec, node_state, progress, scheduled
+from tests.unit.builders import GIB, at, failed, gpus, heartbeat, job_spec, node_state, progress, relayed, scheduled
 
 
 def accept(job_id: str, priority: int) -> list[object]:
@@ -175,6 +175,15 @@ def test_cpu_load_and_gpu_use_are_the_newest_beats_not_the_last_published_state(
     assert value(text, "shardyard_gpu_memory_used_bytes", node="n1", gpu="0") == GIB
     restarted = lease.model_copy(update={"agent_instance": "another", "cpu_load": 0.5})
     assert value(scrape(node, restarted), "shardyard_gpu_utilization_ratio", node="n1", gpu="1") == 0.0
+
+
+def test_a_relayed_lease_is_the_nodes_newest_beat_as_its_own_would_be() -> None:
+    node = node_state("n1", gpus=gpus(count=2), cpu_load=0.1)
+    relayed_leases = relayed("rack-1", heartbeat("n2", cpu_load=0.3), heartbeat("n1", cpu_load=0.13))
+
+    text = scrape(node, relayed_leases)
+
+    assert value(text, "shardyard_node_cpu_load_ratio", node="n1") == 0.13
 
 
 def test_shard_figures_are_exported_while_the_job_runs_and_end_with_it() -> None:

@@ -19,7 +19,9 @@ from shardyard.events import (
     RevocationReason,
     ShardPreempted,
     ShardRevocation,
+    lease_of,
 )
+from shardyard.liveness import MAX_MARGIN_S
 from shardyard.resource_pool.book import PoolBook
 from tests.unit.builders import assignment, at, completed, failed, gpus, heartbeat, node_state
 
@@ -377,6 +379,41 @@ def test_silence_is_counted_from_the_last_heartbeats_sending(
 
     assert book.tick(at(quiet_at)) == []
     assert statuses(book.tick(at(suspect_at))) == [("NodeState", NodeStatus.SUSPECT)]
+
+
+def test_a_beat_is_believed_once_and_the_pool_rebuilt_from_its_states_remembers_the_newest() -> None:
+    book = PoolBook(suspect_after_s=3.0, lost_after_s=10.0)
+    book.on_heartbeat(heartbeat("node-a", seq=1, occurred_at=at(0)), at(0))
+    captured = lease_of(heartbeat("node-a", seq=2, occurred_at=at(1)))
+    book.on_lease(captured, at(1))
+    for t in (2, 3, 4):  # the agent frozen, its last lease played back once a second
+        book.on_lease(captured, at(t))
+    assert statuses(book.tick(at(4.0))) == [("NodeState", NodeStatus.SUSPECT)]
+
+    (state,) = [e for e in alive_book().on_heartbeat(heartbeat("node-a", seq=9), at(0)) if isinstance(e, NodeState)]
+    rebuilt = PoolBook(suspect_after_s=3.0, lost_after_s=10.0)
+    rebuilt.restore(state)
+    assert state.last_beat_seq == 9
+    assert rebuilt.on_lease(lease_of(heartbeat("node-a", seq=9)), at(1)) == []
+    assert rebuilt.nodes["node-a"].received_at == state.last_heartbeat_at
+
+
+def test_a_node_whose_agent_reported_stalls_is_suspected_later_by_its_margin_and_lost_on_time() -> None:
+    book = PoolBook(suspect_after_s=3.0, lost_after_s=10.0)
+    book.on_heartbeat(heartbeat("node-a", occurred_at=at(0)), at(0))
+    book.on_lease(lease_of(heartbeat("node-a", seq=1, occurred_at=at(1), margin_s=2.0)), at(1))
+
+    assert book.tick(at(5.9)) == []  # 4.9 s of silence: a loaded host's agent, late by less than its margin
+    assert statuses(book.tick(at(6.0))) == [("NodeState", NodeStatus.SUSPECT)]
+    assert statuses(book.tick(at(11.0))) == [("NodeState", NodeStatus.LOST), ("NodeLost", "node-a")]
+
+
+def test_a_margin_is_capped_and_a_calm_beat_takes_it_back() -> None:
+    book = PoolBook(suspect_after_s=3.0, lost_after_s=10.0)
+    book.on_heartbeat(heartbeat("node-a", margin_s=60.0), at(0))
+    assert statuses(book.tick(at(3.0 + MAX_MARGIN_S))) == [("NodeState", NodeStatus.SUSPECT)]
+    book.on_heartbeat(heartbeat("node-a", seq=1, occurred_at=at(8)), at(8))
+    assert statuses(book.tick(at(11.0))) == [("NodeState", NodeStatus.SUSPECT)]
 
 
 # Replicas split the nodes by heartbeats partition.

@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
+from shardyard.bus.topics import HEARTBEATS, partition_of
 from shardyard.events import DiskSpace, GpuStatus, NodeLease, NodeState, NodeStatus, RunningShard
 from shardyard.resource_pool.book import PoolBook
 from shardyard.resource_pool.telemetry import Tolerance
-from tests.unit.builders import GIB, at, gpus, heartbeat, node_state
+from tests.unit.builders import GIB, at, gpus, heartbeat, node_state, relayed
 
 
 def published(book: PoolBook, seconds: float, **overrides: Any) -> list[str]:
@@ -219,3 +220,33 @@ def test_the_output_disk_comes_back_from_the_node_state_topic() -> None:
     book.restore(node_state("node-a", output_disk=output_disk(GIB)))
 
     assert book.state_of("node-a", at(1)).output_disk == output_disk(GIB)
+
+
+def test_relayed_leases_keep_the_nodes_alive_as_their_own_leases_would() -> None:
+    book = PoolBook(suspect_after_s=3.0)
+    for node in ("node-a", "node-b"):
+        book.on_heartbeat(heartbeat(node, occurred_at=at(0)), at(0))
+
+    for second in range(1, 10):
+        beats = [heartbeat(node, seq=second, occurred_at=at(second)) for node in ("node-a", "node-b")]
+        assert book.on_leases(relayed("rack-1", *beats, occurred_at=at(second)), at(second)) == []
+
+    assert book.tick(at(11.5)) == []
+    assert sorted(e.node_id for e in book.tick(at(12.5)) if isinstance(e, NodeState)) == ["node-a", "node-b"]
+
+
+def test_a_replica_applies_only_the_relayed_leases_of_the_nodes_it_owns() -> None:
+    mine = "node-a"
+    theirs = next(
+        f"node-{i}" for i in range(100) if partition_of(f"node-{i}", HEARTBEATS) != partition_of(mine, HEARTBEATS)
+    )
+    book = PoolBook(suspect_after_s=3.0)
+    book.assign(frozenset({partition_of(mine, HEARTBEATS)}), at(0))
+    for node in (mine, theirs):
+        book.on_heartbeat(heartbeat(node, occurred_at=at(0)), at(0))
+    beats = [heartbeat(node, seq=1, occurred_at=at(1), cpu_load=0.9) for node in (mine, theirs)]
+
+    changed = book.on_leases(relayed("rack-1", *beats, occurred_at=at(1)), at(1))
+
+    assert [e.node_id for e in changed if isinstance(e, NodeState)] == [mine]
+    assert book.nodes[theirs].seq == 0

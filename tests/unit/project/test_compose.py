@@ -20,7 +20,11 @@ from shardyard.settings import BOOTSTRAP_ENV, ServiceSettings, load_settings
 
 ROOT = Path(__file__).parents[3]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SHARDYARD = {name: svc for name, svc in COMPOSE["services"].items() if svc.get("image") == "shardyard:dev"}
+SHARDYARD = {
+    name: svc
+    for name, svc in COMPOSE["services"].items()
+    if svc.get("image") == "shardyard:dev" and "restart" in svc  # not the one-shot set-up of the broker
+}
 SETTINGS = {
     "shardyard.queue": "shardyard.queue.app:QueueSettings",
     "shardyard.scheduler": "shardyard.scheduler.app:SchedulerSettings",
@@ -63,8 +67,8 @@ def test_every_elected_service_runs_two_replicas_under_distinct_names(module: st
     assert len(set(instances)) == len(instances) >= 2
 
 
-def test_kafka_accepts_the_election_session_timeout() -> None:
-    floor = int(COMPOSE["services"]["kafka"]["environment"]["KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS"])
+def test_kafka_accepts_the_election_session_timeout(broker_files: Path) -> None:
+    floor = int(server_properties(broker_files)["group.min.session.timeout.ms"])
     settings = settings_class("shardyard.scheduler")()
     assert floor <= settings.election_session_timeout_ms  # type: ignore[attr-defined]
 
@@ -293,39 +297,102 @@ def test_every_service_is_restarted_when_it_dies() -> None:
         for name, wait in svc["depends_on"].items()
         if wait.get("condition") == "service_completed_successfully"
     }
-    assert one_shot == {"kafka-certs", "kafka-setup"}
+    assert one_shot == {"kafka-files", "kafka-setup"}
     policies = {name: svc.get("restart") for name, svc in COMPOSE["services"].items() if name not in one_shot}
     assert policies and all(policy == "unless-stopped" for policy in policies.values()), policies
     assert all("restart" not in COMPOSE["services"][name] for name in one_shot)
 
 
-# --- transport security -----------------------------------------------------------------------------------------
-KAFKA_ENV: dict[str, Any] = COMPOSE["services"]["kafka"]["environment"]
-ACLS = (ROOT / "deploy" / "kafka" / "acls.sh").read_text()
+# --- the broker: its settings and security from the code the tests run (shardyard.broker.compose) -------------------
+TEAMS = ("team-a", "team-b")
+
+
+@pytest.fixture
+def broker_files(tmp_path: Path) -> Path:
+    """What compose's kafka-files writes into the secrets volume, written here."""
+    from shardyard.broker.compose import write_files
+
+    write_files(tmp_path, TEAMS)
+    return tmp_path
+
+
+def server_properties(folder: Path) -> dict[str, str]:
+    lines = (folder / "server.properties").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
 def principal(name: str) -> str:
     return "node-agent" if SHARDYARD[name]["command"][0] == "shardyard.node_agent" else re.sub(r"-\d+$", "", name)
 
 
-def test_the_broker_takes_only_tls_with_scram_from_outside_its_own_namespace() -> None:
-    protocols = dict(pair.split(":") for pair in KAFKA_ENV["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
-    advertised = {
-        url.split("://")[0]: url.split("://")[1] for url in KAFKA_ENV["KAFKA_ADVERTISED_LISTENERS"].split(",")
+def test_compose_runs_the_kafka_the_tests_run() -> None:
+    pom = (ROOT / "deploy" / "kafka" / "pom.xml").read_text()
+    version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom)
+    assert version is not None
+    assert COMPOSE["services"]["kafka"]["image"] == f"apache/kafka:{version.group(1)}"
+
+
+def test_the_one_shot_containers_run_the_compose_module_of_the_shardyard_image() -> None:
+    files, setup = COMPOSE["services"]["kafka-files"], COMPOSE["services"]["kafka-setup"]
+    assert files["image"] == setup["image"] == "shardyard:dev"
+    assert "python -m shardyard.broker.compose files /secrets" in files["command"][-1]
+    assert "python -m shardyard.broker.compose setup kafka:9092 /secrets" in setup["command"][-1]
+    assert files["environment"]["SHARDYARD_TEAMS"] == setup["environment"]["SHARDYARD_TEAMS"]
+    assert COMPOSE["services"]["kafka"]["entrypoint"] == ["/bin/bash", "/secrets/start-kafka.sh"]
+
+
+def test_the_broker_has_the_shared_settings_and_takes_only_tls_with_scram(broker_files: Path) -> None:
+    from shardyard.broker.properties import shared_properties
+
+    found = server_properties(broker_files)
+    assert shared_properties().items() <= found.items()
+    protocols = dict(pair.split(":") for pair in found["listener.security.protocol.map"].split(","))
+    assert protocols == {"CLIENTS": "SASL_SSL", "EXTERNAL": "SASL_SSL", "CONTROLLER": "SSL"}
+    assert found["listener.name.controller.ssl.client.auth"] == "required"
+    assert found["advertised.listeners"] == "CLIENTS://kafka:9092,EXTERNAL://localhost:9094"
+    assert found["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert found["allow.everyone.if.no.acl.found"] == "false"
+    assert found["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert found["ssl.keystore.location"] == "/secrets/broker.pem"
+    assert COMPOSE["services"]["kafka"]["ports"] == ["9094:9094"]
+    start = (broker_files / "start-kafka.sh").read_text()
+    assert "kafka-storage.sh format --ignore-formatted" in start and "kafka-server-start.sh" in start
+    assert subprocess.run(["bash", "-n", str(broker_files / "start-kafka.sh")], check=False).returncode == 0
+    assert all((broker_files / name).stat().st_mode & 0o077 == 0 for name in ("server.properties", "start-kafka.sh"))
+
+
+def test_compose_and_the_local_broker_differ_only_in_where_they_listen(broker_files: Path, tmp_path: Path) -> None:
+    """The local secured broker the tests start (``shardyard up``) and compose's are configured by one function:
+    what differs is addresses and paths."""
+    from shardyard.broker.install import KafkaInstall
+    from shardyard.broker.kafka import LocalKafka
+    from shardyard.broker.secure import Access, make_access
+
+    install = KafkaInstall(tmp_path, "any", "java")  # only its configuration is read: nothing starts
+    local = LocalKafka(folder=tmp_path / "local", install=install, access=make_access(tmp_path / "access", TEAMS))
+    local.port, local.controller_port = 9092, 9093
+    local.properties_file.parent.mkdir(parents=True)
+    properties = local.properties()
+    compose = server_properties(broker_files)
+    where = {
+        "listeners",
+        "advertised.listeners",
+        "controller.quorum.voters",
+        "log.dirs",
+        "ssl.keystore.location",
+        "ssl.truststore.location",
+        "listener.security.protocol.map",  # compose has a second client listener, for the host
+        "listener.name.external.scram-sha-512.sasl.jaas.config",
+        "listener.name.clients.scram-sha-512.sasl.jaas.config",  # the admin's password: each cluster its own
     }
-    for listener, address in advertised.items():
-        assert protocols[listener] == "SASL_SSL" or address.startswith("localhost:1"), (listener, address)
-    assert KAFKA_ENV["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
-    assert KAFKA_ENV["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
-    assert KAFKA_ENV["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
-    assert "SSL" not in KAFKA_ENV["KAFKA_ADVERTISED_LISTENERS"].replace("SASL_SSL", "")
-    for listener in ("INTERNAL", "EXTERNAL"):
-        assert f"KAFKA_LISTENER_NAME_{listener}_SCRAM___SHA___512_SASL_JAAS_CONFIG" in KAFKA_ENV
-    assert COMPOSE["services"]["kafka"]["ports"] == ["9094:9094"]  # the plain listeners are not published
+    differ = {name for name in properties.keys() | compose.keys() if properties.get(name) != compose.get(name)}
+    assert differ <= where, differ - where
+    assert isinstance(local.access, Access)
 
 
 @pytest.mark.parametrize("name", sorted(SHARDYARD), ids=str)
 def test_every_process_is_its_own_principal_over_tls_and_seals_its_events(name: str) -> None:
+    from shardyard.broker.access import grants, principals
     from shardyard.bus.transport import client_options
 
     env = SHARDYARD[name]["environment"]
@@ -335,25 +402,14 @@ def test_every_process_is_its_own_principal_over_tls_and_seals_its_events(name: 
     assert env["SHARDYARD_CLUSTER_SECRET_FILE"] == "/secrets/cluster.secret"
     readable = {**env, "SHARDYARD_KAFKA_PASSWORD_FILE": __file__, "SHARDYARD_KAFKA_CA_FILE": ""}
     assert client_options(readable)["security_protocol"] == "SASL_SSL"
-    assert f" {who}" in ACLS or f"({who} " in ACLS or f"={who}" in ACLS
+    assert who in principals(TEAMS) and any(grant.principal == who for grant in grants(TEAMS))
 
 
-def test_the_acl_script_covers_every_internal_topic_and_gives_teams_only_submissions() -> None:
-    listed = re.search(r"INTERNAL=\(([^)]*)\)", ACLS)
-    assert listed is not None
-    internal = {f"shardyard.{name}" for name in listed.group(1).split()}
-    assert internal == set(BY_NAME) - {"shardyard.jobs.submissions"}
-    team_block = ACLS[ACLS.index('for team in "${TEAMS[@]}"') :]
-    assert re.findall(r"--topic (\S+)", team_block) == ["shardyard.jobs.submissions"] * 2
-    agent_writes = re.search(r'for topic in ([^;]*); do\n  acl "\$AGENT" Write', ACLS)
-    assert agent_writes is not None and set(agent_writes.group(1).split()) == {
-        "nodes.heartbeats",
-        "shards.events",
-        "links",
-        "deadletter",
-    }
-    checked = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "kafka" / "acls.sh")], check=False)
-    assert checked.returncode == 0
+def test_kafka_files_writes_every_password_a_process_reads(broker_files: Path) -> None:
+    for name in SHARDYARD:
+        assert (broker_files / principal(name)).stat().st_mode & 0o077 == 0
+    assert all((broker_files / f"team.{team}").is_file() for team in TEAMS)
+    assert (broker_files / "cluster.secret").is_file() and (broker_files / "ca.pem").is_file()
 
 
 def test_prometheus_sends_the_monitors_read_token() -> None:

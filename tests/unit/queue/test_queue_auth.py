@@ -91,8 +91,37 @@ def test_a_signed_submission_produced_again_is_replayed() -> None:
     again = answer(book, data, headers, 2)  # the same bytes and headers at a new offset
 
     assert isinstance(again, JobRejected) and again.reason is RejectReason.REPLAYED
+
     redelivered = book.on_submission(data, source="shardyard.jobs.submissions/0/1", now=at(1001), headers=headers)
     assert redelivered == []  # the first offset read again is a redelivery: answered once already
+
+
+def test_a_signature_spent_at_one_replica_is_replayed_at_another() -> None:
+    # After a rebalance the replay reaches a replica that never checked the signature itself; it has read the first
+    # replica's verdict from the lifecycle topic, and the verdict names the nonce it spent.
+    first, other = (QueueBook(DEFAULT_TFLOPS, credentials=CREDENTIALS) for _ in range(2))
+    data = body("once")
+    headers = signed(data)
+    accepted = answer(first, data, headers, 1)
+    assert isinstance(accepted, JobAccepted)
+    other.apply(accepted)
+
+    again = answer(other, data, headers, 2)
+
+    assert isinstance(again, JobRejected) and again.reason is RejectReason.REPLAYED, again
+
+
+def test_a_signature_spent_on_a_refused_submission_is_replayed_at_another_replica() -> None:
+    first, other = (QueueBook(DEFAULT_TFLOPS, credentials=CREDENTIALS) for _ in range(2))
+    data = body("elsewhere", queue="team-b")  # team-a signs into team-b's queue: FORBIDDEN, the nonce spent
+    headers = signed(data)
+    refused = answer(first, data, headers, 1)
+    assert isinstance(refused, JobRejected) and refused.reason is RejectReason.FORBIDDEN, refused
+    other.apply(refused)
+
+    again = answer(other, data, headers, 2)
+
+    assert isinstance(again, JobRejected) and again.reason is RejectReason.REPLAYED, again
 
 
 def test_without_credentials_every_submission_is_taken_as_before() -> None:

@@ -65,7 +65,9 @@ def test_a_move_off_a_full_disk_re_forms_the_gang_off_it_for_the_next_attempt_on
 
     assert full not in {p.node_id for p in second.placements}
     assert second.attempt == 2
-    assert full not in book.excluded.get("job-1", frozenset())  # not kept off for good: the disk may be cleaned up
+    assert full not in book.exclusions.of(
+        "job-1", book.nodes[full].occurred_at
+    )  # not kept off for good: the disk may be cleaned up
 
 
 def test_a_job_waits_with_disk_full_naming_the_disks_then_starts_where_there_is_room() -> None:

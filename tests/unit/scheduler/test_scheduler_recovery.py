@@ -219,3 +219,30 @@ def test_a_duplicated_plan_or_release_changes_nothing() -> None:
     book.apply(JobReady(occurred_at=at(11), job_id="job-1", spec=job_spec(memory_bytes=0, cpu_cores=1.0)))
     assert of(book.cycle(at(12)), JobScheduled) == []
     assert book.gangs["job-1"].scheduled == second
+
+
+def test_an_exclusion_ends_once_the_node_has_been_alive_a_while_and_the_wait_says_until_when() -> None:
+    book = cluster("n1", "n2")
+    first = running(book)
+    lost = first.placements[1].node_id
+    book.apply(node_state(lost, gpus=gpus(count=1), status=NodeStatus.SUSPECT, occurred_at=at(9)))  # a gap
+    book.on_recovering(plan(exclude=(lost,)), at(10))
+    book.apply(node_state(lost, gpus=gpus(count=1), occurred_at=at(12)))  # back: the fault was transient
+
+    (waiting,) = of(book.cycle(at(13)), JobUnschedulable)
+    assert f"excluded after a failure: {lost} until 00:02:12 UTC if it stays ALIVE" in waiting.message
+    assert of(book.cycle(at(131)), JobScheduled) == []
+    (second,) = of(book.cycle(at(132)), JobScheduled)  # ALIVE for 120 s since its return: usable again
+    assert lost in {p.node_id for p in second.placements}
+
+
+def test_a_node_that_stays_down_stays_excluded_and_one_that_fails_again_is_excluded_again() -> None:
+    book = cluster("n1", "n2", "n3")
+    first = running(book)
+    lost = first.placements[1].node_id
+    book.apply(node_state(lost, gpus=gpus(count=1), status=NodeStatus.LOST, occurred_at=at(9)))
+    (second,) = of(book.on_recovering(plan(exclude=(lost,)), at(10)), JobScheduled)
+    assert lost not in {p.node_id for p in second.placements}
+    assert lost in book.exclusions.of("job-1", at(1_000))  # never ALIVE since: still kept off
+    book.apply(node_state(lost, gpus=gpus(count=1), occurred_at=at(1_000)))
+    assert lost in book.exclusions.of("job-1", at(1_119)) and lost not in book.exclusions.of("job-1", at(1_120))

@@ -167,7 +167,7 @@ async def test_the_bus_counts_consumed_published_and_dead_lettered_messages_by_t
     )
     before = [sample(name, topic=topic) for name in names]
     broker = make_broker("127.0.0.1:9092", client_id="test")
-    bus = Bus(broker, service="test")
+    bus = Bus(broker, service="fault-manager")  # the service that dead-letters shard events' bad records
     handled: list[object] = []
 
     async def handle(event: object) -> None:
