@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardyard.broker.kafka import JVM_OPTS_ENV
-from shardyard.cli.cluster import RENDEZVOUS_BASE_ENV
+from shardyard.cli.claims import RENDEZVOUS_BASE_ENV
 from tests.support.broker import real_broker
 from tests.support.cluster import reachable_by_shards, shard_users_unavailable
 

@@ -17,6 +17,7 @@ from shardyard.broker.choice import Choice, choose
 from shardyard.broker.local import start_broker
 from shardyard.broker.process import BrokerProcess
 from shardyard.bus.address import BOOTSTRAP_ENV, BROKER_ENV
+from shardyard.cli import claims
 from shardyard.cli import demo_data as demo
 from shardyard.cli.children import (
     CLUSTER_FILE,
@@ -24,7 +25,6 @@ from shardyard.cli.children import (
     Children,
     PortPicker,
     Ports,
-    alive,
     pick_free_port,
     wait_ready,
 )
@@ -45,23 +45,6 @@ serve the status API. ``up --replicas 1`` gives up that failover for a lighter c
 ELECTED = ("scheduler",)
 
 DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
-RENDEZVOUS_BASE = 29500
-RENDEZVOUS_PER_NODE = 50
-RENDEZVOUS_BASE_ENV = "SHARDYARD_RENDEZVOUS_PORT_BASE"
-"""The first node's first rendezvous port (node i gets the ``RENDEZVOUS_PER_NODE`` ports from base + 50 i); set it
-apart for clusters that run side by side on one host, whose gangs would otherwise listen on the same ports."""
-
-
-def rendezvous_base(env: Mapping[str, str]) -> int:
-    """The rendezvous port base ``up`` gives its agents: ``SHARDYARD_RENDEZVOUS_PORT_BASE``, else 29500."""
-    value = env.get(RENDEZVOUS_BASE_ENV, "").strip()
-    if not value:
-        return RENDEZVOUS_BASE
-    if not value.isdigit() or not 0 < int(value) < 65536 - 64 * RENDEZVOUS_PER_NODE:
-        raise ClusterError(
-            f"{RENDEZVOUS_BASE_ENV} is a port number below {65536 - 64 * RENDEZVOUS_PER_NODE}: {value!r}"
-        )
-    return int(value)
 
 
 def _module(service: str) -> str:
@@ -78,9 +61,7 @@ def _service_argv(service: str, name: str, extra: Sequence[str] = ()) -> Callabl
     return argv
 
 
-def _agent_argv(
-    index: int, gpus: str, info: ClusterInfo, extra: Sequence[str] = (), *, port_base: int
-) -> Callable[[Ports], list[str]]:
+def _agent_argv(index: int, gpus: str, info: ClusterInfo, extra: Sequence[str] = ()) -> Callable[[Ports], list[str]]:
     node_id = f"node-{index}"
     line = [
         sys.executable,
@@ -100,9 +81,9 @@ def _agent_argv(
         "--memory-gib",
         "128",
         "--rendezvous-port-base",
-        str(port_base + index * RENDEZVOUS_PER_NODE),
+        str(info.rendezvous_base + index * claims.RENDEZVOUS_PER_NODE),
         "--rendezvous-port-count",
-        str(RENDEZVOUS_PER_NODE),
+        str(claims.RENDEZVOUS_PER_NODE),
         "--log-dir",
         str(Path(info.run_dir) / SHARD_LOGS / info.run_id),
     ]
@@ -138,36 +119,45 @@ def up(
     and ``fresh``: ``_broker_choice``. ``accounting_url``: default ``RUN_DIR/accounting.db``; ``demo_data``:
     ``demo.data_root``; the rest: ``team_files``."""
     files = team_files(queues_file, credentials_file)
-    _refuse_a_running_cluster(run_dir)
-    choice = _broker_choice(broker, bootstrap, fresh=fresh)
-    (logs := run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    demo.data_root(data_root, with_demo=demo_data, say=say)
-    process: BrokerProcess | None = None
-    info = ClusterInfo.new(run_dir, choice, data_root, accounting_url, cluster_secret(run_dir, sign_events))
-    info.credentials_file = str(credentials_file.resolve()) if credentials_file else ""
-    try:
-        process, access = start_broker(choice, run_dir, logs, fresh=fresh, say=say, teams=_teams(credentials_file))
-        info.access_dir = str(access.folder) if access is not None else ""
-        info.record_broker(process)
-        _create_topics(info.bootstrap, info.transport(ADMIN_PRINCIPAL))
-        children = _start_processes(
-            info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
-        )
-        wait_ready(
-            children,
-            ready=lambda: _ready(info, expected_nodes=len(nodes)),
-            timeout_s=timeout_s,
-            others={"broker": process.poll} if process is not None else {},
-            say=say,
-        )
-    except BaseException:
-        say("start-up failed: stopping the processes started so far")
-        _abandon(run_dir, info, process)
-        raise
-    if supervise:
-        start_supervisor(info, children, process, logs)
-    say(f"cluster ready in {time.time() - info.started_at:.1f}s: {len(nodes)} nodes, monitor {info.monitor_url}")
+    with claims.starting(run_dir):
+        choice = _broker_choice(broker, bootstrap, fresh=fresh)
+        (logs := run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        demo.data_root(data_root, with_demo=demo_data, say=say)
+        process: BrokerProcess | None = None
+        info = ClusterInfo.new(run_dir, choice, data_root, accounting_url, cluster_secret(run_dir, sign_events))
+        info.credentials_file = str(credentials_file.resolve()) if credentials_file else ""
+        try:
+            claims.claim_rendezvous(info, len(nodes), os.environ)
+            process, access = start_broker(choice, run_dir, logs, fresh=fresh, say=say, teams=_teams(credentials_file))
+            info.access_dir = str(access.folder) if access is not None else ""
+            info.record_broker(process)
+            _create_topics(info.bootstrap, info.transport(ADMIN_PRINCIPAL))
+            children = _start_processes(
+                info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
+            )
+            wait_ready(
+                children,
+                ready=lambda: _ready(info, expected_nodes=len(nodes)),
+                timeout_s=timeout_s,
+                others={"broker": process.poll} if process is not None else {},
+                say=say,
+            )
+        except BaseException:
+            say("start-up failed: stopping the processes started so far")
+            _abandon(run_dir, info, process)
+            raise
+        if supervise:
+            start_supervisor(info, children, process, logs)
+    say(_ready_line(info, len(nodes)))
     return info
+
+
+def _ready_line(info: ClusterInfo, nodes: int) -> str:
+    ports = f"{info.rendezvous_base}-{info.rendezvous_base + info.rendezvous_ports - 1}"
+    return (
+        f"cluster ready in {time.time() - info.started_at:.1f}s: {nodes} nodes, monitor {info.monitor_url}, "
+        f"rendezvous ports {ports}"
+    )
 
 
 def _broker_choice(broker: str | None, bootstrap: str | None, *, fresh: bool) -> Choice:
@@ -222,14 +212,6 @@ def start_supervisor(info: ClusterInfo, children: Children, broker: BrokerProces
     info.save()
 
 
-def _refuse_a_running_cluster(run_dir: Path) -> None:
-    """One cluster per run folder: a second would overwrite the first's cluster file and so orphan its processes."""
-    with contextlib.suppress(ClusterError):
-        existing = ClusterInfo.load(run_dir)
-        if any(alive(pid) for pid in existing.pids.values()):
-            raise ClusterError(f"a cluster is already running from {run_dir}; stop it with `shardyard down`")
-
-
 def _start_processes(
     info: ClusterInfo,
     logs: Path,
@@ -254,9 +236,8 @@ def _start_processes(
                 extra += ["--dead-letter-share", f"{replica}/{replicas}"]
             children.start(name, _service_argv(service, name, extra), roles, info.transport(service))
     shard_user = shard_user_fallback(env, say)
-    port_base = rendezvous_base(env)
     for index, gpus in enumerate(nodes):
-        argv = _agent_argv(index, gpus, info, shard_user, port_base=port_base)
+        argv = _agent_argv(index, gpus, info, shard_user)
         children.start(f"node-{index}", argv, ("metrics",), info.transport(AGENT_PRINCIPAL))
     return children
 
@@ -267,9 +248,10 @@ def _bus_env(info: ClusterInfo) -> dict[str, str]:
 
 
 def _abandon(run_dir: Path, info: ClusterInfo, broker: BrokerProcess | None) -> None:
-    """Undo a start-up that failed: stop what started (by the pids recorded so far) and forget the cluster."""
+    """Undo a start-up that failed: stop what started (by the pids recorded so far) and forget the cluster, its
+    file (only its own: ``claims.starting`` let no other start here) and its rendezvous ports."""
     stop_processes(info.pids)
-    (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
+    _forget(run_dir, info.run_id)
     if broker is not None:
         broker.stop()
 
@@ -307,5 +289,13 @@ def down(run_dir: Path, *, timeout_s: float = 15.0, say: Callable[[str], None] =
         stop_processes({"supervisor": info.supervisor_pid}, timeout_s=5.0)
         info = ClusterInfo.load(run_dir)  # it may have started one again just before it stopped
     stop_processes(info.pids, timeout_s=timeout_s)
-    (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
+    _forget(run_dir, info.run_id)
     say(f"cluster in {run_dir} stopped")
+
+
+def _forget(run_dir: Path, run_id: str) -> None:
+    """Remove the cluster file of the cluster run ``run_id`` (not another's, written since) and its port claim."""
+    with contextlib.suppress(ClusterError):
+        if ClusterInfo.load(run_dir).run_id == run_id:
+            (run_dir / CLUSTER_FILE).unlink(missing_ok=True)
+    claims.release(run_dir)

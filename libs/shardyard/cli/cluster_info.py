@@ -52,6 +52,11 @@ class ClusterInfo:
     """The cluster secret every process seals its events with (``shardyard.bus.seal``); empty: none."""
     access_dir: str = ""
     """The secured local Kafka's CA and principals' passwords (``shardyard.broker.secure``); empty: a plain broker."""
+    starter_pid: int | None = None
+    """The ``up`` that started the cluster: while it starts, the cluster runs for ``claims.running``."""
+    rendezvous_base: int = 0
+    rendezvous_ports: int = 0
+    """The rendezvous ports its agents give gangs, [base, base + ports), claimed on this host (``claims``)."""
     credentials_file: str = ""
     """The teams' keys the queue checks submissions with (``shardyard.signing``); empty: none. ``submit`` and
     ``cancel`` sign with it unless told another file."""
@@ -82,6 +87,7 @@ class ClusterInfo:
             started_at=time.time(),
             accounting_url=accounting_url or default_url(run_dir),
             secret_file=secret_file,
+            starter_pid=os.getpid(),
         )
 
     def transport(self, principal: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from shardyard.cli import history as history_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
-from shardyard.cli.rundir import DEFAULT_RUN_DIR, remember, run_dir_of, shard_log_dir
+from shardyard.cli.rundir import DEFAULT_RUN_DIR, DEMO_RUN_DIR, remember, run_dir_of, shard_log_dir, start_dir_of
 from shardyard.cli.team_files import broker_options, openness, sealed_env, secure_options, secured
 from shardyard.errors import ClusterError, ShardyardError
 from shardyard.sim import cli as sim_cli
@@ -37,7 +37,7 @@ def _info(args: argparse.Namespace, queue: str | None = None) -> cluster.Cluster
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    run_dir = run_dir_of(args)
+    run_dir = start_dir_of(args)
     credentials, sealed = secured(args, run_dir)
     info = cluster.up(
         run_dir,
@@ -203,7 +203,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from shardyard.training.artifacts import create_demo_artifacts
 
-    run_dir = run_dir_of(args)
+    run_dir = start_dir_of(args, DEMO_RUN_DIR)
     data_root = run_dir / "data"
     began = time.monotonic()
     print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
@@ -229,6 +229,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             cluster.down(run_dir)
+        else:
+            remember(run_dir)  # the commands that follow read the demo's cluster
     print(f"demo finished in {time.monotonic() - began:.1f}s: {final['state']}")
     return 0 if final["state"] == "SUCCEEDED" else 1
 
@@ -364,7 +366,9 @@ def _demo_command(sub: Commands) -> None:
         "demo", help="create demo data, start a cluster, run the S15 example, stop the cluster", **usage.of("demo")
     )
     demo.add_argument("--timeout", type=float, default=600.0)
-    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.add_argument(
+        "--keep", action="store_true", help="leave the cluster running afterwards (the one the next commands read)"
+    )
     broker_options(demo)
     secure_options(demo)
     demo.set_defaults(func=cmd_demo)

@@ -13,6 +13,8 @@ from pathlib import Path
 from shardyard.cli.children import CLUSTER_FILE
 
 DEFAULT_RUN_DIR = ".shardyard"
+DEMO_RUN_DIR = ".shardyard-demo"
+"""The demo's own folder: it starts a cluster of its own, never in the folder of one you started."""
 SHARD_LOGS = Path("logs") / "shards"
 """The agents' log folders under the run folder: one per cluster run, ``SHARD_LOGS/RUN_ID`` (each agent's
 ``--log-dir``), holding ``<job>/shard-N-attempt-M.log``. A job id is unique within a cluster only: a later cluster
@@ -41,6 +43,13 @@ def run_dir_of(args: argparse.Namespace) -> Path:
     except OSError:
         return here
     return recorded if (recorded / CLUSTER_FILE).exists() else here
+
+
+def start_dir_of(args: argparse.Namespace, default: str = DEFAULT_RUN_DIR) -> Path:
+    """The folder a new cluster starts in: ``--run-dir``, else ``SHARDYARD_RUN_DIR``, else ``default`` here; never
+    the user-level default, which names a cluster already started (commands that read a cluster follow it)."""
+    named = getattr(args, "sub_run_dir", None) or args.run_dir or os.environ.get("SHARDYARD_RUN_DIR")
+    return Path(named or default)
 
 
 def remember(run_dir: Path) -> None:

@@ -11,7 +11,9 @@ USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
         "Start a local cluster: its broker (a local Apache Kafka, its log in RUN_DIR/kafka, kept by down for the\n"
         "next up; the embedded broker where no Java 17+ runs; an outside one with SHARDYARD_KAFKA_BOOTSTRAP), N\n"
         "processes of every service and one node agent per --node, each a separate process, with a supervisor that\n"
-        "restarts what dies. Logs, cluster.json and the accounting database go to the run folder. It is secured:\n"
+        "restarts what dies. Logs, cluster.json and the accounting database go to the run folder (--run-dir, else\n"
+        "./.shardyard; one cluster per folder). Clusters side by side on one host each claim rendezvous ports of\n"
+        "their own. It is secured:\n"
         "events are sealed, and only submissions signed with its keys (RUN_DIR/credentials.yaml; submit uses them)\n"
         "are taken.",
         (
@@ -103,8 +105,9 @@ USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "demo": (
-        "Create a small pretrained checkpoint and dataset under RUN_DIR/data, start a cluster, submit the example\n"
-        "job (S15), wait for it, print its timeline and loss curve, and stop the cluster.",
+        "Create a small pretrained checkpoint and dataset under RUN_DIR/data, start a cluster of its own (RUN_DIR:\n"
+        "--run-dir, else ./.shardyard-demo, never the folder of a cluster you started), submit the example job\n"
+        "(S15), wait for it, print its timeline and loss curve, and stop the cluster.",
         ("shardyard demo", "shardyard demo --keep      # leave the cluster running"),
     ),
 }

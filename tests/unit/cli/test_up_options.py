@@ -1,10 +1,12 @@
-"""``shardyard up``'s options: where it puts its agents' rendezvous ports (29500 by default, moved by
-``SHARDYARD_RENDEZVOUS_PORT_BASE`` for clusters side by side on one host) and how many processes of each service it
-starts (``--replicas``); a value that cannot be one is refused."""
+"""``shardyard up``'s options: the lowest rendezvous port it may claim for its agents (29500 by default, moved by
+``SHARDYARD_RENDEZVOUS_PORT_BASE``; ``claims`` takes the first free block at or above it) and how many processes of
+each service it starts (``--replicas``); a value that cannot be one is refused."""
 
 import pytest
 
-from shardyard.cli.cluster import RENDEZVOUS_BASE, ClusterInfo, _agent_argv, rendezvous_base
+from shardyard.cli.claims import RENDEZVOUS_BASE
+from shardyard.cli.claims import floor as rendezvous_base
+from shardyard.cli.cluster import ClusterInfo, _agent_argv
 from shardyard.cli.main import parser
 from shardyard.cli.rundir import RUN_ID
 from shardyard.errors import ClusterError
@@ -31,7 +33,8 @@ def test_a_base_that_cannot_be_one_is_refused(value: str) -> None:
 
 def test_node_i_gets_the_50_ports_from_base_plus_50_i() -> None:
     info = ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", broker="embedded", started_at=0)
-    argv = _agent_argv(2, "A100:1", info, port_base=20000)({"metrics": 9100})
+    info.rendezvous_base = 20000
+    argv = _agent_argv(2, "A100:1", info)({"metrics": 9100})
     at = argv.index("--rendezvous-port-base")
     assert argv[at + 1 : at + 4] == ["20100", "--rendezvous-port-count", "50"]
 
@@ -41,7 +44,7 @@ def test_each_cluster_run_gets_agents_log_folders_of_its_own() -> None:
         ClusterInfo(run_dir="/r", bootstrap="b:1", monitor_url="", data_root="/d", broker="embedded", started_at=0)
         for _ in range(2)
     )
-    folders = [_agent_argv(0, "A100:1", info, port_base=20000)({"metrics": 9100}) for info in (first, second)]
+    folders = [_agent_argv(0, "A100:1", info)({"metrics": 9100}) for info in (first, second)]
 
     assert [argv[argv.index("--log-dir") + 1] for argv in folders] == [
         f"/r/logs/shards/{first.run_id}",
