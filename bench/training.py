@@ -33,7 +33,7 @@ the fastest iterations (what is left when the machine's other load does not inte
 ``probing`` (with ``--only probing`` only): what the agents' link probing costs a training job. The same 2-rank job on
 a local cluster as in ``throughput``, on a fresh cluster for every run (probing is an agent start-up setting, given
 through ``SHARDYARD_PROBE_LINKS`` and ``SHARDYARD_PROBE_INTERVAL_S``; the agents' rendezvous ranges, whose last port
-is the probe endpoint, start at a free base, ``SHARDYARD_RENDEZVOUS_PORT_BASE``), with its agents probing
+is the probe endpoint, are a block ``up`` claims free on the host), with its agents probing
 (``--probe-links true``, a round every ``--probe-interval-s``: 1 s by default against the agent's 5 s, so that rounds
 run while the job trains) or not (``--probe-links false``), ``--runs`` of each, interleaved (on, off, then the other
 way round). A run's ``links`` counts the measurements on the links topic, and those made while the gang was training
@@ -54,7 +54,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -188,23 +187,6 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 # --- probing -------------------------------------------------------------------------------------------------------
 PROBE_ENV = ("SHARDYARD_PROBE_LINKS", "SHARDYARD_PROBE_INTERVAL_S")
-PORTS_PER_CLUSTER = 100
-"""``cluster.up``'s rendezvous ranges for 2 agents (the probe endpoint takes the last port of each)."""
-
-
-def _free_port_base(count: int = PORTS_PER_CLUSTER) -> int:
-    """A base with ``count`` ports free after it on 127.0.0.1 (another local cluster may hold the default's)."""
-    for base in random.Random().sample(range(30_000, 60_000, count), 50):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise SystemExit(f"no {count} free ports in a row found for the agents' rendezvous ranges")
-
-
 @contextlib.contextmanager
 def _agent_env(values: dict[str, str]) -> Iterator[None]:
     """``values`` in the environment ``cluster.up`` hands its processes (settings: ``SHARDYARD_<FIELD>``)."""
@@ -264,7 +246,6 @@ def probing_run(root: Path, data: Path, index: int, args: argparse.Namespace, *,
     from shardyard.cli import cluster
 
     knobs = {PROBE_ENV[0]: "true" if probe else "false", PROBE_ENV[1]: repr(args.probe_interval_s)}
-    knobs[cluster.RENDEZVOUS_BASE_ENV] = str(_free_port_base())
     with _agent_env(knobs):
         info = cluster.up(root, nodes=["A100:1"] * 2, data_root=data, say=lambda _m: None)
     try:
