@@ -46,6 +46,14 @@ def record(run_dir: Path) -> dict[str, object]:
     return loaded
 
 
+def ports(info: ClusterInfo) -> set[int]:
+    """Every port the cluster file records: the broker's, each process's metrics, the monitors' APIs, and the
+    rendezvous block."""
+    apis = {int(url.rsplit(":", 1)[1]) for url in info.monitor_urls}
+    block = set(range(info.rendezvous_base, info.rendezvous_base + info.rendezvous_ports))
+    return {*info.broker_ports.values(), *info.metrics_ports.values(), *apis, *block}
+
+
 def ended(run_dir: Path, job_id: str) -> dict[str, object]:
     def view() -> dict[str, object] | None:
         shown = cli("status", job_id, "--json", run_dir=run_dir)
@@ -72,6 +80,8 @@ def test_a_second_cluster_starts_in_its_own_folder_with_its_own_rendezvous_ports
             blocks = sorted((i.rendezvous_base, i.rendezvous_base + i.rendezvous_ports) for i in (a, b))
             assert blocks[0][1] <= blocks[1][0], f"rendezvous ports overlap: {blocks}"
             assert f"rendezvous ports {b.rendezvous_base}-" in second.stdout
+            used = [ports(info) for info in (a, b)]
+            assert used[0] and used[1] and not used[0] & used[1], used  # every port recorded, none shared
 
             # A gang in each at once: neither loses an attempt to the other's ports.
             with ThreadPoolExecutor(2) as pool:

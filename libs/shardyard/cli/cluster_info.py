@@ -42,6 +42,8 @@ class ClusterInfo:
     """The job accounting database the cluster writes (``shardyard history`` reads it; see ``shardyard.jobdb``)."""
     metrics_ports: dict[str, int] = field(default_factory=dict)
     """Each process's own Prometheus metrics port on 127.0.0.1 (``--metrics-port``), by process name."""
+    broker_ports: dict[str, int] = field(default_factory=dict)
+    """The local broker's ports (``client``; the local Kafka's ``controller`` too); empty: an outside one."""
     started: dict[str, float] = field(default_factory=dict)
     """When each process was (last) started, seconds since the epoch."""
     restarts: dict[str, int] = field(default_factory=dict)
@@ -109,6 +111,9 @@ class ClusterInfo:
         """The broker ``up`` started (None: an outside one, already named), saved."""
         if broker is not None:
             self.bootstrap, self.pids["broker"], self.started["broker"] = broker.bootstrap, broker.pid or 0, time.time()
+            self.broker_ports = {"client": broker.port}
+            if controller := getattr(broker, "controller_port", 0):
+                self.broker_ports["controller"] = controller
         self.save()
 
     @classmethod
