@@ -187,6 +187,8 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 # --- probing -------------------------------------------------------------------------------------------------------
 PROBE_ENV = ("SHARDYARD_PROBE_LINKS", "SHARDYARD_PROBE_INTERVAL_S")
+
+
 @contextlib.contextmanager
 def _agent_env(values: dict[str, str]) -> Iterator[None]:
     """``values`` in the environment ``cluster.up`` hands its processes (settings: ``SHARDYARD_<FIELD>``)."""

@@ -46,6 +46,15 @@ class ClusterError(ShardyardError):
     """A local cluster is missing, half-started or unhealthy."""
 
 
+class NeverFits(ClusterError):
+    """A job ``submit --wait`` follows has waited ``NEVER_FITS`` (no set of the cluster's nodes could hold it) for
+    ``--wait-timeout``: it stays queued; the wait gives up, with the scheduler's reason."""
+
+    def __init__(self, job_id: str, message: str, waited_s: float) -> None:
+        super().__init__(f"job {job_id} cannot fit this cluster as it is (NEVER_FITS for {waited_s:.0f}s): {message}")
+        self.job_id = job_id
+
+
 class JobPathError(ShardyardError):
     """A path a job names that this node does not serve: it is never looked at or opened here."""
 

@@ -2,9 +2,11 @@
 
 import getpass
 import json
+import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # secured as up secures it; unsigned JSON (kcat, kafka-python) goes into the default queue only
     options = ("--anonymous-queue", "default")
-    with local_cluster(tmp_path_factory.mktemp("cluster"), replicas=1, options=options) as run_dir:
+    # A job no set of nodes could hold ends UNSCHEDULABLE after 20 s here (an hour by default).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHARDYARD_UNSCHEDULABLE_AFTER_S": "20"}
+    with local_cluster(tmp_path_factory.mktemp("cluster"), replicas=1, options=options, env=env) as run_dir:
         yield run_dir
 
 
@@ -121,6 +125,28 @@ def test_submit_answers_with_the_queues_verdict_and_a_duplicate_names_the_way_ou
 
     written = cli("submit", "-", "--no-verdict", run_dir=cluster, stdin=raw)  # fire and forget, as before
     assert written.returncode == 0 and "accepted" not in written.stdout, written.stdout + written.stderr
+
+
+def test_a_job_that_can_never_fit_is_told_so_and_neither_it_nor_the_wait_lasts_for_ever(cluster: Path) -> None:
+    """The user's first try: the seed's job as 64 x H100 on a cluster of A100s and V100s."""
+    document = json.loads(job("e2e-64-h100"))
+    document["resource_requirements"]["gpu"] = {"count": 64, "model": "H100"}
+    document["shard_count"] = 64
+    began = time.monotonic()
+
+    waited = cli("submit", "-", "--wait", "--wait-timeout", "3", run_dir=cluster, stdin=json.dumps(document).encode())
+
+    took = time.monotonic() - began
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    assert "accepted e2e-64-h100" in waited.stdout
+    said = waited.stderr
+    assert "NEVER_FITS" in said and "could ever hold the gang of 64 x H100" in said, said
+    assert "the cluster's GPUs: 2 x A100, 2 x V100" in said and "shardyard cancel e2e-64-h100" in said, said
+    assert took < 30, took  # the reason comes at the first cycle; the wait gives up 3 s later
+    assert status(cluster, "e2e-64-h100")["reason"] == "NEVER_FITS"
+    ended = wait_for_end(cluster, "e2e-64-h100", timeout_s=60)  # the cluster's bound: 20 s
+    assert (ended["state"], ended["reason"]) == ("FAILED", "UNSCHEDULABLE"), ended
+    assert "never fitted this cluster in 20s" in str(ended["message"])
 
 
 def credentials(info: ClusterInfo) -> dict[str, str]:

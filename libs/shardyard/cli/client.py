@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardyard.cli.cluster import get_json
-from shardyard.errors import BrokerError, ClusterError
+from shardyard.errors import BrokerError, ClusterError, NeverFits
 
 # asyncio and the tracing (OpenTelemetry) are imported where used, as these are: a command that only reads the
 # monitor loads none of them, nor pydantic, nor aiokafka (tests/unit/cli/test_cli_show.py holds it to that).
@@ -282,10 +282,13 @@ def wait(
     timeout_s: float,
     on_update: Callable[[dict[str, Any]], None],
     poll_s: float = 0.25,
+    never_fits_s: float | None = None,
 ) -> dict[str, Any]:
-    """Follow a job until it reaches a terminal state; ``on_update`` sees each new view of it."""
+    """Follow a job until it reaches a terminal state; ``on_update`` sees each new view of it. With
+    ``never_fits_s``, give up (``NeverFits``) once the job has waited ``NEVER_FITS`` that long without a break."""
     deadline = time.monotonic() + timeout_s
     last: dict[str, Any] | None = None
+    never_since: float | None = None
     while time.monotonic() < deadline:
         current = job(monitor_url, job_id)
         if current is not None:
@@ -294,6 +297,10 @@ def wait(
                 last = current
             if current["state"] in TERMINAL_STATES:
                 return current
+            never = current.get("reason") == "NEVER_FITS"
+            never_since = (never_since or time.monotonic()) if never else None
+            if never_since is not None and never_fits_s is not None and time.monotonic() - never_since >= never_fits_s:
+                raise NeverFits(job_id, str(current.get("message") or ""), time.monotonic() - never_since)
         time.sleep(poll_s)
     raise ClusterError(f"job {job_id} did not finish within {timeout_s:.0f}s (last state: {last and last['state']})")
 

@@ -19,7 +19,7 @@ from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, DEMO_RUN_DIR, remember, run_dir_of, shard_log_dir, start_dir_of
 from shardyard.cli.team_files import broker_options, openness, sealed_env, secure_options, secured
-from shardyard.errors import ClusterError, ShardyardError
+from shardyard.errors import ClusterError, NeverFits, ShardyardError
 from shardyard.sim import cli as sim_cli
 
 EXAMPLE = Path(__file__).with_name("example_job.json")
@@ -77,7 +77,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     failed = None if args.no_verdict else verdict.settle(info, submitted, args.verdict_timeout)
     if failed is not None or not args.wait:
         return failed or 0
-    final = verdict.follow(info, submitted.job_id, args.timeout)
+    try:
+        final = verdict.follow(info, submitted.job_id, args.timeout, never_fits_s=args.wait_timeout)
+    except NeverFits as never:
+        return verdict.gave_up(never)
     detail = client.job(info.monitor_url, submitted.job_id) or final
     print(render.job_detail(detail))
     return 0 if final["state"] == "SUCCEEDED" else 1

@@ -1,7 +1,9 @@
 """``shardyard submit``'s answer, as ``sbatch``'s: it waits for the queue's verdict on what it wrote (through the
 monitor, which folds every ``job.accepted`` and ``job.rejected`` by the place of the submission they answer) and exits
 0 only when the job was accepted; a rejection is printed with its typed reason and the way out, and exits 2 (as a
-document refused before it was sent does); no verdict in time exits 1. ``--no-verdict`` returns once written."""
+document refused before it was sent does); no verdict in time exits 1. ``--no-verdict`` returns once written.
+With ``--wait`` it then follows the job: 0 once it SUCCEEDED, 1 when it ended otherwise, 3 once it has waited
+``NEVER_FITS`` for ``--wait-timeout`` (it stays queued; the way out is printed)."""
 
 import argparse
 import json
@@ -12,10 +14,14 @@ from typing import Any, Final
 
 from shardyard.cli import client
 from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.errors import NeverFits
 
 VERDICT_TIMEOUT_S: Final = 30.0
 REFUSED: Final = 2
 NO_VERDICT: Final = 1
+NEVER_FITS_EXIT: Final = 3
+"""``submit --wait``: the job waited ``NEVER_FITS`` for ``--wait-timeout`` (it stays queued)."""
+WAIT_TIMEOUT_S: Final = 60.0
 
 
 def add_options(submit: argparse.ArgumentParser) -> None:
@@ -24,6 +30,13 @@ def add_options(submit: argparse.ArgumentParser) -> None:
         "--verdict-timeout", type=float, default=VERDICT_TIMEOUT_S, help="seconds to wait for the queue's verdict"
     )
     submit.add_argument("--new-id", action="store_true", help="submit under a new id: the task_id and a random suffix")
+    submit.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=WAIT_TIMEOUT_S,
+        help="with --wait: stop waiting, exit 3, once no set of the cluster's nodes could hold the job (NEVER_FITS)"
+        " for this many seconds; the job stays queued",
+    )
 
 
 def with_new_id(raw: bytes) -> bytes:
@@ -97,12 +110,26 @@ def settle(info: ClusterInfo, submitted: client.Submitted, timeout_s: float) -> 
     return REFUSED
 
 
-def follow(info: ClusterInfo, job_id: str, timeout_s: float) -> dict[str, object]:
-    """Follow the job on one line until it ends."""
+def follow(info: ClusterInfo, job_id: str, timeout_s: float, never_fits_s: float | None = None) -> dict[str, object]:
+    """Follow the job on one line until it ends (or, with ``never_fits_s``, until it has waited ``NEVER_FITS`` that
+    long: ``NeverFits``)."""
     from shardyard.cli.progress import ProgressLine
 
     line = ProgressLine()
     try:
-        return client.wait(info.monitor_url, job_id, timeout_s=timeout_s, on_update=line.update)
+        return client.wait(
+            info.monitor_url, job_id, timeout_s=timeout_s, on_update=line.update, never_fits_s=never_fits_s
+        )
     finally:
         line.close()
+
+
+def gave_up(error: NeverFits, unschedulable_after: str = "the scheduler's unschedulable_after_s") -> int:
+    """Say why ``submit --wait`` stopped following a job that cannot fit, and what to do; the exit status."""
+    print(f"error: {error}", file=sys.stderr)
+    print(
+        f"it stays queued, and ends UNSCHEDULABLE after {unschedulable_after} unless nodes that could hold it join;"
+        f" ask for fewer or other GPUs and submit again (--new-id), or cancel it: `shardyard cancel {error.job_id}`",
+        file=sys.stderr,
+    )
+    return NEVER_FITS_EXIT

@@ -43,6 +43,11 @@ class PendingReason(StrEnum):
 
     NO_NODES = "NO_NODES"
     NO_FIT = "NO_FIT"
+    NEVER_FITS = "NEVER_FITS"
+    """No set of the cluster's nodes could hold the gang even were every one of them up, idle and empty: by GPU model,
+    TFLOPS (down to the job's ``min_match`` floor), GPU count, memory or CPU against the whole inventory (Kueue calls
+    these inadmissible). The job waits while capacity may still change (a node joining, the autoscaler) and ends
+    ``UNSCHEDULABLE`` once it has for the scheduler's ``unschedulable_after_s``."""
     GPU_MODEL_MISMATCH = "GPU_MODEL_MISMATCH"
     INSUFFICIENT_TFLOPS = "INSUFFICIENT_TFLOPS"
     INSUFFICIENT_GPUS = "INSUFFICIENT_GPUS"
@@ -95,6 +100,9 @@ class FailureCause(StrEnum):
     retry budget, or waits until a disk has room (``shardyard.fault_manager.recovery.free_move``): never retried on
     the same full disk."""
     IO_ERROR = "IO_ERROR"
+    UNSCHEDULABLE = "UNSCHEDULABLE"
+    """Reported by the scheduler, not an agent: the job waited ``NEVER_FITS`` for the scheduler's
+    ``unschedulable_after_s`` (no set of the cluster's nodes could ever hold it, and none joined that could)."""
     BROKER_LOG_LOST = "BROKER_LOG_LOST"
     """Reported by accounting, not an agent: the broker lost the log that held the job (an embedded broker
     restarted, a cluster started afresh), so nothing is left to run or end it; its record ends with this cause."""

@@ -36,6 +36,7 @@ from shardyard.placement.filters import (
     shards,
 )
 from shardyard.placement.index import ClusterIndex, Group, Slot
+from shardyard.placement.inventory import never_fits
 from shardyard.placement.model import NodeView, Policy, RunningJob, Unschedulable, epoch_us
 from shardyard.units import format_bytes
 
@@ -132,6 +133,8 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
         wait = spec.max_wait_s - (now - job.pending.ready_at).total_seconds()
         message += f"; degraded placement (match >= {spec.min_match:g}) allowed in {max(0.0, wait):.0f}s"
     reason = _reason(counted, job.k)
+    if (never := never_fits(index, job)) is not None:
+        return Unschedulable(spec.job_id, PendingReason.NEVER_FITS, f"{never}; {message}", shown), counted.shards
     if reason is PendingReason.DISK_FULL:
         message += f"; {full_disks(index, job)}"
     lacked = missing(index, job) if reason is PendingReason.WAITING_FOR_ARTIFACT else ()

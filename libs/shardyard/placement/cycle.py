@@ -147,6 +147,9 @@ class PlacementCycle:
             self._hold_placed(pending_job, placed)
             return [placed]
         verdict, passing = explain(index, job, self.now)
+        if verdict.reason is PendingReason.NEVER_FITS:  # no preemption or reservation would make room
+            self.unplaceable[shape] = verdict
+            return [verdict]
         if quota is not None and verdict.reason is PendingReason.QUOTA_EXCEEDED:
             return self._over_quota(job, verdict)
         victims = self.waiting_on.get(job.spec.job_id)

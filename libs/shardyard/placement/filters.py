@@ -281,6 +281,14 @@ def group_failing(group: Kind, job: Wants) -> GroupFilter | None:
     return None
 
 
+def could_ever_use(group: Kind, job: Wants) -> bool:
+    """Whether ``job`` could ever use a node of ``group``, by kind alone: it passes the full-match filters, or the
+    degraded ones where the job opted in to degraded placement (its queue's quota aside: admission judges that)."""
+    if all(f.check(group, job) for f in _FULL if f.match is Match.FULL):
+        return True
+    return job.spec.min_match is not None and all(f.check(group, job) for f in _DEGRADED if f.match is Match.DEGRADED)
+
+
 def full_match(group: Kind, job: Wants) -> bool:
     """Whether ``group`` passes the full-match filters: a shard of ``job`` placed there is not degraded."""
     return all(f.check(group, job) for f in _FULL if f.match is Match.FULL)

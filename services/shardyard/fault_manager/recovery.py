@@ -67,6 +67,8 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         FailureCause.IO_ERROR: Disposition.RETRY,
         # Accounting's end of a job whose log the broker lost: no shard reports it, and nothing is left to retry.
         FailureCause.BROKER_LOG_LOST: Disposition.FAIL,
+        # The scheduler's end of a job no set of the cluster's nodes could hold for its bound: it ran nowhere.
+        FailureCause.UNSCHEDULABLE: Disposition.FAIL,
     }
 )
 

@@ -27,6 +27,7 @@ SHORTAGE: frozenset[str] = frozenset(
     {
         PendingReason.NO_NODES,
         PendingReason.NO_FIT,
+        PendingReason.NEVER_FITS,
         PendingReason.GPU_MODEL_MISMATCH,
         PendingReason.INSUFFICIENT_TFLOPS,
         PendingReason.INSUFFICIENT_GPUS,

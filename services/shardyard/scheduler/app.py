@@ -83,6 +83,12 @@ class SchedulerSettings(ReplicatedSettings):
         ge=0,
         description="a node excluded from a job after a failure there is used again once ALIVE this long",
     )
+    unschedulable_after_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="end a job FAILED UNSCHEDULABLE once no set of the cluster's nodes could hold it (NEVER_FITS) "
+        "for this long; 0: such a job waits for capacity for ever",
+    )
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
     queues_file: str | None = Field(
@@ -114,6 +120,7 @@ class SchedulerSettings(ReplicatedSettings):
             reservation_grace_s=self.reservation_grace_s,
             spare_grace_s=self.spare_grace_s,
             exclusion_heal_s=self.exclusion_heal_s,
+            unschedulable_after_s=self.unschedulable_after_s,
             elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
         )
 

@@ -88,7 +88,7 @@ class SchedulerBook(BookFacts):
                         out.extend(self._invalid(Invalid(decision.job_id, f"{type(exc).__name__}: {exc}"[:500]), now))
         finally:
             self._cycle_ports = None
-        return out
+        return out + self._unschedulable(now)
 
     def _carry_out(
         self, decision: Place | Preempt | Unschedulable | Invalid, by_id: dict[str, NodeView], now: datetime
@@ -118,6 +118,22 @@ class SchedulerBook(BookFacts):
             message=decision.message,
         )
         return self._decided([failed])
+
+    def _unschedulable(self, now: datetime) -> list[Event]:
+        """End the jobs that waited ``NEVER_FITS`` for ``unschedulable_after_s``: FAILED ``UNSCHEDULABLE``, with why."""
+        bound_s = self.unschedulable_after_s
+        ended: list[Event] = [
+            JobFailed(
+                occurred_at=now,
+                job_id=job_id,
+                attempt=self.fence.attempt(job_id),
+                cause=FailureCause.UNSCHEDULABLE,
+                message=f"never fitted this cluster in {bound_s:g}s (the scheduler's unschedulable_after_s): {why}",
+            )
+            for job_id, why in self.reasons.past_bound(now, bound_s)
+            if job_id in self.pending and job_id not in self.finished
+        ]
+        return self._decided(ended)
 
     def _revoke_stale(self, now: datetime) -> list[Event]:
         """Revoke what fenced and superseded placements assigned (see ``fencing``), under this book's term."""

@@ -15,6 +15,7 @@ from shardyard.gpus import canonical_model
 CAPACITY_REASONS = frozenset(
     {
         PendingReason.NO_NODES,
+        PendingReason.NEVER_FITS,  # capacity of a kind or size the cluster lacks: what an autoscaler could add
         PendingReason.GPU_MODEL_MISMATCH,
         PendingReason.INSUFFICIENT_TFLOPS,
         PendingReason.INSUFFICIENT_GPUS,

@@ -58,15 +58,15 @@ class BookFacts:
         spare_grace_s: float = 2.0,
         elasticity: ElasticityTracker | None = None,
         exclusion_heal_s: float = DEFAULT_HEAL_S,
+        unschedulable_after_s: float = 0.0,
     ) -> None:
         self.term = term
         """The term this book decides under: its replica's, once elected. Never raised by what it reads."""
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.policy = policy or Policy()
-        self.preempt_deadline_s = preempt_deadline_s
-        self.start_deadline_s = start_deadline_s
-        self.reservation_grace_s = reservation_grace_s
-        self.spare_grace_s = spare_grace_s
+        self.preempt_deadline_s, self.start_deadline_s = preempt_deadline_s, start_deadline_s
+        self.reservation_grace_s, self.spare_grace_s = reservation_grace_s, spare_grace_s
+        self.unschedulable_after_s = unschedulable_after_s  # NEVER_FITS this long: FAILED UNSCHEDULABLE (0: never)
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
         self.running: dict[str, frozenset[ShardKey]] = {}

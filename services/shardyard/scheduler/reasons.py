@@ -32,6 +32,9 @@ class PendingReasons:
     """Job -> the (reason, message, estimated start) of its last ``JobUnschedulable``, until it is placed or ends."""
     blocked: list[tuple[JobSpec, PendingReason, datetime]] = field(default_factory=list)
     """(spec, reason, ready since) of each job the last cycle could not place."""
+    never_fits_since: dict[str, datetime] = field(default_factory=dict)
+    """Job -> since when every cycle found it ``NEVER_FITS``, while it does (``past_bound``). Kept by the leader: a
+    replica that takes over counts from its first cycle."""
 
     def new_cycle(self) -> None:
         self.blocked = []
@@ -39,6 +42,10 @@ class PendingReasons:
     def unschedulable(self, decision: Unschedulable, job: PendingJob, now: datetime) -> list[Event]:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
+        if decision.reason is PendingReason.NEVER_FITS:
+            self.never_fits_since.setdefault(decision.job_id, now)
+        else:
+            self.never_fits_since.pop(decision.job_id, None)
         shown = (decision.reason, decision.message, decision.estimated_start)
         before = self.shown.get(decision.job_id)
         if before is not None and before[:2] == shown[:2] and _same_estimate(before[2], shown[2], now):
@@ -59,3 +66,14 @@ class PendingReasons:
     def forget(self, job_id: str) -> None:
         """The job was placed, or ended: a later verdict on it is news again."""
         self.shown.pop(job_id, None)
+        self.never_fits_since.pop(job_id, None)
+
+    def past_bound(self, now: datetime, bound_s: float) -> list[tuple[str, str]]:
+        """(job, the reason's last message) of each job that has never fitted for ``bound_s`` (0: no bound)."""
+        if bound_s <= 0:
+            return []
+        return [
+            (job_id, self.shown[job_id][1] if job_id in self.shown else "")
+            for job_id, since in self.never_fits_since.items()
+            if (now - since).total_seconds() >= bound_s
+        ]

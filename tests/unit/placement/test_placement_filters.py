@@ -78,7 +78,7 @@ def test_match_score_is_reported_per_shard(tflops: float, required: float, score
 
 
 def test_gang_is_all_or_nothing() -> None:
-    decision = blocked(only([node("a1", gpus=1)], pending(gpu_count=3)))
+    decision = blocked(only([node("a1", gpus=4, free_gpus=(0,))], pending(gpu_count=3)))
 
     assert decision.reason is PendingReason.INSUFFICIENT_GPUS
     assert decision.node_counts == {"fewer free GPUs than shards": 1}
@@ -86,9 +86,18 @@ def test_gang_is_all_or_nothing() -> None:
 
 REASONS = [
     pytest.param([], PendingReason.NO_NODES, {}, id="no-nodes"),
-    pytest.param(V100S, PendingReason.GPU_MODEL_MISMATCH, {"GPU model mismatch": 2}, id="model"),
+    # The job's kind is in the cluster but down: a wait that a node coming back cures (all gone: NEVER_FITS).
     pytest.param(
-        [node("a1", tflops=20.0)], PendingReason.INSUFFICIENT_TFLOPS, {"TFLOPS below minimum": 1}, id="tflops"
+        [*V100S, node("a9", status=NodeStatus.LOST)],
+        PendingReason.GPU_MODEL_MISMATCH,
+        {"GPU model mismatch": 2, "node not alive": 1},
+        id="model",
+    ),
+    pytest.param(
+        [node("a1", tflops=20.0), node("a9", status=NodeStatus.LOST)],
+        PendingReason.INSUFFICIENT_TFLOPS,
+        {"TFLOPS below minimum": 1, "node not alive": 1},
+        id="tflops",
     ),
     pytest.param(
         [node("a1", status=NodeStatus.LOST), node("a2", draining=True)],
@@ -179,7 +188,7 @@ class TestDegraded:
     """A job that opted in accepts a lower match after max_wait_s, and says so; never silently."""
 
     def test_without_opt_in_a100_job_waits_on_v100s(self) -> None:
-        decision = blocked(only(V100S, pending(), now=3600))
+        decision = blocked(only([*V100S, node("a9", status=NodeStatus.LOST)], pending(), now=3600))
 
         assert decision.reason is PendingReason.GPU_MODEL_MISMATCH
 

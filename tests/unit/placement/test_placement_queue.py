@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardyard.events import PendingReason
+from shardyard.events import NodeStatus, PendingReason
 from shardyard.placement.candidate import effective_priority
 from shardyard.placement.model import Place, Policy, Preempt
 from tests.unit.builders import GIB, at
@@ -125,8 +125,9 @@ class TestPreemption:
     def test_victims_on_the_wrong_gpu_model_are_not_preempted(self) -> None:
         v100 = node("v1", "V100", gpus=2, free_gpus=())
         gangs = (running("low", ("v1", (0, 1)), priority=1),)
+        a100_down = node("a9", status=NodeStatus.LOST)  # the job's kind is there, down: a wait, not NEVER_FITS
 
-        (decision,) = decide([v100], [self.VIP], gangs=gangs)
+        (decision,) = decide([v100, a100_down], [self.VIP], gangs=gangs)
 
         assert blocked(decision).reason is PendingReason.GPU_MODEL_MISMATCH
 

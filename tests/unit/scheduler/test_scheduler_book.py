@@ -107,6 +107,7 @@ def test_jobs_on_one_coordinator_get_distinct_ports_across_cycles() -> None:
 def test_unschedulable_is_emitted_once_per_reason() -> None:
     book = SchedulerBook()
     book.apply(node_state("node-v", gpus=V100S))
+    book.apply(node_state("node-a", status=NodeStatus.LOST))  # the job's kind is there, down (else: NEVER_FITS)
     book.apply(ready())
 
     (first,) = lifecycle(book.cycle(at(1)))
@@ -117,7 +118,7 @@ def test_unschedulable_is_emitted_once_per_reason() -> None:
     after_fit = book.cycle(at(4))
 
     assert isinstance(first, JobUnschedulable) and first.reason is PendingReason.GPU_MODEL_MISMATCH
-    assert first.node_counts == {"GPU model mismatch": 1}
+    assert first.node_counts == {"GPU model mismatch": 1, "node not alive": 1}
     assert again == []
     assert isinstance(changed, JobUnschedulable) and changed.reason is PendingReason.NO_FIT
     assert [type(e) for e in after_fit] == [JobScheduled, ShardAssignment, ShardAssignment]
@@ -323,3 +324,29 @@ class TestLearnedRunTimes:
         (gang,) = book.snapshot().running
 
         assert gang.expected_end == at(60_000 + 1000)
+
+
+def test_a_job_that_never_fits_ends_unschedulable_at_the_bound_unless_a_node_that_could_hold_it_joins() -> None:
+    book = SchedulerBook(unschedulable_after_s=600)
+    book.apply(node_state("node-v", gpus=V100S))
+    book.apply(ready())
+    book.apply(ready(job_id="job-2"))
+
+    (first, _second) = lifecycle(book.cycle(at(1)))
+    assert isinstance(first, JobUnschedulable) and first.reason is PendingReason.NEVER_FITS
+    assert lifecycle(book.cycle(at(300))) == []
+    book.apply(node_state("node-a", gpus=gpus(count=1)))  # one A100: job-2 (2 shards) still never fits; job-1 neither
+    book.apply(node_state("node-b", status=NodeStatus.LOST))  # a second A100, down: both could fit once it is back
+    lifecycle(book.cycle(at(400)))
+    assert book.reasons.never_fits_since == {}  # a wait again, no longer never
+    book.apply(node_state("node-b", gpus=V100S))  # node-b turns out a V100 node: never again, counted afresh
+    lifecycle(book.cycle(at(500)))
+    assert lifecycle(book.cycle(at(1099))) == []
+    ended = lifecycle(book.cycle(at(1100)))
+
+    assert sorted((e.job_id, e.cause) for e in ended if isinstance(e, JobFailed)) == [
+        ("job-1", FailureCause.UNSCHEDULABLE),
+        ("job-2", FailureCause.UNSCHEDULABLE),
+    ]
+    assert all("never fitted this cluster in 600s" in e.message for e in ended if isinstance(e, JobFailed))
+    assert lifecycle(book.cycle(at(1200))) == []  # ended once
