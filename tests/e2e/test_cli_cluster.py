@@ -49,6 +49,8 @@ def test_the_s15_example_runs_to_success(cluster: Path) -> None:
     timeline = cli("status", EXAMPLE["task_id"], run_dir=cluster).stdout
     for event in ("accepted", "scheduled", "running", "parameter sync", "succeeded"):
         assert event in timeline
+    # Its model and dataset were there from the start: it never waited for them, nor was told it did.
+    assert "WAITING_FOR_ARTIFACT" not in timeline and "put it at" not in submitted.stdout + timeline, timeline
     assert (view["owner"], view["queue"]) == (getpass.getuser(), "default")  # `submit` named the local user
 
     listed = cli("jobs", run_dir=cluster).stdout.splitlines()

@@ -35,6 +35,8 @@ MAX_ARTIFACT_ERRORS = 64
 """At most this many artifact errors ride on one heartbeat (the first paths in sorted order): a node watching many
 unservable paths must not grow its heartbeat without bound."""
 MAX_ARTIFACT_ERROR_CHARS = 200
+MAX_ARTIFACTS_ABSENT = 64
+"""At most this many watched paths found absent ride on one heartbeat (the first in sorted order)."""
 
 
 class ArtifactErrorReason(StrEnum):
@@ -61,7 +63,10 @@ class MissingArtifact(Model):
 
     path: str = Field(description="the job path, as the job names it")
     nodes: tuple[str, ...] = Field(max_length=MAX_NAMED_NODES, description="the first nodes lacking it, by id")
-    lacking: int = Field(ge=0, description="the nodes lacking it, named or not")
+    lacking: int = Field(ge=0, description="the nodes whose agents looked for it and did not find it, named or not")
+    unchecked: int = Field(
+        default=0, ge=0, description="nodes lacking it whose agents have not looked for it yet (not named)"
+    )
     of_nodes: int = Field(ge=0, description="the nodes the job could use, lacking it or not")
     host_paths: dict[str, str] = Field(
         default_factory=dict,
@@ -128,6 +133,12 @@ class Heartbeat(Event):
         default_factory=dict,
         max_length=MAX_ARTIFACT_ERRORS,
         description="watched job paths this node could not look at, and why (they are not in artifacts)",
+    )
+    artifacts_absent: tuple[str, ...] = Field(
+        default=(),
+        max_length=MAX_ARTIFACTS_ABSENT,
+        description="watched job paths this node looked for and did not find (with artifacts and artifact_errors: "
+        "every path it has looked at; a watched path in none of the three it has not looked at yet)",
     )
     output_disk: DiskSpace | None = Field(
         default=None, description="free space of the filesystem job outputs and checkpoints map to (None: unknown)"
@@ -209,6 +220,7 @@ def inventory_of(heartbeat: Heartbeat) -> tuple[object, ...]:
         heartbeat.artifacts,
         heartbeat.topology,
         heartbeat.artifact_errors,
+        heartbeat.artifacts_absent,
         disk_step(heartbeat.output_disk),
     )
 
@@ -263,6 +275,11 @@ class NodeState(Event):
     cpu_load: float
     running: tuple[RunningShard, ...] = ()
     artifacts: dict[str, ArtifactPlace] = Field(default_factory=dict)
+    artifacts_absent: tuple[str, ...] = Field(
+        default=(),
+        description="watched job paths its agent looked for and did not find, or could not look at (a path in "
+        "neither this nor artifacts: not looked at yet)",
+    )
     mounts: dict[str, str] = Field(
         default_factory=dict, description="job path prefix -> local path, as its last full heartbeat said"
     )

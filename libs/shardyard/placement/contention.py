@@ -35,7 +35,7 @@ from shardyard.placement.filters import (
     node_failing,
     shards,
 )
-from shardyard.placement.index import ClusterIndex, Group, Slot
+from shardyard.placement.index import ClusterIndex, Group, Slot, norm_path
 from shardyard.placement.inventory import never_fits
 from shardyard.placement.model import NodeView, Policy, RunningJob, Unschedulable, epoch_us
 from shardyard.units import format_bytes
@@ -139,6 +139,8 @@ def explain(index: ClusterIndex, job: Candidate, now: datetime) -> tuple[Unsched
         message += f"; {full_disks(index, job)}"
     lacked = missing(index, job) if reason is PendingReason.WAITING_FOR_ARTIFACT else ()
     message += "".join(f"; {lacking(artifact)}" for artifact in lacked)
+    if reason is PendingReason.WAITING_FOR_ARTIFACT and not lacked:
+        message += "; the nodes' agents have not reported on its model and dataset yet"
     return Unschedulable(spec.job_id, reason, message, shown, missing=lacked), counted.shards
 
 
@@ -166,15 +168,23 @@ _IDENTITY_STATES = frozenset(f.name for f in IDENTITY if isinstance(f, StateFilt
 def missing(index: ClusterIndex, job: Candidate) -> tuple[MissingArtifact, ...]:
     """The job's paths (pretrained model, dataset) that nodes it could use (up, not draining, of its GPU kind) lack:
     each with how many lack it, the first few by id, and where each of those mounts it. Worked out only for a job
-    that waits for them (a scan of the nodes), so that whoever reads the reason knows what to put where."""
+    that waits for them (a scan of the nodes), so that whoever reads the reason knows what to put where. A node lacks
+    a path once its agent has reported it absent; one whose agent has not looked yet (the job is new to it) is only
+    counted ``unchecked``, and a path no agent has reported absent is left out: the job does not wait for it yet."""
     usable = 0
     lacked: dict[str, list[Slot]] = {job.model_path: [], job.dataset_path: []}
+    unchecked = dict.fromkeys(lacked, 0)
     for slot in index.slots.values():
         if slot.held_by in _IDENTITY_STATES or (slot.group.model, slot.group.tflops) not in job.eligible:
             continue
         usable += 1
+        said, looked = slot.view.absent_artifacts, None
         for path in absent_artifacts(slot, job):
-            lacked[path].append(slot)
+            looked = looked if looked is not None or said is None else {norm_path(p) for p in said}
+            if looked is None or path in looked:
+                lacked[path].append(slot)
+            else:
+                unchecked[path] += 1  # its agent has not looked yet: absent for now, not known missing
     written = {job.model_path: job.spec.model_path, job.dataset_path: job.spec.dataset_path}
     found = []
     for path, slots in lacked.items():
@@ -187,6 +197,7 @@ def missing(index: ClusterIndex, job: Candidate) -> tuple[MissingArtifact, ...]:
                 path=written[path],
                 nodes=tuple(slot.node_id for slot in named),
                 lacking=len(slots),
+                unchecked=unchecked[path],
                 of_nodes=usable,
                 host_paths={node: host for node, host in hosts.items() if host is not None},
             )

@@ -83,6 +83,10 @@ class NodeView:
     draining: bool = False
     artifacts: Mapping[str, str] = field(default_factory=dict)
     """Job paths present on the node: path -> "local" (its own disk) or "shared" (a network path)."""
+    absent_artifacts: frozenset[str] | None = None
+    """Job paths its agent looked for and did not find (or could not look at); a path in neither this nor
+    ``artifacts`` has not been looked at yet. None: the view does not say (every path not present counts as looked
+    for and absent)."""
     mounts: Mapping[str, str] = field(default_factory=dict)
     """Job path prefix -> the node's local directory, as its agent mounts them (where a missing artifact goes)."""
     zone: str = ""

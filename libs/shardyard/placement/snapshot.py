@@ -115,6 +115,7 @@ def node_view(node: NodeState, usage: Usage) -> NodeView | None:
         total_cpu_cores=node.cpu_cores,
         draining=node.draining,
         artifacts=node.artifacts,
+        absent_artifacts=frozenset(node.artifacts_absent),
         mounts=node.mounts,
         zone=node.topology.get("zone", ""),
         rack=node.topology.get("rack", ""),

@@ -20,7 +20,7 @@ from pathlib import PurePosixPath
 
 from shardyard.errors import JobPathError
 from shardyard.events import ArtifactError, ArtifactErrorReason, ArtifactPlace, JobAccepted, JobReady
-from shardyard.events.node import MAX_ARTIFACT_ERROR_CHARS, MAX_ARTIFACT_ERRORS
+from shardyard.events.node import MAX_ARTIFACT_ERROR_CHARS, MAX_ARTIFACT_ERRORS, MAX_ARTIFACTS_ABSENT
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, target_state
 
 Look = bool | ArtifactError
@@ -66,6 +66,10 @@ class ArtifactWatch:
     present: set[str] = field(default_factory=set)
     errors: dict[str, ArtifactError] = field(default_factory=dict)
     """Watched paths that could not be looked at, and why; they are not in ``present``."""
+    not_found: set[str] = field(default_factory=set)
+    """Watched paths looked for and not found. A watched path in none of the three has not been looked at yet: the
+    scheduler tells "absent" from "not looked at" by them (a job waits for an artifact only once it is reported
+    absent)."""
 
     def apply(self, event: LifecycleFact) -> frozenset[str]:
         """Take one lifecycle fact; returns the paths it started watching (to be checked at once)."""
@@ -99,8 +103,9 @@ class ArtifactWatch:
     def observe(self, found: Mapping[str, Look]) -> bool:
         """Record what the edge found at each path (paths no longer watched are ignored); True when the report or
         the errors changed."""
-        before = (set(self.present), dict(self.errors))
+        before = (set(self.present), dict(self.errors), set(self.not_found))
         for path, look in found.items():
+            self.not_found.discard(path)
             if isinstance(look, ArtifactError) and path in self.refs:
                 self.present.discard(path)
                 self.errors[path] = look
@@ -110,10 +115,16 @@ class ArtifactWatch:
                 self.present.add(path)
             else:
                 self.present.discard(path)
-        return (self.present, self.errors) != before
+                if path in self.refs:
+                    self.not_found.add(path)
+        return (self.present, self.errors, self.not_found) != before
 
     def report(self) -> dict[str, ArtifactPlace]:
         return {path: "shared" if is_shared(path, self.shared_prefixes) else "local" for path in sorted(self.present)}
+
+    def report_absent(self) -> tuple[str, ...]:
+        """The paths a heartbeat reports looked for and not found: the first ``MAX_ARTIFACTS_ABSENT``, sorted."""
+        return tuple(sorted(self.not_found)[:MAX_ARTIFACTS_ABSENT])
 
     def report_errors(self) -> dict[str, ArtifactError]:
         """The errors a heartbeat carries: of the first ``MAX_ARTIFACT_ERRORS`` paths in error, in sorted order."""
@@ -128,6 +139,7 @@ class ArtifactWatch:
             if self.refs[path] <= 0:
                 del self.refs[path]
                 self.present.discard(path)
+                self.not_found.discard(path)
                 self.errors.pop(path, None)
         added = frozenset(path for path in paths - old if self.refs[path] == 0)
         for path in paths - old:

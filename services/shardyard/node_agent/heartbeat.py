@@ -55,6 +55,7 @@ def heartbeat_of(
         artifacts=watch.report(),
         topology=dict(me.topology),
         artifact_errors=watch.report_errors(),
+        artifacts_absent=watch.report_absent(),
         output_disk=output_disk,
     )
 

@@ -16,6 +16,10 @@ from shardyard.placement.model import PendingJob, Unschedulable
 
 ESTIMATE_TOLERANCE = 0.1
 ESTIMATE_MIN_MOVE_S = 1.0
+UNREPORTED_ARTIFACTS_S = 10.0
+"""How long a new job's wait for artifacts no agent has reported absent yet goes unsaid: the agents look for a job's
+paths when they read its acceptance and report within a heartbeat, so until then "waiting for its data" would be
+false (an agent that never reports is said after this long)."""
 
 
 def _same_estimate(shown: datetime | None, new: datetime | None, now: datetime) -> bool:
@@ -42,6 +46,9 @@ class PendingReasons:
     def unschedulable(self, decision: Unschedulable, job: PendingJob, now: datetime) -> list[Event]:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
+        if decision.reason is PendingReason.WAITING_FOR_ARTIFACT and not decision.missing:
+            if (now - job.ready_at).total_seconds() < UNREPORTED_ARTIFACTS_S:
+                return []  # not looked for yet: the agents report within a heartbeat
         if decision.reason is PendingReason.NEVER_FITS:
             self.never_fits_since.setdefault(decision.job_id, now)
         else:

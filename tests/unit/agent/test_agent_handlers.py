@@ -214,13 +214,16 @@ async def test_a_new_job_whose_artifacts_are_here_is_reported_at_once(tmp_path: 
     assert beat.artifacts == {MODEL: "local"}
 
 
-async def test_a_new_job_whose_artifacts_are_absent_sends_nothing(tmp_path: Path) -> None:
+async def test_a_new_job_whose_artifacts_are_absent_is_reported_absent_once(tmp_path: Path) -> None:
+    """The scheduler tells a path looked for and not found from one not looked at yet by this report: a job waits
+    for its data only once it is reported absent. Polls that find it still absent send nothing more."""
     agent = Agent(tmp_path)
 
     await agent.handlers.on_lifecycle(accepted())
     await agent.handlers.poll_artifacts()
 
-    assert agent.beats() == []
+    (beat,) = agent.beats()
+    assert beat.artifacts == {} and beat.artifacts_absent == tuple(sorted({MODEL, DATA}))
 
 
 async def test_an_artifact_that_appears_is_reported_by_the_next_poll(tmp_path: Path) -> None:

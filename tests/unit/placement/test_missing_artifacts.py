@@ -158,3 +158,17 @@ def test_the_paths_found_absent_are_what_fails_the_artifact_filter(artifacts: di
 )
 def test_a_job_path_lies_where_the_nodes_mounts_put_it(job_path: str, mounts: dict[str, str], local: str) -> None:
     assert host_path(job_path, mounts) == local
+
+
+def test_a_path_no_agent_has_looked_for_yet_is_not_waited_for() -> None:
+    """A new job's paths are absent from every node's report until its agent has looked (within a heartbeat of the
+    job's acceptance): the verdict names no missing path then, and says why."""
+    unlooked = [node("a1", artifacts=BARE, absent_artifacts=frozenset()), node("a2", artifacts=ONLY_MODEL)]
+
+    decision = blocked(only(unlooked))
+
+    assert decision.reason is PendingReason.WAITING_FOR_ARTIFACT
+    assert decision.missing == (missing(DATASET, ("a2",), 1, 2, a2=DATASET).model_copy(update={"unchecked": 1}),)
+    looked_for_none = blocked(only([node("a1", artifacts=BARE, absent_artifacts=frozenset())]))
+    assert looked_for_none.missing == ()
+    assert "agents have not reported on its model and dataset yet" in looked_for_none.message

@@ -350,3 +350,22 @@ def test_a_job_that_never_fits_ends_unschedulable_at_the_bound_unless_a_node_tha
     ]
     assert all("never fitted this cluster in 600s" in e.message for e in ended if isinstance(e, JobFailed))
     assert lifecycle(book.cycle(at(1200))) == []  # ended once
+
+
+def test_a_wait_for_artifacts_no_agent_has_reported_absent_goes_unsaid_for_a_while() -> None:
+    """Every submission opened with a false WAITING_FOR_ARTIFACT: the first cycle ran before the agents had looked."""
+    book = SchedulerBook()
+    book.apply(node_state("node-a", artifacts={}))  # its agent has not looked for the job's paths yet
+    book.apply(ready())
+
+    assert lifecycle(book.cycle(at(1))) == []
+    (late,) = lifecycle(book.cycle(at(11)))  # an agent that never reports: said, with why
+    assert isinstance(late, JobUnschedulable) and late.reason is PendingReason.WAITING_FOR_ARTIFACT
+    assert "have not reported" in late.message
+
+    book.apply(node_state("node-a", artifacts={}, artifacts_absent=("/data/datasets/wikitext", "/data/models/gpt2")))
+    (said,) = lifecycle(book.cycle(at(12)))
+    assert isinstance(said, JobUnschedulable) and [m.path for m in said.missing_artifacts] == [
+        "/data/models/gpt2",
+        "/data/datasets/wikitext",
+    ]
