@@ -46,9 +46,9 @@ class PendingReasons:
     def unschedulable(self, decision: Unschedulable, job: PendingJob, now: datetime) -> list[Event]:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
-        if decision.reason is PendingReason.WAITING_FOR_ARTIFACT and not decision.missing:
-            if (now - job.ready_at).total_seconds() < UNREPORTED_ARTIFACTS_S:
-                return []  # not looked for yet: the agents report within a heartbeat
+        unreported = decision.reason is PendingReason.WAITING_FOR_ARTIFACT and not decision.missing
+        if unreported and (now - job.ready_at).total_seconds() < UNREPORTED_ARTIFACTS_S:
+            return []  # not looked for yet: the agents report within a heartbeat
         if decision.reason is PendingReason.NEVER_FITS:
             self.never_fits_since.setdefault(decision.job_id, now)
         else:
