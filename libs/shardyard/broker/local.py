@@ -36,6 +36,7 @@ def start_broker(
     if choice.kind == "external":
         say(f"broker: an outside Kafka at {choice.bootstrap} ({choice.why})")
         return None, None
+    say(f"starting the broker ({choice.kind}): its log goes to {logs / 'broker.log'}")
     if choice.kind == "kafka":
         folder = run_dir / KAFKA_FOLDER
         if fresh and folder.exists():

@@ -284,17 +284,17 @@ def wait(
     poll_s: float = 0.25,
     never_fits_s: float | None = None,
 ) -> dict[str, Any]:
-    """Follow a job until it reaches a terminal state; ``on_update`` sees each new view of it. With
-    ``never_fits_s``, give up (``NeverFits``) once the job has waited ``NEVER_FITS`` that long without a break."""
+    """Follow a job until it reaches a terminal state; ``on_update`` sees its view at every poll (a follower keeps
+    time even when nothing changes). With ``never_fits_s``, give up (``NeverFits``) once the job has waited
+    ``NEVER_FITS`` that long without a break."""
     deadline = time.monotonic() + timeout_s
     last: dict[str, Any] | None = None
     never_since: float | None = None
     while time.monotonic() < deadline:
         current = job(monitor_url, job_id)
         if current is not None:
-            if current != last:
-                on_update(current)
-                last = current
+            on_update(current)
+            last = current
             if current["state"] in TERMINAL_STATES:
                 return current
             never = current.get("reason") == "NEVER_FITS"

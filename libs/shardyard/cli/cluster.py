@@ -132,12 +132,13 @@ def up(
             info.access_dir = str(access.folder) if access is not None else ""
             info.record_broker(process)
             _create_topics(info.bootstrap, info.transport(ADMIN_PRINCIPAL))
+            say(f"topics ready; starting {replicas} x {len(SERVICES)} service processes and {len(nodes)} node agents")
             children = _start_processes(
                 info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
             )
             wait_ready(
                 children,
-                ready=lambda: _ready(info, expected_nodes=len(nodes)),
+                ready=_ready_saying(info, len(nodes), say),
                 timeout_s=timeout_s,
                 others={"broker": process.poll} if process is not None else {},
                 say=say,
@@ -268,17 +269,40 @@ def _record(info: ClusterInfo, started: Mapping[str, Child]) -> None:
     info.save()
 
 
-def _ready(info: ClusterInfo, *, expected_nodes: int) -> bool:
-    """Every service announced itself, the elected ones have leaders, and every node is ALIVE (the monitor says).
-    Short timeouts: between two asks, ``up`` looks at its children."""
+def _missing(info: ClusterInfo, *, expected_nodes: int) -> str | None:
+    """What the cluster still waits for: a service to announce itself, an elected one's leader, a node to be ALIVE
+    (the monitor says); None once nothing. Short timeouts: between two asks, ``up`` looks at its children."""
     try:
         answer = get_json(f"{info.monitor_url}/api/services", timeout_s=0.5)
         services = {s["service"] for s in answer["services"]}
         nodes = get_json(f"{info.monitor_url}/api/nodes", timeout_s=0.5)["nodes"]
     except (urllib.error.URLError, OSError, ValueError):
-        return False  # the monitor is not listening yet
+        return "the monitor to answer"  # not listening yet
     alive = sum(1 for n in nodes if n["status"] == "ALIVE")
-    return set(SERVICES) <= services and set(ELECTED) <= set(answer["leaders"]) and alive >= expected_nodes
+    waiting = [s for s in SERVICES if s not in services]
+    waiting += [f"a {s} leader" for s in ELECTED if s in services and s not in answer["leaders"]]
+    if alive < expected_nodes:
+        waiting.append(f"nodes ({alive}/{expected_nodes} ALIVE)")
+    return ", ".join(waiting) or None
+
+
+WAITING_SAID_EVERY_S = 10.0
+"""While ``up`` waits for its processes, it says what for this often: a start-up is never silent for long."""
+
+
+def _ready_saying(info: ClusterInfo, expected_nodes: int, say: Callable[[str], None]) -> Callable[[], bool]:
+    """``_ready``, saying what is still awaited every ``WAITING_SAID_EVERY_S``."""
+    began = last = time.monotonic()
+
+    def ready() -> bool:
+        nonlocal last
+        missing = _missing(info, expected_nodes=expected_nodes)
+        if missing is not None and time.monotonic() - last >= WAITING_SAID_EVERY_S:
+            last = time.monotonic()
+            say(f"waiting for {missing} ({last - began:.0f}s)")
+        return missing is None
+
+    return ready
 
 
 def down(run_dir: Path, *, timeout_s: float = 15.0, say: Callable[[str], None] = print) -> None:

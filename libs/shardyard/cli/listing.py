@@ -23,14 +23,15 @@ def _clock(value: str | None) -> str:
 
 # --- jobs -----------------------------------------------------------------------------------------------------------
 def elapsed(job: dict[str, Any], now: datetime) -> str:
-    """ELAPSED: a running job's time since its gang started; an ended one's from its start to its end (``-`` when it
-    never started); a pending one's time since it was submitted."""
-    started, ended, submitted = _at(job.get("started_at")), _at(job.get("ended_at")), _at(job.get("submitted_at"))
+    """ELAPSED: the time since the job was submitted, across its attempts (a retry does not reset it); an ended
+    job's from its submission to its end; ``-`` when the view does not say when it was submitted. (``-o wide`` adds
+    when it was submitted and when its current attempt started.)"""
+    ended, submitted = _at(job.get("ended_at")), _at(job.get("submitted_at"))
+    if submitted is None:
+        return "-"
     if job["state"] in TERMINAL:
-        return duration((ended - started).total_seconds()) if started and ended else "-"
-    if job["state"] == "RUNNING":
-        return duration((now - started).total_seconds()) if started else "-"
-    return duration((now - submitted).total_seconds()) if submitted else "-"
+        return duration((ended - submitted).total_seconds()) if ended else "-"
+    return duration((now - submitted).total_seconds())
 
 
 def _reason(job: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ import argparse
 import contextlib
 import getpass
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -14,10 +13,11 @@ from typing import TypeAlias
 
 from shardyard.cli import client, cluster, listing, render, show, usage, verdict
 from shardyard.cli import history as history_cli
+from shardyard.cli import logs as logs_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
-from shardyard.cli.rundir import DEFAULT_RUN_DIR, DEMO_RUN_DIR, remember, run_dir_of, shard_log_dir, start_dir_of
+from shardyard.cli.rundir import DEFAULT_RUN_DIR, DEMO_RUN_DIR, remember, run_dir_of, start_dir_of
 from shardyard.cli.team_files import broker_options, openness, sealed_env, secure_options, secured
 from shardyard.errors import ClusterError, NeverFits, ShardyardError
 from shardyard.sim import cli as sim_cli
@@ -25,11 +25,11 @@ from shardyard.sim import cli as sim_cli
 EXAMPLE = Path(__file__).with_name("example_job.json")
 
 
-def _info(args: argparse.Namespace, queue: str | None = None) -> cluster.ClusterInfo:
+def _info(args: argparse.Namespace, queue: str | None = None, run_dir: Path | None = None) -> cluster.ClusterInfo:
     """The running cluster; a command that publishes seals what it sends with the cluster's secret, if it has one,
     and speaks to a secured broker as the admin (an operator's command) or, for a job of ``queue``, as its team,
     unless the environment names another principal."""
-    info = cluster.ClusterInfo.load(run_dir_of(args)).live()
+    info = cluster.ClusterInfo.load(run_dir or run_dir_of(args)).live()
     principal = cluster.ADMIN_PRINCIPAL if queue is None else info.submitter(queue)
     for name, value in {**sealed_env(info.secret_file), **info.transport(principal)}.items():
         os.environ.setdefault(name, value)
@@ -166,43 +166,6 @@ def cmd_top(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
-def _job_ended(args: argparse.Namespace, job_id: str) -> bool:
-    """Whether the local cluster's monitor shows the job ended; False when there is no cluster to ask."""
-    try:
-        found = client.job(_info(args).monitor_url, job_id)
-    except ClusterError:
-        return False
-    return found is not None and found["state"] in client.TERMINAL_STATES
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    from shardyard.events.submission import JOB_ID_PATTERN
-
-    if not re.fullmatch(JOB_ID_PATTERN, args.job):
-        return _fail(f"{args.job!r} is not a job id")
-    log_dir = Path(args.log_dir) if args.log_dir else shard_log_dir(run_dir_of(args), args.job)  # this run's
-    tail = client.LogTail(log_dir, args.job, shard=args.shard, attempt=args.attempt)
-    if not client.shard_logs(log_dir, args.job, shard=args.shard, attempt=args.attempt):
-        which = "".join(f" {k} {v}" for k, v in (("shard", args.shard), ("attempt", args.attempt)) if v is not None)
-        if not args.follow:
-            return _fail(f"no logs of job {args.job}{which} under {log_dir} (a shard writes one once it starts)")
-        print(f"waiting for logs of job {args.job}{which} under {log_dir}", file=sys.stderr)
-    several = args.shard is None
-
-    def show(lines: list[tuple[client.ShardLog, str]]) -> None:
-        for log, line in lines:
-            print(render.log_line(log.shard, log.attempt, line, prefixed=several), flush=True)
-
-    show(tail.poll(final=not args.follow))
-    while args.follow:
-        time.sleep(args.interval)
-        ended = _job_ended(args, args.job)  # asked before reading, so the last lines are read after it ended
-        show(tail.poll(final=ended))
-        if ended:
-            break
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from shardyard.training.artifacts import create_demo_artifacts
 
@@ -219,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raw = client.with_owner(EXAMPLE.read_bytes(), _user())
         print(f"submitting the example job (S15):\n{EXAMPLE.read_text().strip()}")
         raw, signed = client.sealed_submission(raw, str(credentials)) if credentials else (raw, [])
-        _info(args, queue=client.queue_of(raw))  # submitted as its queue's team, as `shardyard submit` does
+        _info(args, client.queue_of(raw), run_dir)  # submitted as its queue's team, as `shardyard submit` does
         submitted = client.submit(info.bootstrap, raw, signed)
         final = verdict.follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
@@ -254,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     queues_cli.add_parser(sub, lambda args: _info(args).monitor_url)
     token_cli.add_parser(sub)
     history_cli.add_parser(sub, run_dir_of)
-    _logs_command(sub)
+    logs_cli.add_parser(sub, _info)
     sim_cli.add_parser(sub)
     _demo_command(sub)
     for command in sub.choices.values():  # `shardyard up --run-dir X` as well as `shardyard --run-dir X up`
@@ -349,19 +312,6 @@ def _view_commands(sub: Commands) -> None:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     top.set_defaults(func=cmd_top)
-
-
-def _logs_command(sub: Commands) -> None:
-    logs = sub.add_parser(
-        "logs", help="a job's shard logs (each shard's newest attempt unless --attempt)", **usage.of("logs")
-    )
-    logs.add_argument("job")
-    logs.add_argument("--shard", type=int, help="only this shard (by index)")
-    logs.add_argument("--attempt", type=int, help="this attempt instead of the newest")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
-    logs.add_argument("--log-dir", help="the agents' log folder (default: this cluster run's, RUN_DIR/logs/shards/RUN)")
-    logs.add_argument("--interval", type=float, default=0.25, help="seconds between reads with --follow")
-    logs.set_defaults(func=cmd_logs)
 
 
 def _demo_command(sub: Commands) -> None:

@@ -8,7 +8,12 @@ The last column is left free, so the cursor never waits in the terminal's deferr
 narrower than the line last drawn, a terminal that reflows its text has made that line several rows: the redraw clears
 each of them and starts again on the first.
 
-Off a terminal (a log, a pipe) it prints one whole line each time the state, the sync count or the reason changes.
+Off a terminal (a log, a pipe) it prints one whole line each time the state, the sync count or the reason changes,
+and at least every ``QUIET_S`` while nothing does (a start-up, a long first step): a follower is never left wondering.
+
+Either way, what happened to an attempt is printed as a line of its own above the bar, once, as the monitor's timeline
+has it: a shard's failure with its cause, the recovery with the retries used and left, a preemption, the job's end.
+The elapsed time is since the job's submission, across its attempts.
 """
 
 from __future__ import annotations
@@ -16,8 +21,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TextIO
+
+from shardyard.cli.history_render import duration
 
 BAR = 30
 """The bar's width where the terminal has room for it."""
@@ -31,6 +40,10 @@ REASON_ROOM = 40
 """Columns a waiting reason keeps before the bar gets any: why a job waits matters more than its empty bar."""
 RUNNING_STATES = frozenset({"RUNNING", "SUCCEEDED"})
 """States whose reason, if a view still carries one, is no longer news."""
+NEWS = frozenset({"shard failed", "recovering", "preempting", "preempted", "failed", "cancelled"})
+"""Timeline notes printed as lines of their own: what befell an attempt, and the job's end when it was not success."""
+QUIET_S = 15.0
+"""Off a terminal, the longest a follower goes without a line."""
 
 
 def terminal_width(stream: TextIO) -> int:
@@ -71,17 +84,32 @@ def fit(text: str, room: int, ellipsis: str) -> str:
     return text[: max(0, room - len(ellipsis))] + ellipsis[:room]
 
 
-def render(job: dict[str, Any], width: int | None, *, ellipsis: str = "…") -> str:
+def since_submission(job: dict[str, Any], now: datetime | None = None) -> str:
+    """How long ago the job was submitted (to its end, once it ended): ``1m05s``; ``-`` when the view does not say."""
+    try:
+        submitted = datetime.fromisoformat(str(job["submitted_at"]))
+    except (KeyError, TypeError, ValueError):
+        return "-"
+    ended = job.get("ended_at")
+    until = datetime.fromisoformat(ended) if isinstance(ended, str) else (now or datetime.now(UTC))
+    return duration(max(0.0, (until - submitted).total_seconds()))
+
+
+def render(job: dict[str, Any], width: int | None, *, ellipsis: str = "…", now: datetime | None = None) -> str:
     """The progress line of a job view (``/api/jobs/ID``): in ``width`` columns at most, or whole when None."""
     total = job.get("max_steps") or 0
     step = job.get("step") or 0
     head = f"{job['job_id']} {job['state']:<10} "
     figures = f"step {step}/{total or '?'} loss {_number(job.get('loss'))} syncs {_syncs(job)}"
+    elapsed = f"{since_submission(job, now)} since submission "
     reason = _reason(job)
     if width is None:
-        return head + _bar(step, total, BAR) + figures + reason
+        return head + elapsed + _bar(step, total, BAR) + figures + reason
     room = max(1, width - 1)
-    bar_width = min(BAR, room - len(head) - len(figures) - 3 - min(len(reason), REASON_ROOM))
+    left = room - len(head) - len(figures) - min(len(reason), REASON_ROOM)
+    if len(elapsed) <= left:  # the reason first, then the time, then the bar
+        head, left = head + elapsed, left - len(elapsed)
+    bar_width = min(BAR, left - 3)
     bar = _bar(step, total, bar_width) if bar_width >= MIN_BAR else ""
     return fit(head + bar + figures + reason, room, ellipsis)
 
@@ -96,18 +124,41 @@ class ProgressLine:
         self.last_text = ""
         self.drawn = 0
         """Columns of the line on screen now (0: none yet)."""
+        self.told: set[tuple[str, str, str]] = set()
+        """The timeline notes printed so far, as (at, event, detail)."""
+        self.printed_at = 0.0
         encoding = getattr(stream, "encoding", None) or "ascii"
         self.ellipsis = "…" if _encodes("…", encoding) else "..."
 
     def update(self, job: dict[str, Any]) -> None:
+        """Take the job's view (at every poll: the line keeps time)."""
+        self._news(job)
         if self.tty:
             self._redraw(job)
             return
         key = f"{job['state']} {_syncs(job)} {job.get('reason')}"
-        if key == self.last_text:
+        if key == self.last_text and time.monotonic() - self.printed_at < QUIET_S:
             return
-        self.last_text = key
+        self.last_text, self.printed_at = key, time.monotonic()
         self.stream.write(render(job, None) + "\n")
+        self.stream.flush()
+
+    def _news(self, job: dict[str, Any]) -> None:
+        """Print each timeline note of ``NEWS`` not printed yet, above the bar."""
+        lines = []
+        for note in job.get("timeline") or []:
+            key = (str(note.get("at")), str(note.get("event")), str(note.get("detail")))
+            if key[1] in NEWS and key not in self.told:
+                self.told.add(key)
+                lines.append(f"  {key[0][11:19]} {key[1]}: {key[2]}")
+        if not lines:
+            return
+        if self.tty and self.drawn:
+            width = self.columns(self.stream)
+            rows_above = (self.drawn - 1) // width if self.drawn >= width else 0
+            self.stream.write("\r" + CLEAR_LINE + (UP + CLEAR_LINE) * rows_above)
+            self.last_text, self.drawn = "", 0  # the bar is drawn again below the news
+        self.stream.write("".join(line + "\n" for line in lines))
         self.stream.flush()
 
     def _redraw(self, job: dict[str, Any]) -> None:

@@ -41,14 +41,16 @@ def job(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("view", "shown"),
     [
-        pytest.param(job(), "1m05s", id="running-since-its-start"),
+        # Since its submission, across attempts: a retry (a later started_at) does not reset it.
+        pytest.param(job(), "10m00s", id="running-since-its-submission"),
+        pytest.param(job(attempt=3, started_at=ago(5)), "10m00s", id="a-third-attempt-does-not-reset-it"),
         pytest.param(job(state="READY", started_at=None), "10m00s", id="pending-since-submission"),
         pytest.param(job(state="WAITING", started_at=None, submitted_at=ago(7260)), "2h01m", id="waiting"),
         pytest.param(job(state="READY"), "10m00s", id="requeued-after-a-run-counts-its-wait"),
-        pytest.param(job(state="SUCCEEDED", ended_at=ago(5)), "1m00s", id="ended-its-run-time"),
-        pytest.param(job(state="CANCELLED", started_at=None, ended_at=ago(5)), "-", id="ended-never-started"),
+        pytest.param(job(state="SUCCEEDED", ended_at=ago(5)), "9m55s", id="ended-submission-to-end"),
+        pytest.param(job(state="CANCELLED", started_at=None, ended_at=ago(5)), "9m55s", id="ended-never-started"),
         pytest.param(job(state="REJECTED", submitted_at=None, started_at=None, ended_at=ago(5)), "-", id="rejected"),
-        pytest.param(job(started_at=None), "-", id="running-without-a-start-older-monitor"),
+        pytest.param(job(started_at=None), "10m00s", id="running-without-a-start-older-monitor"),
     ],
 )
 def test_elapsed(view: dict[str, Any], shown: str) -> None:
@@ -64,7 +66,7 @@ def test_the_jobs_table_shows_owner_queue_and_elapsed() -> None:
     lines = listing.jobs_table(jobs, NOW).splitlines()
 
     assert lines[0].split() == ["JOB", "STATE", "OWNER", "QUEUE", "PRIO", "GPUS", "STEP", "LOSS", "ELAPSED", "REASON"]
-    assert lines[1].split() == ["j1", "RUNNING", "alice", "default", "5", "2", "x", "A100", "40/300", "3.25", "1m05s"]
+    assert lines[1].split() == ["j1", "RUNNING", "alice", "default", "5", "2", "x", "A100", "40/300", "3.25", "10m00s"]
     assert lines[2].split()[:4] == ["j2", "READY", "-", "research"]
     assert lines[2].endswith("10m00s   NO_FIT: m")
 
@@ -73,7 +75,7 @@ def test_the_wide_jobs_table_adds_attempt_and_times() -> None:
     lines = listing.jobs_table([job(attempt=2)], NOW, wide=True).splitlines()
 
     assert lines[0].split()[6:12] == ["ATTEMPT", "STEP", "LOSS", "SUBMITTED", "STARTED", "ELAPSED"]
-    assert lines[1].split()[8:14] == ["2", "40/300", "3.25", "2026-01-01T01:50:00Z", "2026-01-01T01:58:55Z", "1m05s"]
+    assert lines[1].split()[8:14] == ["2", "40/300", "3.25", "2026-01-01T01:50:00Z", "2026-01-01T01:58:55Z", "10m00s"]
 
 
 def test_a_job_from_an_older_monitor_without_the_new_fields_still_lists() -> None:
