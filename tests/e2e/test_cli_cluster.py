@@ -245,3 +245,7 @@ def test_an_independent_kafka_client_submits_like_the_cli(cluster: Path) -> None
     produce_with_kafka_python(ClusterInfo.load(cluster), "kafka-python-elsewhere", queue="team-x")
     refused = wait_for_end(cluster, "kafka-python-elsewhere")
     assert refused.get("state") == "REJECTED" and "UNAUTHENTICATED" in json.dumps(refused), refused
+    # The rejection names the ways out: sign with the team's key (where a local cluster keeps it), or the queue
+    # that takes unsigned jobs.
+    said = str(refused.get("message"))
+    assert "credentials.yaml" in said and "submit it unsigned to queue 'default'" in said, said

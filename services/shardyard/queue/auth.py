@@ -48,12 +48,22 @@ class Gate:
         if signed is not None:
             if signed.team == queue:
                 return None
-            return Denied(RejectReason.FORBIDDEN, f"team {signed.team} may not submit to queue {queue!r}")
+            return Denied(
+                RejectReason.FORBIDDEN,
+                f"team {signed.team} may not submit to queue {queue!r}: sign with a key of team {queue!r}, or submit "
+                f"to queue {signed.team!r}",
+            )
         anonymous = self.credentials.anonymous_queue
         if anonymous is not None and queue == anonymous:
             return None
+        into = f"; or submit it unsigned to queue {anonymous!r}" if anonymous else ""
         where = f"only into queue {anonymous!r}" if anonymous else "not at all"
-        return Denied(RejectReason.UNAUTHENTICATED, f"unsigned submissions are taken {where}: sign it")
+        return Denied(
+            RejectReason.UNAUTHENTICATED,
+            f"unsigned submissions are taken {where}: sign it with a key of team {queue!r} (`shardyard submit "
+            f"--credentials FILE`; a local cluster's keys are in RUN_DIR/credentials.yaml, which submit uses by "
+            f"itself; another Kafka client adds the signature headers the security docs describe){into}",
+        )
 
     def env_for_agents(self, spec: JobSpec, signed: Signed | None) -> JobSpec | Denied:
         """``spec`` with its entrypoint's environment values as the agents get them (``shardyard.secret_env``):
