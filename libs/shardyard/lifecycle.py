@@ -1,7 +1,6 @@
 """The job lifecycle as a transition table. Events from several services meet on the lifecycle topic; a consumer
 applies one only when the table allows the move, so late or duplicated events cannot revive a finished job."""
 
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
@@ -22,21 +21,8 @@ from shardyard.events import (
     JobWaiting,
 )
 from shardyard.events.job import LifecycleFact  # the one list of lifecycle events; declared beside them
-
-
-class JobState(StrEnum):
-    ACCEPTED = "ACCEPTED"
-    REJECTED = "REJECTED"
-    WAITING = "WAITING"
-    READY = "READY"
-    SCHEDULED = "SCHEDULED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-TERMINAL: Final = frozenset({JobState.REJECTED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+from shardyard.job_state import TERMINAL as TERMINAL
+from shardyard.job_state import JobState as JobState
 
 TRANSITIONS: Final = MappingProxyType(
     {

@@ -131,6 +131,14 @@ def check_loaded_host(out: dict[str, Any]) -> None:
     assert out["cpu_percent"]["hog"] > 0 and "false_suspects_per_node_hour" in out
 
 
+def check_cli_latency(out: dict[str, Any]) -> None:
+    assert out["bench"] == "cli_latency" and out["hog_processes"] >= 1 and out["job_state_after"] == "SUCCEEDED"
+    for phase in ("idle", "loaded"):
+        assert set(out[phase]) == {"status", "jobs", "nodes", "history"}
+        assert all(f["p95_s"] > 0 and f["cli_cpu_s"] > 0 for f in out[phase].values())
+    assert out["cpu_percent"]["hog"] > 0 and isinstance(out["all_under_target"], bool)
+
+
 SMOKES = [
     Smoke("training.py", check_training),
     Smoke("skeleton.py", check_skeleton),
@@ -142,6 +150,7 @@ SMOKES = [
     Smoke("scale.py", check_scale),
     Smoke("broker_growth.py", check_broker_growth),
     Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
+    Smoke("cli_latency.py", check_cli_latency, timeout_s=240.0),
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import time
-import urllib.error
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardyard.cli.cluster import get_json
+from shardyard.cli.cluster_info import get_json
 from shardyard.errors import BrokerError, ClusterError, NeverFits
 
 # asyncio and the tracing (OpenTelemetry) are imported where used, as these are: a command that only reads the
@@ -241,11 +240,12 @@ def job(monitor_url: str, job_id: str) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = get_json(f"{monitor_url}/api/jobs/{urllib.parse.quote(job_id)}")
         return found
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+    except OSError as exc:  # an HTTPError (a URLError, an OSError) carries the monitor's status
+        code = getattr(exc, "code", None)
+        if code == 404:
             return None
-        raise ClusterError(f"the monitor answered {exc.code} for job {job_id}") from exc
-    except (urllib.error.URLError, OSError) as exc:
+        if code is not None:
+            raise ClusterError(f"the monitor answered {code} for job {job_id}") from exc
         raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
 
 
@@ -253,7 +253,7 @@ def listing(monitor_url: str, what: str) -> dict[str, Any]:
     try:
         result: dict[str, Any] = get_json(f"{monitor_url}/api/{what}")
         return result
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:  # URLError and HTTPError included
         raise ClusterError(f"cannot reach the monitor at {monitor_url}: {exc}") from exc
 
 
@@ -262,7 +262,7 @@ def links(monitor_url: str) -> dict[str, Any]:
     try:
         return listing(monitor_url, "links")
     except ClusterError as exc:
-        if isinstance(exc.__cause__, urllib.error.HTTPError) and exc.__cause__.code == 404:
+        if getattr(exc.__cause__, "code", None) == 404:  # an HTTPError
             raise ClusterError(f"the monitor at {monitor_url} serves no measured links (an older version)") from exc
         raise
 

@@ -28,7 +28,14 @@ from shardyard.cli.children import (
     pick_free_port,
     wait_ready,
 )
-from shardyard.cli.cluster_info import ADMIN_PRINCIPAL, AGENT_PRINCIPAL, ClusterInfo, get_json
+from shardyard.cli.cluster_info import (
+    ADMIN_PRINCIPAL,
+    AGENT_PRINCIPAL,
+    DEFAULT_NODES,
+    REPLICAS,
+    ClusterInfo,
+    get_json,
+)
 from shardyard.cli.rundir import SHARD_LOGS
 from shardyard.cli.shard_user import shard_user_fallback
 from shardyard.cli.stopping import stop_processes
@@ -38,13 +45,7 @@ from shardyard.errors import ClusterError
 SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting", "monitor")
 ACCOUNTING_URL_TO = ("accounting", "monitor")
 """The services ``up`` gives ``--accounting-url``: the one that writes the database and the one that serves it."""
-REPLICAS = 2
-"""Processes per service: the scheduler's standby is warm (it follows the log); the queue's replicas split the jobs
-by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both monitors
-serve the status API. ``up --replicas 1`` gives up that failover for a lighter cluster."""
 ELECTED = ("scheduler",)
-
-DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
 
 
 def _module(service: str) -> str:

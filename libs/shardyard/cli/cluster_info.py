@@ -3,9 +3,8 @@ answer, and how a command speaks to them (``ClusterInfo``); and reading the moni
 
 import json
 import os
+import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,13 @@ from shardyard.jobdb.urls import default_url
 if TYPE_CHECKING:
     from shardyard.broker.choice import Choice
     from shardyard.broker.process import BrokerProcess
+
+REPLICAS = 2
+"""Processes per service ``up`` starts: the scheduler's standby is warm (it follows the log); the queue's replicas split
+the jobs by submission, the resource pool's the nodes and the fault manager's the jobs by their shard events; both
+monitors serve the status API. ``up --replicas 1`` gives up that failover for a lighter cluster."""
+DEFAULT_NODES = ("A100:1", "A100:1", "V100:2")
+"""The nodes ``up`` starts an agent for unless told (``--node``)."""
 
 AGENT_PRINCIPAL = "node-agent"
 """Every agent's principal at a secured broker (``shardyard.broker.access``)."""
@@ -64,11 +70,15 @@ class ClusterInfo:
     ``cancel`` sign with it unless told another file."""
 
     def live(self) -> "ClusterInfo":
-        """This cluster, its ``monitor_url`` the first monitor replica that answers (another may have died)."""
+        """This cluster, its ``monitor_url`` the first monitor replica that is listening (another may have died). A
+        connection is all it asks: the kernel accepts one for a process that is alive however busy it is, and refuses
+        it at once for one that died; an HTTP round trip to a monitor starved of CPU cost a whole timeout per replica
+        on a loaded host."""
         for url in self.monitor_urls:
+            host, _, port = url.removeprefix("http://").rpartition(":")
             try:
-                get_json(f"{url}/healthz", timeout_s=0.5)
-            except (urllib.error.URLError, OSError, ValueError):
+                socket.create_connection((host, int(port)), timeout=0.5).close()
+            except (OSError, ValueError):
                 continue
             return replace(self, monitor_url=url)
         return self
@@ -133,8 +143,37 @@ MONITOR_TOKEN_ENV = "SHARDYARD_MONITOR_TOKEN"
 
 
 def get_json(url: str, timeout_s: float = 2.0) -> Any:
-    """The monitor's answer at ``url``, every string in it made inert for a terminal (``cli.inert``)."""
+    """The monitor's answer at ``url``, every string in it made inert for a terminal (``cli.inert``). A non-200 answer
+    raises ``urllib.error.HTTPError``; one that cannot be had, ``OSError`` (``URLError`` included)."""
     token = os.environ.get(MONITOR_TOKEN_ENV)
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return inert_json(json.loads(response.read()))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if not url.startswith("http://"):  # https (a monitor behind a proxy): the standard client
+        import urllib.request
+
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as response:
+            return inert_json(json.loads(response.read()))
+    return inert_json(json.loads(_http_get(url, headers, timeout_s)))
+
+
+def _http_get(url: str, headers: dict[str, str], timeout_s: float) -> bytes:
+    """``GET url`` over plain HTTP/1.0, its body when the status is 200. Every CLI read is one such request to a
+    monitor on this host: written out here, it spares each command the import of ``urllib.request`` (with
+    ``http.client``, ``email`` and ``ssl``), a quarter of its start-up CPU, which a loaded host multiplies."""
+    rest = url.removeprefix("http://")
+    where, _, path = rest.partition("/")
+    host, _, port = where.rpartition(":")
+    lines = [f"GET /{path} HTTP/1.0", f"Host: {where}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+    chunks = []
+    with socket.create_connection((host or where, int(port or 80)), timeout=timeout_s) as connection:
+        connection.sendall("\r\n".join(lines).encode())
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    code = int(status[1]) if len(status) >= 2 and status[1].isdigit() else 0
+    if code != 200:
+        import urllib.error
+
+        reason = b" ".join(status[2:]).decode(errors="replace")
+        raise urllib.error.HTTPError(url, code, reason or "no HTTP status", None, None)  # type: ignore[arg-type]
+    return body

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from shardyard.cli import usage
-from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.cluster_info import ClusterInfo
 from shardyard.errors import ClusterError
 from shardyard.jobdb.urls import default_url
 

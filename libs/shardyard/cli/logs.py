@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from shardyard.cli import client, render, usage
-from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.cluster_info import ClusterInfo
 from shardyard.cli.rundir import run_dir_of, shard_log_dir
 from shardyard.errors import ClusterError
 

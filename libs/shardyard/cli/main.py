@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeAlias
 
-from shardyard.cli import client, cluster, listing, render, show, usage, verdict
+from shardyard.cli import client, listing, render, show, usage, verdict
 from shardyard.cli import history as history_cli
 from shardyard.cli import logs as logs_cli
 from shardyard.cli import ps as ps_cli
 from shardyard.cli import queues as queues_cli
 from shardyard.cli import token as token_cli
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL, DEFAULT_NODES, REPLICAS, ClusterInfo
 from shardyard.cli.rundir import DEFAULT_RUN_DIR, DEMO_RUN_DIR, remember, run_dir_of, start_dir_of
 from shardyard.cli.team_files import broker_options, openness, sealed_env, secure_options, secured
 from shardyard.errors import ClusterError, NeverFits, ShardyardError
@@ -25,23 +26,25 @@ from shardyard.sim import cli as sim_cli
 EXAMPLE = Path(__file__).with_name("example_job.json")
 
 
-def _info(args: argparse.Namespace, queue: str | None = None, run_dir: Path | None = None) -> cluster.ClusterInfo:
+def _info(args: argparse.Namespace, queue: str | None = None, run_dir: Path | None = None) -> ClusterInfo:
     """The running cluster; a command that publishes seals what it sends with the cluster's secret, if it has one,
     and speaks to a secured broker as the admin (an operator's command) or, for a job of ``queue``, as its team,
     unless the environment names another principal."""
-    info = cluster.ClusterInfo.load(run_dir or run_dir_of(args)).live()
-    principal = cluster.ADMIN_PRINCIPAL if queue is None else info.submitter(queue)
+    info = ClusterInfo.load(run_dir or run_dir_of(args)).live()
+    principal = ADMIN_PRINCIPAL if queue is None else info.submitter(queue)
     for name, value in {**sealed_env(info.secret_file), **info.transport(principal)}.items():
         os.environ.setdefault(name, value)
     return info
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from shardyard.cli import cluster  # starting processes: loaded by the commands that do only
+
     run_dir = start_dir_of(args)
     credentials, sealed = secured(args, run_dir)
     info = cluster.up(
         run_dir,
-        nodes=args.node or cluster.DEFAULT_NODES,
+        nodes=args.node or DEFAULT_NODES,
         replicas=args.replicas,
         data_root=Path(args.data_root) if args.data_root else run_dir / "data",
         broker=args.broker,
@@ -58,6 +61,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from shardyard.cli import cluster
+
     cluster.down(run_dir_of(args))
     return 0
 
@@ -167,6 +172,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from shardyard.cli import cluster
     from shardyard.training.artifacts import create_demo_artifacts
 
     run_dir = start_dir_of(args, DEMO_RUN_DIR)
@@ -239,8 +245,8 @@ def _cluster_commands(sub: Commands) -> None:
     up.add_argument(
         "--replicas",
         type=_replicas,
-        default=cluster.REPLICAS,
-        help=f"processes per service (default {cluster.REPLICAS}; 1: no failover, a lighter cluster)",
+        default=REPLICAS,
+        help=f"processes per service (default {REPLICAS}; 1: no failover, a lighter cluster)",
     )
     up.add_argument(
         "--accounting-url",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from shardyard.cli.history_render import duration
+from shardyard.cli.render import duration
 
 BAR = 30
 """The bar's width where the terminal has room for it."""

@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 
 from shardyard.cli import usage
 from shardyard.cli.children import alive
-from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.cluster_info import ClusterInfo
 from shardyard.text_table import table
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 from shardyard.cli import client, listing, render, usage
-from shardyard.cli.cluster import ClusterInfo
+from shardyard.cli.cluster_info import ClusterInfo
 from shardyard.cli.rundir import run_dir_of
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

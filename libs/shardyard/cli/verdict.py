@@ -13,7 +13,7 @@ import time
 from typing import Any, Final
 
 from shardyard.cli import client
-from shardyard.cli.cluster import ClusterInfo, get_json
+from shardyard.cli.cluster_info import ClusterInfo, get_json
 from shardyard.errors import NeverFits
 
 VERDICT_TIMEOUT_S: Final = 30.0

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from shardyard.errors import ConfigError
-from shardyard.lifecycle import JobState
+from shardyard.job_state import JobState
 
 DEFAULT_LIMIT: Final = 1000
 MAX_LIMIT: Final = 100_000

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Final
 
-from shardyard.lifecycle import JobState
+from shardyard.job_state import JobState
 
 
 @dataclass(frozen=True)
