@@ -22,7 +22,7 @@ imported only by the functions that need it::
 
 A script ends with exit status 0 (done), :data:`PREEMPTED` (stopped on request, after saving) or :data:`USER_ERROR`
 (bad input or configuration: not retried); any other status is a failure the runtime retries (see
-:mod:`shardyard.training.entry`). The environment the script gets is described there and in the README.
+:mod:`shardyard.training.entry`). The environment the script gets is described there and in docs/users/own-script.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The embedded broker on ``s3://`` storage keeps its log across a restart (``SHARDYARD_BROKER_STORAGE``): over
 ``s3rver`` (npm, a file-backed S3 server), the one S3-compatible server from the package registries this build's
 Tansu worked with here. Skips where ``s3rver`` is not installed (``npm install -g s3rver``); ``./dev`` does not
-install it, since it is not the default (see the README: "What the embedded broker keeps across a restart")."""
+install it, since it is not the default (see docs/operators/running.md: "What the embedded broker keeps across a
+restart")."""
 
 import asyncio
 import json

@@ -22,7 +22,7 @@ MEMORY: Final = "memory://tansu/"
 EMBEDDED_GROWTH: Final = (
     "its log is in memory only: a restart forgets every job, and it grows with uptime (measured: an idle 3-node "
     "cluster grew its RSS by 8.2 kB/s, about 0.7 GB a day, at 22 % of a core; every fetch rescans the partition's "
-    "whole log, so a busy cluster slows down as it ages: README, Known limits)"
+    "whole log, so a busy cluster slows down as it ages: docs/limits.md)"
 )
 """What ``up`` warns of when it starts the embedded broker."""
 

@@ -7,7 +7,7 @@
   its own, so the broker's ACLs can tell them apart: ``broker.access``), and a file holding its password.
 
 Every producer, consumer and admin client (FastStream's and aiokafka's) takes these options, so one process talks
-to the broker one way. The embedded broker speaks plain Kafka only (README, "Security").
+to the broker one way. The embedded broker speaks plain Kafka only (docs/security/broker.md).
 """
 
 import os

@@ -256,14 +256,17 @@ def _cluster_commands(sub: Commands) -> None:
     up.add_argument(
         "--queues-file", help="the teams' queues and quotas (YAML, see examples/queues.yaml), read again on change"
     )
-    up.add_argument("--credentials-file", help="the teams' keys: the queue takes only signed submissions (README)")
+    up.add_argument(
+        "--credentials-file",
+        help="the teams' keys: the queue takes only signed submissions (docs/security/submissions.md)",
+    )
     broker_options(up, fresh=True)
     secure_options(up)
     up.add_argument(
         "--sign-events",
         action="store_true",
         help="with --insecure: every process still seals its events under a new cluster secret "
-        "(RUN_DIR/cluster.secret) and refuses the unsealed (README: Security)",
+        "(RUN_DIR/cluster.secret) and refuses the unsealed (docs/security)",
     )
     up.set_defaults(func=cmd_up)
 

@@ -16,8 +16,8 @@ The embedded broker, by default, keeps its log in memory: one that is restarted 
 So when it dies, the supervisor stops every other process first, starts the broker once they are gone, creates the
 catalogue's topics at once, and then starts the others again: the cluster starts over as ``up`` started it, each
 process rebuilding its state from the new log (see ``_broker_down``). Everything the old log held (jobs, their history,
-committed offsets) is gone, see the README; the shards of its jobs are stopped with their agents, and their
-checkpoints stay on disk.
+committed offsets) is gone, see docs/operators/running.md; the shards of its jobs are stopped with their agents, and
+their checkpoints stay on disk.
 
 ``down`` stops the supervisor first (SIGTERM: it exits and starts nothing more), then the cluster."""
 

@@ -85,7 +85,7 @@ def local_credentials(run_dir: Path, teams: Iterable[str] = (), anonymous_queue:
                 for team, keys in earlier.teams.items()
             }
     names = ["default", *sorted((set(teams) | set(kept)) - {"default"})]
-    lines = ["# made by shardyard up: a key per queue; add keys for new queues here (README, Security)"]
+    lines = ["# made by shardyard up: a key per queue; add keys for new queues here (docs/security/submissions.md)"]
     if anonymous_queue is not None:
         lines.append(f"anonymous_queue: {anonymous_queue}")
     lines.append("teams:")
@@ -129,7 +129,7 @@ def secure_options(command: argparse.ArgumentParser) -> None:
         "--insecure",
         action="store_true",
         help="an open cluster: no local keys and no sealed events; the queue takes any submission unless "
-        "--credentials-file names the teams' keys (default: secured, README: Security)",
+        "--credentials-file names the teams' keys (default: secured, docs/security)",
     )
     command.add_argument(
         "--anonymous-queue",

@@ -3,10 +3,11 @@
 Parsing is strict about types (``"count": "two"`` is refused, not guessed) and about unknown fields (a typo is an
 error, not a silently ignored option), and lenient where the documented JSON is: ``"memory": "64GiB"``.
 
-Every field is bounded (the limits are in the JSON Schema, ``schemas/job-submission.json``, and the README): numbers
-are finite and within their ranges, strings have lengths, and job paths are absolute and normalised, free of ``.``
-and ``..``, at most ``MAX_PATH_BYTES`` long with components of at most ``MAX_COMPONENT_BYTES``. Which prefixes a path
-may lie under, and which environment variables a job may set, is the operator's (``shardyard.admission``).
+Every field is bounded (the limits are in the JSON Schema, ``schemas/job-submission.json``, and
+docs/users/job-document.md): numbers are finite and within their ranges, strings have lengths, and job paths are
+absolute and normalised, free of ``.`` and ``..``, at most ``MAX_PATH_BYTES`` long with components of at most
+``MAX_COMPONENT_BYTES``. Which prefixes a path may lie under, and which environment variables a job may set, is the
+operator's (``shardyard.admission``).
 """
 
 from typing import Annotated, Final, Literal
