@@ -7,6 +7,8 @@ placement core with plain FIFO and priority scheduling.
 - ``engine``     the discrete-event loop: arrivals, completions, checkpoint ends, degraded-wait wake-ups
 - ``policies``   the policies the engine can ask: the real core (``shardyard.placement.cycle.schedule``) and
                  the two baselines of ``baselines``
-- ``report``     per-policy figures (JCT, queueing delay, makespan, utilisation) as a table or JSON
+- ``report``     per-policy figures (JCT, queueing delay, makespan, utilisation) as a table or JSON, and the
+                 verdict line (the shardyard policy against the others)
+- ``plots``      ``--plot``: the JCT and wait CDFs and the GPUs busy over time as PNGs (matplotlib, optional)
 - ``cli``        the ``simulate`` subcommand
 """

@@ -1,12 +1,18 @@
 """``shardyard simulate``: replay a trace under each policy and print their figures; or write a synthetic trace.
 
 shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
-                   [--policy-option KEY=VALUE ...] [--round-gpus] [--queues-file QUEUES.yaml]
+                   [--policy-option KEY=VALUE ...] [--round-gpus] [--queues-file QUEUES.yaml] [--plot DIR]
 shardyard simulate --generate N [--shape default|philly|helios] [--seed S] [--load 0.95] [--cluster ...]
                    [--queues team-a:2,team-b:1] [--out trace.csv]
 
+The table ends with a verdict: by how much the shardyard policy cut (or raised) the mean JCT against each other
+policy run, and their mean waits; it says so where shardyard did worse (--json: its "verdict" field).
+--plot DIR also draws the replays into DIR (created if missing; needs matplotlib: pip install 'shardyard[plot]'):
+jct_cdf.png and wait_cdf.png, the JCT and queueing delay CDFs per policy, and gpus_busy.png, the GPUs busy over
+simulated time per policy against the cluster's total.
+
 examples:
-  shardyard simulate --generate 2000 --shape helios --load 0.9 --out t.csv && shardyard simulate t.csv
+  shardyard simulate --generate 2000 --shape helios --load 0.9 --out t.csv && shardyard simulate t.csv --plot plots
   shardyard simulate --generate 500 --queues team-a:2,team-b:1 --out q.csv
   shardyard simulate q.csv --queues-file examples/queues.yaml --policy-option order=aging
 """
@@ -28,6 +34,7 @@ from shardyard.sim.trace import TraceJob, read_trace, write_trace
 
 if TYPE_CHECKING:
     from shardyard.quotas import QueuesConfig  # pydantic: loaded when a replay reads a queues file
+    from shardyard.sim.report import Summary
 
 DESCRIPTION, _, _examples = (__doc__ or "").partition("\nexamples:\n")
 EXAMPLES = "examples:\n" + _examples.rstrip()
@@ -49,7 +56,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sim.add_argument("trace", nargs="?", help="the trace CSV (see the README for its columns)")
+    sim.add_argument("trace", nargs="?", help="the trace CSV (docs/simulation.md lists its columns)")
     sim.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"MODEL:GPUSxNODES groups (default {DEFAULT_CLUSTER})")
     sim.add_argument(
         "--policy",
@@ -69,7 +76,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         default=[],
         metavar="KEY=VALUE",
         help="a setting of the shardyard policy (repeat), e.g. order=aging, backfill=false, min_runtime_s=300,"
-        " las_thresholds_gpu_s=3600,36000 (the README's placement section lists them)",
+        " las_thresholds_gpu_s=3600,36000 (docs/architecture/placement.md lists them)",
     )
     sim.add_argument(
         "--round-gpus",
@@ -83,13 +90,24 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         "fair share and reclaim, and the report gives each queue's JCT, wait and share of its entitlement",
     )
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
+    sim.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="also write PNG pictures into DIR (created if missing): jct_cdf.png, wait_cdf.png, gpus_busy.png; "
+        "needs matplotlib (pip install 'shardyard[plot]')",
+    )
+    _generation_options(sim)
+    sim.set_defaults(func=run)
+
+
+def _generation_options(sim: argparse.ArgumentParser) -> None:
     gen = sim.add_argument_group("trace generation (writes a trace instead of simulating)")
     gen.add_argument("--generate", type=int, metavar="N", help="write a synthetic trace of N jobs for --cluster")
     gen.add_argument(
         "--shape",
         choices=SHAPES,
         default="default",
-        help="the published cluster statistics the jobs follow (default: the built-in mix; see the README)",
+        help="the published cluster statistics the jobs follow (default: the built-in mix; see docs/simulation.md)",
     )
     gen.add_argument("--seed", type=int, default=0, help="random seed of --generate (default 0)")
     gen.add_argument(
@@ -99,7 +117,6 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         "--queues", metavar="QUEUE[:WEIGHT],...", help="spread the jobs over these queues, in proportion to the weights"
     )
     gen.add_argument("--out", default="-", help="where --generate writes (default - : standard output)")
-    sim.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,15 +128,22 @@ def run(args: argparse.Namespace) -> int:
     if args.generate is not None:
         if args.trace is not None:
             raise ConfigError("give either a TRACE to simulate or --generate N, not both")
+        if args.plot is not None:
+            raise ConfigError("--plot draws a replay: give it with a TRACE, not with --generate")
         return _generate(args, nodes, catalogue)
     if args.trace is None:
         raise ConfigError("simulate needs a TRACE.csv (or --generate N to write one)")
     if not args.checkpoint_s >= 0:
         raise ConfigError("--checkpoint-s must be at least 0")
+    plot_dir = None
+    if args.plot is not None:
+        from shardyard.sim import plots  # matplotlib: loaded only to draw
+
+        plot_dir = plots.prepare(args.plot)  # before the replays: no matplotlib, no replay
     from shardyard.sim.engine import SimResult, simulate  # the engine and the policies: loaded when a replay runs
     from shardyard.sim.fairness import Entitlements
     from shardyard.sim.policies import policy_named, policy_with
-    from shardyard.sim.report import as_json, render_table, summarize
+    from shardyard.sim.report import summarize
 
     path = Path(args.trace)
     trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
@@ -135,11 +159,26 @@ def run(args: argparse.Namespace) -> int:
         chosen = policy_named(name, nodes, core, quotas)
         return simulate(trace, nodes, chosen, name=name, checkpoint_s=args.checkpoint_s, owed=owed)
 
-    summaries = [summarize(replay(name)) for name in names]
-    span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
+    results = [replay(name) for name in names]
+    drawn = [] if plot_dir is None else plots.write_plots(results, plot_dir)
+    _report(args, trace, nodes, [summarize(result) for result in results], misfit, drawn)
+    return 0
+
+
+def _report(
+    args: argparse.Namespace,
+    trace: Sequence[TraceJob],
+    nodes: Sequence[NodeSpec],
+    summaries: "Sequence[Summary]",
+    misfit: list[str],
+    drawn: Sequence[Path],
+) -> None:
+    """The figures as JSON, or as the table (its verdict last) under the trace, cluster and pictures drawn."""
+    from shardyard.sim.report import as_json, render_table, verdict
+
     if args.json:
         context = {
-            "trace": str(path),
+            "trace": str(Path(args.trace)),
             "jobs": len(trace),
             "cluster": args.cluster,
             "nodes": len(nodes),
@@ -147,15 +186,20 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint_s": args.checkpoint_s,
             "queues_file": args.queues_file,
             "warnings": misfit,
+            **({"plots": [str(path) for path in drawn]} if args.plot is not None else {}),
         }
         print(json.dumps(as_json(summaries, **context), indent=2))
-        return 0
-    print(f"trace:    {path} ({len(trace)} jobs submitted over {span:,.0f} s)")
+        return
+    span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
+    print(f"trace:    {Path(args.trace)} ({len(trace)} jobs submitted over {span:,.0f} s)")
     print(f"cluster:  {describe(nodes)}; checkpoint {args.checkpoint_s:g} s per preemption")
     print(f"policies: {CORE_NOTE}")
+    if drawn:
+        print(f"plots:    {', '.join(str(path) for path in drawn)}")
     print()
     print(render_table(summaries))
-    return 0
+    print()
+    print(verdict(summaries))
 
 
 def _queues(path: str | None, trace: Sequence[TraceJob]) -> "QueuesConfig | None":

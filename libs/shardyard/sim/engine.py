@@ -173,6 +173,9 @@ class SimResult:
     shares: dict[str, float] = field(default_factory=dict)
     """Per queue with an entitlement, its share of it while it had jobs waiting (``sim.fairness``); empty: none
     given."""
+    busy_gpus: tuple[tuple[int, int], ...] = ()
+    """(simulated microseconds, GPUs held by gangs from then on) at each instant a gang took or gave back GPUs, in
+    time order (checkpointing counts as held, as in ``busy_gpu_s``); none held before the first."""
 
 
 class _Kind(IntEnum):
@@ -203,6 +206,8 @@ class Simulation:
         self._outcomes: dict[str, Outcome] = {}
         self._orders: dict[str, int] = {}
         self._busy_us = 0
+        self._held = 0
+        self._busy_gpus: list[tuple[int, int]] = []
         self._preemptions = 0
         self._degraded = 0
         self._cycles = 0
@@ -239,6 +244,7 @@ class Simulation:
             degraded_placements=self._degraded,
             cycles=self._cycles,
             shares={} if self.shares is None else self.shares.shares(_queues(self._outcomes.values())),
+            busy_gpus=tuple(self._busy_gpus),
         )
 
     # --- facts: what happened at ``now`` -----------------------------------------------------------------------
@@ -285,6 +291,16 @@ class Simulation:
         if self.shares is not None:
             self._hold(gang.job, gang.shards, -1)
         self._busy_us += (now - gang.started_us) * gang.job.gpus
+        self._hold_gpus(now, -gang.job.gpus)
+
+    def _hold_gpus(self, now: int, gpus: int) -> None:
+        """Count ``gpus`` more (fewer, below 0) GPUs held from ``now`` on: one sample per instant."""
+        self._held += gpus
+        samples = self._busy_gpus
+        if samples and samples[-1][0] == now:
+            samples[-1] = (now, self._held)
+        else:
+            samples.append((now, self._held))
 
     # --- decisions: one cycle -----------------------------------------------------------------------------------
     def _cycle(self, now: int) -> None:
@@ -319,6 +335,7 @@ class Simulation:
         if outcome.first_start_us is None:
             outcome.first_start_us = now
         self._degraded += action.degraded
+        self._hold_gpus(now, job.gpus)
         self._push(finish, _Kind.FINISH, job.job_id, attempt)
 
     def _hold(self, job: TraceJob, shards: Shards, sign: int) -> None:

@@ -5,6 +5,8 @@
   it.
 - makespan = last finish - first submit; GPU utilisation = GPU-seconds held by gangs (checkpointing included) /
   (cluster GPUs x makespan).
+- the verdict: the project's own policy's mean JCT against every other policy run (their ratio) and their mean
+  waits, in one line; where it did worse, it says so.
 - per queue (a trace with a ``queue`` column): its jobs' JCT and wait as above and, given a queues file, its share
   of its entitlement while it had jobs waiting; ``jain_index`` is Jain's index over those shares (``sim.fairness``).
 """
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardyard.quotas import DEFAULT_QUEUE
+from shardyard.sim.defaults import OWN_POLICY
 from shardyard.sim.engine import US, Outcome, SimResult
 from shardyard.sim.fairness import jain
 from shardyard.text_table import table
@@ -179,8 +182,69 @@ def queue_table(summaries: Sequence[Summary]) -> str:
     return table(rows, headers)
 
 
+def verdict(summaries: Sequence[Summary], own: str = OWN_POLICY) -> str:
+    """One line, ``verdict: ...``: by how much ``own`` cut (or raised) the mean JCT against each other policy, and
+    the policies' mean waits (``: lower`` marks one below ``own``'s); mean JCT and wait are over completed jobs, so
+    it names unfinished jobs too."""
+    mine = next((s for s in summaries if s.policy == own), None)
+    others = [s for s in summaries if s.policy != own]
+    if mine is None:
+        return f"verdict: none: the {own} policy was not run (add --policy {own} to compare it)"
+    if not others:
+        return f"verdict: none: no other policy was run to compare {own} with"
+    if mine.completed == 0:
+        return f"verdict: {own} completed no job, so its JCT cannot be compared"
+    cut: list[tuple[str, float]] = []
+    worse: list[tuple[str, float]] = []
+    same: list[str] = []
+    for other in (s for s in others if s.completed):
+        low, high = sorted((mine.avg_jct_s, other.avg_jct_s))
+        ratio = high / low if low > 0 else math.inf if high > 0 else 1.0
+        if ratio < 1.005:
+            same.append(other.policy)
+        else:
+            (cut if other.avg_jct_s > mine.avg_jct_s else worse).append((other.policy, ratio))
+    said = []
+    if cut:
+        said.append("cut the mean JCT " + _and([f"{_ratio(r)} against {name}" for name, r in cut]))
+    if worse:
+        ratios = _and([_ratio(r) for _name, r in worse])
+        said.append(f"was worse than {_and([name for name, _r in worse])}: mean JCT {ratios} higher")
+    if same:
+        said.append(f"matched the mean JCT of {_and(same)}")
+    idle = [s.policy for s in others if not s.completed]
+    if idle:
+        said.append(f"completed jobs where {_and(idle)} completed none")
+    waits = ", ".join(
+        f"{_wait(s.avg_wait_s)} s ({s.policy}{': lower' if s.avg_wait_s * 1.005 < mine.avg_wait_s else ''})"
+        for s in others
+        if s.completed
+    )
+    line = (
+        f"verdict: {own} "
+        + "; it ".join(said)
+        + (f"; mean wait {_wait(mine.avg_wait_s)} s vs {waits}" if waits else "")
+    )
+    if any(s.unfinished != mine.unfinished for s in others):
+        line += "; unfinished jobs: " + ", ".join(f"{s.unfinished} ({s.policy})" for s in (mine, *others))
+    return line
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 1.1 else f"{ratio:.1f}x" if ratio < 100 else f"{ratio:,.0f}x"
+
+
+def _wait(seconds: float) -> str:
+    return f"{seconds:,.0f}" if seconds >= 100 else f"{seconds:.1f}"
+
+
 def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
-    """``context`` (trace, cluster, ...) first, then ``policies``: name -> figures, rounded to the millisecond."""
+    """``context`` (trace, cluster, ...) first, then ``policies``: name -> figures, rounded to the millisecond; then
+    the ``verdict`` line."""
     policies: dict[str, dict[str, Any]] = {}
     for summary in summaries:
         figures = asdict(summary)
@@ -192,4 +256,4 @@ def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
         if jain_index is not None:
             shown["jain_index"] = round(jain_index, 4)
         policies[summary.policy] = shown
-    return {**context, "policies": policies}
+    return {**context, "policies": policies, "verdict": verdict(summaries)}

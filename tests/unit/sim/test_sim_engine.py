@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -217,3 +218,30 @@ def test_a_policy_asking_the_impossible_is_a_simulation_error(action: Start, pro
 
     with pytest.raises(SimulationError, match=problem):
         simulate([job("j", 0, 1, "A100", 1)], parse_cluster("A100:2x1"), bad, name="bad")
+
+
+class TestBusyGpus:
+    """The GPUs held over time (``SimResult.busy_gpus``), which ``simulate --plot`` draws: one sample per instant a
+    gang took or gave back GPUs, adding up to ``busy_gpu_s``."""
+
+    def test_fifo_behind_the_head_of_line(self) -> None:
+        # j1 (4) alone until 100; then j2 (8) and j3, j4 (2 each); j3, j4 end at 150, j2 at 200 (j5 starts), j5 at 300
+        result = run(TestHeadOfLineBlocking.TRACE, TestHeadOfLineBlocking.CLUSTER, "fifo")
+
+        assert result.busy_gpus == ((0, 4), (100 * US, 12), (150 * US, 8), (200 * US, 2), (300 * US, 0))
+
+    def test_a_checkpoint_holds_its_gpus(self) -> None:
+        # low holds the node from 0, checkpoints 10-20, high runs 20-70, low resumes 70-160
+        result = run(TestPreemption.TRACE, "A100:4x1", "shardyard")
+
+        assert result.busy_gpus == ((0, 4), (20 * US, 4), (70 * US, 4), (160 * US, 0))
+
+    @pytest.mark.parametrize("name", [n for n in POLICY_NAMES if n != "shardyard-one-queue"])
+    def test_the_samples_add_up_to_the_gpu_seconds_held(self, name: str) -> None:
+        result = run(TestHeadOfLineBlocking.TRACE + TestPreemption.TRACE[1:], "A100:4x2,V100:4x1", name)
+
+        samples = result.busy_gpus
+        held_us = sum((later - at) * gpus for (at, gpus), (later, _next) in itertools.pairwise(samples))
+        assert held_us / US == pytest.approx(result.busy_gpu_s)
+        assert [at for at, _gpus in samples] == sorted({at for at, _gpus in samples})
+        assert all(0 <= gpus <= result.total_gpus for _at, gpus in samples) and samples[-1][1] == 0
