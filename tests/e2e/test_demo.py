@@ -18,24 +18,29 @@ SILENCE_S = 30.0
 started and while its job's first step came."""
 
 
-def test_demo(tmp_path: Path) -> None:
+def run_demo(cwd: Path) -> tuple[int, str, list[tuple[float, str]]]:
+    """``shardyard demo`` from ``cwd``: its exit status, its output, and each line with when it came."""
     demo = subprocess.Popen(
         [sys.executable, "-m", "shardyard.cli.main", "demo"],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert demo.stdout is not None
-    began, lines = time.monotonic(), []
+    lines = [(time.monotonic(), "")]
     for line in demo.stdout:  # each line as it comes, with when
         lines.append((time.monotonic(), line))
     demo.wait(timeout=60)
-    out = "".join(line for _at, line in lines)
-    assert demo.returncode == 0, out
-    times = [began, *(at for at, _line in lines)]
-    gaps = sorted(((b - a), lines[i][1].strip()) for i, (a, b) in enumerate(itertools.pairwise(times)))
+    return demo.returncode, "".join(line for _at, line in lines), lines
+
+
+def test_demo(tmp_path: Path) -> None:
+    code, out, lines = run_demo(tmp_path)
+    assert code == 0, out
+    times = [at for at, _line in lines]
+    gaps = sorted(((b - a), lines[i + 1][1].strip()) for i, (a, b) in enumerate(itertools.pairwise(times)))
     assert gaps[-1][0] < SILENCE_S, f"silent for {gaps[-1][0]:.0f} s before: {gaps[-1][1]}"
     assert "job fine_tune_gpt2: SUCCEEDED" in out
     syncs = [int(n) for n in re.findall(r"sync (\d+) at step", out)]
@@ -54,3 +59,10 @@ def test_demo(tmp_path: Path) -> None:
     assert set(shown.values()) == {f"{final:.4g}"}, (shown, out)
     assert not (tmp_path / ".shardyard-demo" / "cluster.json").exists()  # the demo's own folder, left stopped
     assert not (tmp_path / ".shardyard").exists()  # never the folder of a cluster the user starts
+
+    # The first thing everyone does: the demo again. It runs the example again, afresh (it answered with the last
+    # run's job, refused as a DUPLICATE_JOB, when its folder kept the broker's log).
+    code, again, _lines = run_demo(tmp_path)
+    assert code == 0, again
+    assert "accepted fine_tune_gpt2 into queue default" in again and "DUPLICATE_JOB" not in again, again
+    assert re.search(r"scheduled\s+attempt 1: ", again), again

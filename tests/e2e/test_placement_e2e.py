@@ -1,7 +1,8 @@
 """The placement engine end to end: real services, agents and shards on a real broker, driven through the CLI.
 
 - a 2 x A100 job never lands on V100 nodes while A100s exist (also asserted by the S15 demo test);
-- with only V100s an A100 job waits with GPU_MODEL_MISMATCH, and runs degraded only when it opted in;
+- with only V100s an A100 job waits NEVER_FITS (no node of the cluster could ever hold it), and runs degraded only
+  when it opted in;
 - a job whose dataset is absent waits (WAITING_FOR_ARTIFACT) and starts within 2 s of the dataset appearing;
 - a higher-priority job preempts a lower one, which resumes from its checkpoint and completes.
 """
@@ -185,7 +186,7 @@ def test_with_only_v100s_an_a100_job_waits_unless_it_opted_into_degraded_placeme
 
     strict = view(v100_cluster, "strict")
     assert strict["state"] == "READY"
-    assert strict["reason"] == "GPU_MODEL_MISMATCH"
+    assert strict["reason"] == "NEVER_FITS"  # no A100 in the cluster, and it did not opt into degraded placement
     assert strict["node_counts"] == {"GPU model mismatch": 2}
     shown = cli("status", "strict", run_dir=v100_cluster).stdout
     assert "0/2 nodes" in shown and "2 GPU model mismatch" in shown

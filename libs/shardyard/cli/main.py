@@ -172,6 +172,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from shardyard.broker.choice import choose
     from shardyard.cli import cluster
     from shardyard.training.artifacts import create_demo_artifacts
 
@@ -181,15 +182,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"creating the demo's pretrained checkpoint and dataset under {data_root}")
     create_demo_artifacts(data_root)
     credentials, sealed = secured(args, run_dir)
+    # Each demo starts afresh: its folder's local broker log emptied (a kept one holds the last demo's job, and the
+    # example again would be a DUPLICATE_JOB); on an outside broker, whose log is not ours, the example takes a new id.
+    local = choose(args.broker, os.environ).kind != "external"
     info = cluster.up(
-        run_dir, data_root=data_root, broker=args.broker, credentials_file=credentials, sign_events=sealed
+        run_dir, data_root=data_root, broker=args.broker, credentials_file=credentials, sign_events=sealed, fresh=local
     )
     try:
-        raw = client.with_owner(EXAMPLE.read_bytes(), _user())
+        raw = client.with_owner(EXAMPLE.read_bytes() if local else verdict.with_new_id(EXAMPLE.read_bytes()), _user())
         print(f"submitting the example job (S15):\n{EXAMPLE.read_text().strip()}")
         raw, signed = client.sealed_submission(raw, str(credentials)) if credentials else (raw, [])
         _info(args, client.queue_of(raw), run_dir)  # submitted as its queue's team, as `shardyard submit` does
         submitted = client.submit(info.bootstrap, raw, signed)
+        refused = verdict.settle(info, submitted, verdict.VERDICT_TIMEOUT_S)
+        if refused is not None:
+            return refused
         final = verdict.follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
         print(render.job_detail(detail))
