@@ -2,13 +2,14 @@
 its own process as a user types it, on a real local cluster (``up``'s default: three nodes, two processes a
 service) that has run a short 2-shard fine-tune (so every listing has a job, and ``history`` a row), first with the
 host otherwise idle, then with a CPU hog keeping every core busy at normal priority (one spinning process a core).
+``--training``: the job trains through both phases instead (its two shards keep the cores busy in the first phase too).
 
 Printed, per phase (``idle``, ``loaded``) and command: ``p50_s``, ``p95_s`` and ``max_s`` of the wall time of
 ``--runs`` runs, and ``cli_cpu_s`` (the command's own CPU, user and system, mean per run); ``p95_ratio_loaded_vs_idle``
 per command; ``target_p95_s`` (1.0) and ``all_under_target`` over the loaded phase; ``cpu_percent``: each of the
 cluster's processes and the hog, over the loaded phase.
 
-    python bench/cli_latency.py [--runs 20] [--max-steps 20000] [--smoke]
+    python bench/cli_latency.py [--runs 20] [--max-steps 100] [--training] [--smoke]
 """
 
 import argparse
@@ -31,6 +32,8 @@ from smoke import parse_args
 COMMANDS = (("status",), ("jobs",), ("nodes",), ("history",))
 TARGET_P95_S = 1.0
 SMOKE = {"runs": 2, "max_steps": 20}
+TRAINING_STEPS = 1_000_000
+"""``--training``: a job that trains through both phases (the cluster stops it)."""
 
 
 def timed(run_dir: Path, command: tuple[str, ...]) -> tuple[float, float]:
@@ -70,7 +73,7 @@ def phase(run_dir: Path, runs: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def run(root: Path, runs: int, max_steps: int) -> dict[str, Any]:
+def run(root: Path, runs: int, max_steps: int, training: bool) -> dict[str, Any]:
     data = root / "data"
     create_demo_artifacts(data)
     run_dir = root / "run"
@@ -78,11 +81,12 @@ def run(root: Path, runs: int, max_steps: int) -> dict[str, Any]:
     os.environ.update(info.transport(ADMIN_PRINCIPAL))  # this process's clients, as the operator
     hogs: list[subprocess.Popen[bytes]] = []
     try:
-        client.submit(info.bootstrap, _job("cli-latency", max_steps))
+        client.submit(info.bootstrap, _job("cli-latency", TRAINING_STEPS if training else max_steps))
+        awaited = ("RUNNING",) if training else ("SUCCEEDED", "FAILED")
         deadline = time.monotonic() + 300
-        while (client.job(info.live().monitor_url, "cli-latency") or {}).get("state") not in ("SUCCEEDED", "FAILED"):
+        while (client.job(info.live().monitor_url, "cli-latency") or {}).get("state") not in awaited:
             if time.monotonic() > deadline:
-                raise SystemExit("the job did not end within 300 s")
+                raise SystemExit(f"the job was not {' or '.join(awaited)} within 300 s")
             time.sleep(0.5)
         idle = phase(run_dir, runs)
         pids = {name: pid for name, pid in info.pids.items() if pid}
@@ -105,6 +109,7 @@ def run(root: Path, runs: int, max_steps: int) -> dict[str, Any]:
     }
     return {
         "runs": runs,
+        "training": training,
         "hog_processes": len(hogs),
         "job_state_after": state,
         "idle": idle,
@@ -124,9 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="runs of each command in each phase")
     parser.add_argument("--max-steps", type=int, default=100, help="the job's steps (it ends before the phases)")
+    parser.add_argument("--training", action="store_true", help="a job trains through both phases")
     args = parse_args(parser, SMOKE)
     with tempfile.TemporaryDirectory() as tmp:
-        out = run(Path(tmp), args.runs, args.max_steps)
+        out = run(Path(tmp), args.runs, args.max_steps, args.training)
     print(json.dumps({"bench": "cli_latency", **out}, indent=2))
 
 
