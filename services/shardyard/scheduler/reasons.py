@@ -46,13 +46,13 @@ class PendingReasons:
     def unschedulable(self, decision: Unschedulable, job: PendingJob, now: datetime) -> list[Event]:
         """Take in the cycle's verdict on ``job``; a ``JobUnschedulable`` when its reason or message changed."""
         self.blocked.append((job.spec, decision.reason, job.ready_at))
-        unreported = decision.reason is PendingReason.WAITING_FOR_ARTIFACT and not decision.missing
-        if unreported and (now - job.ready_at).total_seconds() < UNREPORTED_ARTIFACTS_S:
-            return []  # not looked for yet: the agents report within a heartbeat
         if decision.reason is PendingReason.NEVER_FITS:
             self.never_fits_since.setdefault(decision.job_id, now)
         else:
             self.never_fits_since.pop(decision.job_id, None)
+        unreported = decision.reason is PendingReason.WAITING_FOR_ARTIFACT and not decision.missing
+        if unreported and (now - job.ready_at).total_seconds() < UNREPORTED_ARTIFACTS_S:
+            return []  # not looked for yet: the agents report within a heartbeat
         shown = (decision.reason, decision.message, decision.estimated_start)
         before = self.shown.get(decision.job_id)
         if before is not None and before[:2] == shown[:2] and _same_estimate(before[2], shown[2], now):
