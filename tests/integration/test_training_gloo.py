@@ -449,11 +449,13 @@ def test_slow_syncs_widen_the_interval_alike_on_every_rank(
     done = threading.Event()
 
     def throttle() -> None:
-        # Rank 1 runs at a quarter of its speed from now on, so rank 0 waits for it at every sync for about three
-        # times the 10 steps' own time: well past the 50 ms floor of a slow sync even when a step takes 5 ms.
+        # Rank 1 runs at a sixth of its speed from now on, so rank 0 waits for it at every sync for about five times
+        # the 10 steps' own time: past the slow-sync factor of 3 with room to spare (at a quarter the wait was three
+        # times, the factor itself, and on a loaded host the interval once stayed at 10), and well past the 50 ms
+        # floor of a slow sync even when a step takes 5 ms.
         while not done.is_set() and rank1.proc.poll() is None:
             rank1.proc.send_signal(signal.SIGSTOP)
-            time.sleep(0.03)
+            time.sleep(0.05)
             rank1.proc.send_signal(signal.SIGCONT)
             time.sleep(0.01)
 
