@@ -51,6 +51,14 @@ class Policy:
     start_estimates: int = 100
     """How many jobs waiting on capacity, in queue order, get an estimated start from the plan (``plan``); 0: only
     a job holding a reservation, from its reservation."""
+    victims: Literal["lost-work", "order"] = "lost-work"
+    """Which gangs a job preempts among those it outranks. ``lost-work``: the set that loses least
+    (``RunningJob.lost_gpu_s``: GPUs x the time since the gang's last checkpoint, plus its restart cost), ties to the
+    lower priority, then the newest gang. ``order``: the first gangs of the victim order that make room (the rule
+    before lost work was counted; kept for comparison in the simulator)."""
+    restart_s: float = 60.0
+    """Seconds a preempted gang is expected to lose to its restart, on each GPU (launch, loading its checkpoint),
+    for gangs the scheduler has no measure of."""
     disk_floor_bytes: int = 1 << 30
     """A node whose output disk (where checkpoints go) has less free space than this takes no new shards: a job
     placed there would fail DISK_FULL at its first checkpoint. 1 GiB."""
@@ -120,6 +128,10 @@ class RunningJob:
     is expected to run on as long again as it has run in this attempt (``cycle.overrun_end``)."""
     queue: str = DEFAULT_QUEUE
     """The queue its job was submitted to (quotas and reclaim count it there)."""
+    checkpointed_at: datetime | None = None
+    """When this attempt last wrote a durable checkpoint (None: none yet; its work since ``started_at`` is at stake)."""
+    restart_s: float | None = None
+    """Seconds its restart is expected to cost on each GPU (None: ``Policy.restart_s``)."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Its GPUs, all shards together (worked out once: every cycle reads it)."""
     started_us: int = field(init=False, repr=False, compare=False)
@@ -128,6 +140,13 @@ class RunningJob:
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(len(gpus) for _node, gpus in self.shards))
         object.__setattr__(self, "started_us", epoch_us(self.started_at))
+
+    def lost_gpu_s(self, now: datetime, default_restart_s: float) -> float:
+        """GPU-seconds lost were the gang stopped at ``now``: every GPU's time since the last durable checkpoint
+        (since the start without one), plus the restart cost."""
+        since = self.checkpointed_at if self.checkpointed_at is not None else self.started_at
+        restart = self.restart_s if self.restart_s is not None else default_restart_s
+        return self.gpu_count * (max(0.0, (now - since).total_seconds()) + restart)
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

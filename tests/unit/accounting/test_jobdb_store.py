@@ -127,7 +127,7 @@ def test_writers_opening_a_new_file_at_once_all_get_it(tmp_path: Path) -> None:
     of 120 simultaneous opens)."""
     failed: list[str] = []
     with multiprocessing.get_context("fork").Pool(12) as pool:
-        for round_ in range(50):
+        for round_ in range(200):
             path = str(tmp_path / f"accounting-{round_}.db")
             failed += [why for why in pool.map(_open_new, [path] * 12) if why]
     assert failed == []
