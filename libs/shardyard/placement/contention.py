@@ -6,15 +6,13 @@ in table order, and the reason is that of the filter that left fewer free GPUs t
 """
 
 import heapq
-from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from shardyard.events import MissingArtifact, PendingReason
 from shardyard.events.node import MAX_NAMED_NODES
 from shardyard.mounts import host_path
-from shardyard.placement.candidate import Candidate, pending_queue
+from shardyard.placement.candidate import Candidate
 from shardyard.placement.filters import (
     BY_NAME,
     CAPACITY,
@@ -37,7 +35,7 @@ from shardyard.placement.filters import (
 )
 from shardyard.placement.index import ClusterIndex, Group, Slot, norm_path
 from shardyard.placement.inventory import never_fits
-from shardyard.placement.model import NodeView, Policy, RunningJob, Unschedulable, epoch_us
+from shardyard.placement.model import NodeView, Unschedulable
 from shardyard.units import format_bytes
 
 
@@ -248,99 +246,6 @@ def _reason(counted: Tally, k: int) -> PendingReason:
     return (counted.gang or GANG_FILTERS[-1]).reason
 
 
-VictimEntry = tuple[int, int, int, str, RunningJob, bool]
-"""(priority, -LAS queue, -start (microseconds), job id, the gang, whether it ran its minimum time in this
-attempt)."""
-
-
-def victim_order(running: Sequence[RunningJob], policy: Policy, now: datetime) -> list[VictimEntry]:
-    """The gangs that may be preempted, in the order victims are taken: lowest priority, then most service attained
-    (latest LAS queue), then most recently started. Worked out once per cycle, for every job's ``choose_victims``."""
-    now_us = epoch_us(now)
-    thresholds, min_runtime_s = policy.las_thresholds_gpu_s, policy.min_runtime_s
-    entries: list[VictimEntry] = [
-        (
-            gang.priority,
-            # ``candidate.running_queue``, inline: this runs for every gang in most cycles of a busy cluster.
-            -bisect_right(
-                thresholds, gang.attained_gpu_s + gang.gpu_count * max(0.0, (now_us - gang.started_us) / 1e6)
-            ),
-            -gang.started_us,
-            gang.job_id,
-            gang,
-            (now_us - gang.started_us) / 1e6 >= min_runtime_s,
-        )
-        for gang in running
-        if gang.preemptible and gang.preempted_by is None
-    ]
-    entries.sort(key=lambda entry: entry[:4])
-    return entries
-
-
-def choose_victims(
-    index: ClusterIndex, job: Candidate, order: Sequence[VictimEntry], passing: int, now: datetime
-) -> list[RunningJob]:
-    """The fewest preemptible gangs ``job`` outranks (``candidate.outranks``: a lower priority, or under LAS a later
-    queue once they ran ``min_runtime_s``) whose GPUs make room for it, taken in ``victim_order``; empty when even
-    all of them would not.
-
-    The order makes the walk stop at the first gang ``job`` cannot outrank for good: one of a higher priority, or of
-    its own priority in a LAS queue no later than its own (the rest of its priority come in earlier queues still)."""
-    return enough(index, job, outranked(job, order, index.policy, now), passing)
-
-
-def outranked(job: Candidate, order: Sequence[VictimEntry], policy: Policy, now: datetime) -> Iterator[RunningJob]:
-    priority = job.spec.priority
-    las = policy.order == "las"
-    queue = pending_queue(job.pending, policy, now) if las else 0
-    for gang_priority, neg_queue, _start, _job_id, gang, ran_enough in order:
-        if gang_priority > priority:
-            return
-        if gang_priority == priority:
-            if not las or -neg_queue <= queue:
-                return
-            if not ran_enough:
-                continue
-        yield gang
-
-
-def enough(index: ClusterIndex, job: Candidate, victims: Iterable[RunningJob], passing: int) -> list[RunningJob]:
-    """The first of ``victims`` whose GPUs, with the ``passing`` ones, fit ``job``; empty when all of them do not."""
-    freed: dict[str, list[float]] = {}  # node -> [gpus, memory, cpu]
-    chosen: list[RunningJob] = []
-    total = passing
-    for victim in victims:
-        gain = 0
-        for node_id, gpus in victim.shards:
-            slot = index.slots.get(node_id)
-            if slot is None or not _could_host(index, slot, job):
-                continue
-            before = _capacity_with(slot, job, freed.get(node_id))
-            extra = freed.setdefault(node_id, [0.0, 0.0, 0.0])
-            extra[0] += len(gpus)
-            extra[1] += victim.memory_per_shard
-            extra[2] += victim.cpu_per_shard
-            gain += _capacity_with(slot, job, extra) - before
-        if gain <= 0:
-            continue
-        chosen.append(victim)
-        total += gain
-        if total >= job.k:
-            return chosen
-    return []
-
-
-def _could_host(index: ClusterIndex, slot: Slot, job: Candidate) -> bool:
-    """Whether preempting gangs on ``slot`` could make room there for ``job``: it passes the state filters (it is in
-    a bucket), the group filters, and the node filters that freed GPUs, memory and CPU do not cure."""
-    return (slot.group.model, slot.group.tflops) in job.eligible and index.usable(slot) and could_host(slot, job)
-
-
-def _capacity_with(slot: Slot, job: Candidate, extra: list[float] | None) -> int:
-    gpus, memory, cpu = extra or (0.0, 0.0, 0.0)
-    return shards(len(slot.free) + int(gpus), slot.memory + memory, slot.cpu + cpu, job)
-
-
 def _potential(view: NodeView, job: Candidate) -> int:
     """Shards of ``job`` the node could take once everything on it ended."""
     memory = view.total_memory_bytes if view.total_memory_bytes >= 0 else view.free_memory_bytes
@@ -371,21 +276,3 @@ def reserve_for(index: ClusterIndex, job: Candidate) -> list[Slot]:
                 index.reserve(held, job.spec.job_id)
             return plan
     return []
-
-
-def hold_for(index: ClusterIndex, victims: Sequence[RunningJob], job_id: str) -> None:
-    for victim in victims:
-        for node_id, _gpus in victim.shards:
-            slot = index.slots.get(node_id)
-            if slot is not None:
-                index.reserve(slot, job_id)
-
-
-def preempting_verdict(verdict: Unschedulable, victims: Sequence[RunningJob]) -> Unschedulable:
-    names = ", ".join(sorted(v.job_id for v in victims))
-    return replace(
-        verdict,
-        reason=PendingReason.PREEMPTING,
-        message=f"preempting {names} (checkpoint, then requeue) to make room; {verdict.message}",
-        missing=(),
-    )

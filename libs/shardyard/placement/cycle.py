@@ -26,17 +26,7 @@ from datetime import datetime, timedelta
 
 from shardyard.events import PendingReason
 from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue_key
-from shardyard.placement.contention import (
-    VictimEntry,
-    choose_victims,
-    enough,
-    explain,
-    hold_for,
-    outranked,
-    preempting_verdict,
-    reserve_for,
-    victim_order,
-)
+from shardyard.placement.contention import explain, reserve_for
 from shardyard.placement.gang_placement import Links, place_gang
 from shardyard.placement.index import ClusterIndex, Slot
 from shardyard.placement.model import (
@@ -54,6 +44,16 @@ from shardyard.placement.model import (
 from shardyard.placement.plan import Waiting, plan_starts
 from shardyard.placement.quota import QuotaCycle, queue_models
 from shardyard.placement.standing import StandingIndex
+from shardyard.placement.victims import (
+    VictimEntry,
+    choose_victims,
+    gain,
+    hold_for,
+    make_room,
+    outranked,
+    preempting_verdict,
+    victim_order,
+)
 
 CLAIMING = RESERVABLE | {PendingReason.PREEMPTING}
 """A job that waits for one of these within its queue's nominal quota claims it (``placement.quota``)."""
@@ -188,7 +188,7 @@ class PlacementCycle:
         victims = self.quota.victims(
             job.pending, queue_models(job.eligible), lambda: outranked(job, order, policy, now), now
         )
-        return enough(self.index, job, victims, passing)
+        return make_room(self.index, job, victims, passing, now)
 
     def _over_quota(self, job: Candidate, verdict: Unschedulable) -> list[Decision]:
         """A job its queue has no headroom for: it preempts the gangs of its queue it outranks that give the queue
@@ -219,10 +219,11 @@ class PlacementCycle:
         if physical.reason not in RESERVABLE and physical.reason is not PendingReason.QUOTA_EXCEEDED:
             return [verdict]  # something other than GPUs keeps it out (data, disks): no room is worth a preemption
         freed = {gang.job_id for gang in freeing}
-        fits = enough(self.index, there, [*freeing, *(g for g in own if g.job_id not in freed)], passing)
-        if not fits:
+        room = passing + gain(self.index, there, freeing)  # what the quota's own victims free
+        more = make_room(self.index, there, (g for g in own if g.job_id not in freed), room, self.now)
+        if not more and room < there.k:
             return [verdict]
-        chosen = [*freeing, *(g for g in fits if g.job_id not in freed)]
+        chosen = [*freeing, *more]
         hold_for(self.index, chosen, job.spec.job_id)
         self._stopping.update(victim.job_id for victim in chosen)
         return [*(Preempt(victim.job_id, job.spec.job_id) for victim in chosen), preempting_verdict(verdict, chosen)]

@@ -13,8 +13,8 @@ RENDEZVOUS_PORT_CHOICES = 8
 
 
 class Placed(Protocol):
-    """A placed gang as the snapshot reads it: its spec, its placement, and whom it is being preempted for (the
-    scheduler's ``Gang``)."""
+    """A placed gang as the snapshot reads it: its spec, its placement, whom it is being preempted for, its last
+    durable checkpoint and what its start cost (the scheduler's ``Gang``)."""
 
     @property
     def spec(self) -> JobSpec: ...
@@ -22,6 +22,10 @@ class Placed(Protocol):
     def scheduled(self) -> JobScheduled: ...
     @property
     def preempted_by(self) -> str | None: ...
+    @property
+    def checkpointed_at(self) -> datetime | None: ...
+    @property
+    def restart_s(self) -> float | None: ...
 
 
 @dataclass
@@ -69,6 +73,8 @@ class Usage:
                     attained_gpu_s=ran,
                     expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran, runs.get(gang.spec.job_id)),
                     queue=gang.spec.queue,
+                    checkpointed_at=gang.checkpointed_at,
+                    restart_s=gang.restart_s,
                 )
             )
         return usage

@@ -126,15 +126,12 @@ class BookFacts:
                 self.pending[event.job_id] = self._pending(event.spec, event.occurred_at)
             case RedundancyChanged():
                 self.spare_ratio = event.ratio
-            case ShardCheckpointed() if event.step >= self.resume_step.get(event.job_id, -1):
-                self.resume[event.job_id] = event.checkpoint_dir
-                self.resume_step[event.job_id] = event.step
+            case ShardCheckpointed():
+                self._checkpointed(event)
             case JobRecovering() if event.job_id not in self.finished:
                 self._requeue_recovering(event)
             case JobScheduled():
                 self._on_scheduled(event)
-            case JobRunning() if event.job_id in self.gangs:
-                self.gangs[event.job_id].running = True
             case JobPreempted() if event.job_id not in self.finished:
                 self._requeue_preempted(event)
             case JobCancelRequested() if event.job_id not in self.finished:
@@ -144,12 +141,21 @@ class BookFacts:
                 self._finish(event.job_id)
             case JobFailed() | JobCancelled():
                 self._finish(event.job_id)
-            case JobPreempting() | ShardStarted() | ShardFailed() | ShardCompleted() | ShardPreempted():
+            case JobPreempting() | JobRunning() | ShardStarted() | ShardFailed() | ShardCompleted() | ShardPreempted():
                 gang = self.gangs.get(event.job_id)
                 if gang is not None and gang.scheduled.attempt == event.attempt:  # another attempt's is no news
                     gang.record(event)
             case _:
                 pass
+
+    def _checkpointed(self, event: ShardCheckpointed) -> None:
+        """The job's newest checkpoint is where its next attempt resumes; its gang's, what preemption would lose."""
+        if event.step >= self.resume_step.get(event.job_id, -1):
+            self.resume[event.job_id] = event.checkpoint_dir
+            self.resume_step[event.job_id] = event.step
+        gang = self.gangs.get(event.job_id)
+        if gang is not None and gang.scheduled.attempt == event.attempt:
+            gang.record(event)
 
     def _requeue_recovering(self, plan: JobRecovering) -> None:
         """The failed attempt ends: the job waits for its next one, off the plan's excluded nodes (for good) and its

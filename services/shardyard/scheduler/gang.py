@@ -7,9 +7,11 @@ from datetime import datetime, timedelta
 
 from shardyard.events import (
     JobPreempting,
+    JobRunning,
     JobScheduled,
     JobSpec,
     RevocationReason,
+    ShardCheckpointed,
     ShardCompleted,
     ShardFailed,
     ShardPlacement,
@@ -18,7 +20,7 @@ from shardyard.events import (
     ShardStarted,
 )
 
-GangFact = JobPreempting | ShardStarted | ShardFailed | ShardCompleted | ShardPreempted
+GangFact = JobPreempting | JobRunning | ShardStarted | ShardFailed | ShardCompleted | ShardPreempted | ShardCheckpointed
 """The facts of a gang's attempt that its record keeps."""
 
 
@@ -34,6 +36,11 @@ class Gang:
     running: bool = False
     preempted_by: str | None = None
     preempt_deadline: datetime | None = None
+    checkpointed_at: datetime | None = None
+    """When this attempt last wrote a durable checkpoint (rank 0's ``ShardCheckpointed``): preemption weighs the work
+    since (``RunningJob.lost_gpu_s``)."""
+    restart_s: float | None = None
+    """What this attempt's start cost, placement to every shard running: the estimate of a restart's cost."""
     unlisted: dict[int, datetime] = field(default_factory=dict)
     """Training shards its node's state left out of its running shards, since the first check that found so (see
     ``orphans``); the leader's own bookkeeping, not a fact of the log."""
@@ -52,6 +59,12 @@ class Gang:
                 self.completed[fact.shard_index] = fact
             case ShardPreempted():
                 self.preempted[fact.shard_index] = fact
+            case ShardCheckpointed():
+                if self.checkpointed_at is None or fact.occurred_at > self.checkpointed_at:
+                    self.checkpointed_at = fact.occurred_at
+            case JobRunning():
+                self.running = True
+                self.restart_s = max(0.0, (fact.occurred_at - self.scheduled.occurred_at).total_seconds())
 
 
 def revocation(

@@ -92,6 +92,7 @@ class TestPreemption:
         assert "preempting low" in blocked(decisions[1]).message
 
     def test_only_as_many_victims_as_needed_lowest_priority_most_recent_first(self) -> None:
+        """The victim order (``Policy.victims="order"``, the rule before lost work was counted)."""
         gangs = (
             running("p2-old", ("a1", (0,)), priority=2, started_at=at(0)),
             running("p1", ("a2", (0,)), priority=1, started_at=at(0)),
@@ -99,7 +100,7 @@ class TestPreemption:
         )
         nodes = [node(n, gpus=1, free_gpus=()) for n in ("a1", "a2", "a3")]
 
-        decisions = decide(nodes, [self.VIP], gangs=gangs, now=10)
+        decisions = decide(nodes, [self.VIP], Policy(victims="order"), gangs=gangs, now=10)
 
         assert [d for d in decisions if isinstance(d, Preempt)] == [Preempt("p1", "vip"), Preempt("p2-new", "vip")]
 

@@ -10,9 +10,9 @@ import pytest
 
 from shardyard.events import PendingReason
 from shardyard.placement.candidate import Candidate, outranks, pending_queue, queue_key, running_queue
-from shardyard.placement.contention import outranked, victim_order
 from shardyard.placement.index import ClusterIndex
 from shardyard.placement.model import Decision, PendingJob, Place, Policy, Preempt, RunningJob
+from shardyard.placement.victims import outranked, victim_order
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, placed_on, running
 

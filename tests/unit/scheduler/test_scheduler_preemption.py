@@ -13,6 +13,7 @@ from shardyard.events import (
     JobUnschedulable,
     PendingReason,
     ShardAssignment,
+    ShardCheckpointed,
     ShardPreempted,
     ShardRevocation,
     ShardStopRequest,
@@ -170,3 +171,39 @@ def test_a_cancel_request_that_arrives_before_the_job_is_ready_is_carried_out_wh
 
     assert [type(e) for e in events] == [JobCancelled]
     assert of(events, JobCancelled)[0].message == "cancelled by bob"
+
+
+def checkpointed(job_id: str, node_id: str, when: float, attempt: int = 1) -> ShardCheckpointed:
+    return ShardCheckpointed(
+        occurred_at=at(when),
+        job_id=job_id,
+        shard_index=0,
+        attempt=attempt,
+        node_id=node_id,
+        step=10,
+        checkpoint_dir=f"/data/checkpoints/{job_id}/checkpoint",
+    )
+
+
+def test_the_gang_that_checkpointed_last_of_its_attempt_is_the_one_preempted() -> None:
+    """Victims by lost work, from the log: "fresh" checkpointed at 9 s, "stale" at 2 s (and "stale" holds a newer
+    checkpoint of another attempt, which is not this attempt's work)."""
+    book = SchedulerBook(preempt_deadline_s=30)
+    for name in ("node-a", "node-b"):
+        book.apply(node_state(name, gpus=gpus(count=1)))
+    placed = {}
+    for job_id, when in (("fresh", 0.0), ("stale", 0.5)):  # "stale" is the newer gang: the old rule took it
+        book.apply(ready(job_id, when=when, priority=1, gpu_count=1))
+        (scheduled,) = of(book.cycle(at(when + 0.1)), JobScheduled)
+        book.apply(scheduled)
+        book.apply(started(job_id, 0))
+        placed[job_id] = scheduled.placements[0].node_id
+    book.on_shard_event(at(1))
+    book.apply(checkpointed("stale", placed["stale"], 2))
+    book.apply(checkpointed("fresh", placed["fresh"], 9))
+    book.apply(checkpointed("stale", placed["stale"], 9.5, attempt=7))
+    book.apply(ready("vip", when=10, priority=9, gpu_count=1))
+
+    (marker,) = of(book.cycle(at(10)), JobPreempting)
+
+    assert marker.job_id == "fresh"
