@@ -180,14 +180,18 @@ class PlacementCycle:
         return [verdict]
 
     def _choose_victims(self, job: Candidate, order: list[VictimEntry], passing: int) -> list[RunningJob]:
-        """The gangs to preempt for ``job``: by priority (``contention.choose_victims``); with queues, the borrowers
-        its queue may reclaim from first, and priority preemption only within its queue (``placement.quota``)."""
+        """The gangs to preempt for ``job`` (``victims.choose_victims``); with queues, the borrowers its queue may
+        reclaim from first (the set of them that loses least, when they make room), and priority preemption only
+        within its queue (``placement.quota``)."""
         if self.quota is None:
             return choose_victims(self.index, job, order, passing, self.now)
-        policy, now = self.policy, self.now
-        victims = self.quota.victims(
-            job.pending, queue_models(job.eligible), lambda: outranked(job, order, policy, now), now
-        )
+        policy, now, models = self.policy, self.now, queue_models(job.eligible)
+        if policy.victims == "lost-work":
+            reclaim = self.quota.victims(job.pending, models, lambda: iter(()), now)
+            borrowers = make_room(self.index, job, reclaim, passing, now)
+            if borrowers:
+                return borrowers
+        victims = self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)
         return make_room(self.index, job, victims, passing, now)
 
     def _over_quota(self, job: Candidate, verdict: Unschedulable) -> list[Decision]:

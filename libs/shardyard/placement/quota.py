@@ -48,6 +48,7 @@ class QuotaCycle:
             self.cpu_capacity += max(0.0, view.total_cpu_cores)
             self.memory_capacity += max(0, view.total_memory_bytes)
         self.running = running
+        self._policy = index.policy
         self._gpus_of: dict[str, dict[str, int]] = {}
         """Job id -> GPU model -> the GPUs its gang holds (running gangs only)."""
         for gang in running:
@@ -197,7 +198,7 @@ class QuotaCycle:
                 and (now_us - gang.started_us) / 1e6 >= floor_s
                 and any(left.get((gang.queue, m), 0) > 0 for m in self._gpus_of.get(gang.job_id, {}))
             ),
-            key=lambda gang: (gang.priority, -gang.started_us, gang.job_id),
+            key=self._borrower_key(now),
         )
         for gang in borrowers:
             held = {m: n for m, n in self._gpus_of.get(gang.job_id, {}).items() if m in models}
@@ -206,6 +207,19 @@ class QuotaCycle:
             for model, gpus in held.items():
                 left[(gang.queue, model)] = left.get((gang.queue, model), 0) - gpus
             yield gang
+
+
+    def _borrower_key(self, now: datetime) -> Callable[[RunningJob], tuple[int, float, int, str]]:
+        """The order a queue's borrowed GPUs are taken back in: the lowest priority first; among equals, with
+        ``Policy.victims`` "lost-work", the gangs that lose least (which of a queue's gangs hold what it borrowed is
+        a choice: the cheapest to stop), then the newest."""
+        restart_s, by_loss = self._policy.restart_s, self._policy.victims == "lost-work"
+
+        def key(gang: RunningJob) -> tuple[int, float, int, str]:
+            lost = gang.lost_gpu_s(now, restart_s) if by_loss else 0.0
+            return (gang.priority, lost, -gang.started_us, gang.job_id)
+
+        return key
 
 
 def queue_models(eligible: Mapping[tuple[str, float], float]) -> set[str]:

@@ -159,6 +159,16 @@ def test_reclaim_takes_the_lowest_priority_borrower_first() -> None:
     assert [d.job_id for d in decisions if isinstance(d, Preempt)] == ["a-run-2"]
 
 
+def test_reclaim_takes_the_borrower_that_loses_least() -> None:
+    """Victims by lost work among the borrowers: a-run-1 checkpointed 5 s ago; the newest (a-run-3) 900 s ago."""
+    gangs = tuple(
+        replace(gang, checkpointed_at=at(995.0 if gang.job_id == "a-run-1" else 100.0)) for gang in borrowed_by_a()
+    )
+    decisions = cycle(TWO_TEAMS, cluster(4, busy=True), jobs("b", 1), gangs, now=1000.0)
+
+    assert [d.job_id for d in decisions if isinstance(d, Preempt)] == ["a-run-1"]
+
+
 def test_reclaim_takes_no_more_than_the_borrower_borrows() -> None:
     # b wants its whole nominal (4) back: two gangs, a keeps its own 4.
     decisions = cycle(TWO_TEAMS, cluster(4, busy=True), jobs("b", 2), borrowed_by_a(), now=1000.0)
