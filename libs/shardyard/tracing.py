@@ -9,8 +9,9 @@ shard that ends minutes later). The trace is fixed when a job is admitted: facts
 
 Spans mark the decisions, not the traffic: ``submit`` (CLI), ``admission`` (queue), ``placement``,
 ``re-placement`` and ``completion`` (scheduler), ``recovery-plan`` (fault manager), ``assignment`` and ``launch``
-(agent), ``shard``, ``rendezvous`` and ``sync`` (each shard process). Heartbeats, node states and progress reports
-start none. A shard process continues the trace from ``TRACEPARENT`` in its environment.
+(agent), ``shard``, ``rendezvous`` and ``sync`` (each shard process), and once a job ended its ``goodput`` ledger,
+a child span per stretch of one part (one monitor replica: ``monitor.goodput``). Heartbeats, node states and
+progress reports start none. A shard process continues the trace from ``TRACEPARENT`` in its environment.
 
 Why not FastStream's ``KafkaTelemetryMiddleware``: it starts a span for every message published and consumed (one a
 second per node for heartbeats alone) and knows nothing of jobs; it also does not cover the follower (plain
@@ -27,6 +28,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
 from opentelemetry import context, trace
@@ -272,6 +274,36 @@ def span(name: str, attributes: Attributes | None = None, *, parent: SpanContext
     base = None if parent is None else _rooted(parent)
     with _TRACER.start_as_current_span(name, context=base, attributes=attributes) as current_span:
         yield current_span
+
+
+def record_stretches(
+    job_id: str,
+    name: str,
+    stretches: Sequence[tuple[str, datetime, datetime]],
+    *,
+    attributes: Attributes | None = None,
+    traces: JobTraces = JOBS,
+) -> None:
+    """Spans after the fact, in ``job_id``'s trace: one ``name`` span from the first stretch's start to the last's
+    end, with a child span per stretch, named by its label. For accounts made once the time has passed (the goodput
+    ledger: ``monitor.goodput``); they leave the job's recorded context as it was."""
+    if not stretches:
+        return
+    outer = _start(
+        name, job_id, traces.get(job_id), start_time=_ns(stretches[0][1]), attributes=attributes, kind=SpanKind.INTERNAL
+    )
+    within = outer.get_span_context()
+    for label, began, ended in stretches:
+        inner = _start(label, job_id, within, start_time=_ns(began), attributes=None, kind=SpanKind.INTERNAL)
+        inner.end(end_time=_ns(ended))
+    outer.end(end_time=_ns(stretches[-1][2]))
+
+
+def _ns(at: datetime) -> int:
+    return (at - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Publisher(Protocol):

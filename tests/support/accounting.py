@@ -21,7 +21,7 @@ from shardyard.events import (
 )
 from shardyard.jobdb.record import JobRecord
 from shardyard.lifecycle import JobState
-from tests.unit.builders import job_spec
+from tests.unit.builders import job_spec, progress
 
 
 def placed(job_id: str, at: datetime, *, attempt: int = 1, gpus: int = 2, model: str = "A100") -> JobScheduled:
@@ -75,12 +75,16 @@ def failed(job_id: str, t0: datetime) -> list[Event]:
 
 
 def retried(job_id: str, t0: datetime) -> list[Event]:
-    """Attempt 1 on 2 A100s loses a node after 1800 s; attempt 2, 60 s later on 2 V100s, succeeds 1800 s after."""
+    """Attempt 1 on 2 A100s, its first step at 10 s and step 1000 at 1790 s, loses a node at 1800 s; attempt 2, 60 s
+    later on 2 V100s, resumes from the checkpoint at step 900 (its first report at 1870 s), reports step 1100 at
+    1970 s (so it passed step 1000 at 1920 s), and succeeds 1800 s after its placement."""
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
     return [
         *accepted(job_id, t0),
         placed(job_id, at(0)),
         JobRunning(occurred_at=at(5), job_id=job_id, attempt=1),
+        progress(job_id, occurred_at=at(10), step=1),
+        progress(job_id, occurred_at=at(1790), step=1000),
         JobRecovering(
             occurred_at=at(1800),
             job_id=job_id,
@@ -93,6 +97,8 @@ def retried(job_id: str, t0: datetime) -> list[Event]:
         ),
         placed(job_id, at(1860), attempt=2, model="V100"),
         JobRunning(occurred_at=at(1865), job_id=job_id, attempt=2),
+        progress(job_id, occurred_at=at(1870), step=900, attempt=2),
+        progress(job_id, occurred_at=at(1970), step=1100, attempt=2),
         JobSucceeded(occurred_at=at(3660), job_id=job_id, attempt=2, final_loss=0.5, checkpoint_dir="/data/out"),
     ]
 
@@ -113,6 +119,15 @@ STORIES: dict[str, Callable[[str, datetime], list[Event]]] = {
 }
 
 
+def ledger(**seconds: float) -> dict[str, Any]:
+    """A record's ledger columns: each part's seconds (those not given: 0), and the ETTR they give."""
+    parts = {f"{part}_s": float(seconds.get(part, 0)) for part in LEDGER_PARTS}
+    return {**parts, "ettr": round(parts["productive_s"] / sum(parts.values()), 6)}
+
+
+LEDGER_PARTS = ("queued", "productive", "recovery", "recomputed", "notice", "degraded", "straggler")
+
+
 def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
     """The record each story gives."""
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
@@ -130,6 +145,8 @@ def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
             wait_s=10.0,
             run_s=3600.0,
             final_loss=1.25,
+            # No shard reported a step: productive from every shard started (12 s).
+            **ledger(queued=10, recovery=2, productive=3598),
         ),
         "failed": lambda: JobRecord(
             **common,
@@ -144,6 +161,7 @@ def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
             ended_at=at(1800),
             wait_s=0.0,
             run_s=1800.0,
+            **ledger(recovery=1, productive=1799),
         ),
         "retried": lambda: JobRecord(
             **common,
@@ -157,6 +175,9 @@ def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
             wait_s=0.0,
             run_s=3600.0,
             final_loss=0.5,
+            # Attempt 1: recovery 0-10, productive 10-1790, recovery from its last step 1790-1800; the wait 1800-1860
+            # after the fault is recovery; attempt 2: recovery 1860-1870, recomputed 1870-1920, productive 1920-3660.
+            **ledger(recovery=10 + 10 + 60 + 10, productive=1780 + 1740, recomputed=50),
         ),
         "cancelled": lambda: JobRecord(
             **common,
@@ -168,5 +189,6 @@ def expected(story: str, job_id: str, t0: datetime) -> JobRecord:
             message="by cli",
             ended_at=at(30),
             wait_s=30.0,
+            **ledger(queued=30),
         ),
     }[story]()

@@ -22,6 +22,9 @@ from shardyard.jobdb.urls import default_url
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 URL_ENV = "SHARDYARD_ACCOUNTING_URL"
 
+OUTPUT_NAMES = ("table", "wide", "json", "csv")
+"""``-o``'s choices: ``history_render.OUTPUTS``'s names (a test holds them equal; the renderer loads only when
+history runs)."""
 DEFAULT_LIMIT = 1000
 """``--limit``'s default (``shardyard.jobdb.query.DEFAULT_LIMIT``, which a test holds equal)."""
 
@@ -58,7 +61,7 @@ def add_parser(sub: Commands, run_dir: Callable[[argparse.Namespace], Path]) -> 
 
     history = sub.add_parser(
         "history",
-        help="jobs from the accounting database: times, wait, run time, GPU-hours, attempts, result, final loss",
+        help="jobs from the accounting database: times, wait, run time, GPU-hours, attempts, ETTR, result, final loss",
         **usage.of("history"),
     )
     history.add_argument(
@@ -70,7 +73,13 @@ def add_parser(sub: Commands, run_dir: Callable[[argparse.Namespace], Path]) -> 
     history.add_argument(
         "--limit", type=int, default=DEFAULT_LIMIT, help=f"at most this many (default {DEFAULT_LIMIT})"
     )
-    history.add_argument("-o", "--output", choices=("table", "json", "csv"), default="table")
+    history.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_NAMES,
+        default="table",
+        help="table (wide: with the goodput ledger's parts), json or csv",
+    )
     history.add_argument(
         "--accounting-url",
         help=f"the database: sqlite:///PATH or postgresql://... (env {URL_ENV}; default: the cluster's, else "

@@ -88,9 +88,10 @@ USAGE: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "history": (
         "Every job the accounting service recorded, newest submission first, read from the database itself (it\n"
-        "answers after `shardyard down`): times, wait, run time, GPU-hours, attempts, result, final loss.",
+        "answers after `shardyard down`): times, wait, run time, GPU-hours, attempts, ETTR (the share of its time\n"
+        "spent on productive training; -o wide adds where the rest went), result, final loss.",
         (
-            "shardyard history --since 1d --state FAILED",
+            "shardyard history --since 1d --state FAILED -o wide",
             "shardyard history --job fine_tune_gpt2 -o json",
             "shardyard history --since 7d -o csv > jobs.csv",
         ),

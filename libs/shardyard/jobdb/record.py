@@ -53,6 +53,17 @@ class JobRecord:
     """Who submitted it: the spec's ``owner`` (``shardyard submit`` fills in the local user)."""
     key_id: str | None = None
     """The team key its submission was signed with; None: unsigned."""
+    ettr: float | None = None
+    """Its goodput ledger (``shardyard.goodput``): the effective-training-time ratio, productive time over the whole
+    (0 to 1), and below the seconds of each part, which add up to its time from submission to end. All None until
+    the job ended (a running job's ledger grows by the second: the monitor shows it live)."""
+    queued_s: float | None = None
+    productive_s: float | None = None
+    recovery_s: float | None = None
+    recomputed_s: float | None = None
+    notice_s: float | None = None
+    degraded_s: float | None = None
+    straggler_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON values: times as ISO 8601 in UTC, the state as its name."""
@@ -68,6 +79,17 @@ COLUMNS: Final = tuple(f.name for f in fields(JobRecord))
 """Every column, in the order of the table, the JSON and the CSV."""
 TIME_COLUMNS: Final = frozenset({"submitted_at", "started_at", "ended_at"})
 KEY: Final = ("job_id", "submitted_at")
+LEDGER_COLUMNS: Final = (
+    "ettr",
+    "queued_s",
+    "productive_s",
+    "recovery_s",
+    "recomputed_s",
+    "notice_s",
+    "degraded_s",
+    "straggler_s",
+)
+"""The goodput ledger's columns: named as the ledger's JSON names them (``shardyard.goodput.Ledger.to_json``)."""
 
 
 def from_columns(values: dict[str, Any]) -> JobRecord:

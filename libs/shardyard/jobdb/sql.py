@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Final
 
 from shardyard.jobdb.query import HistoryQuery
-from shardyard.jobdb.record import COLUMNS, KEY
+from shardyard.jobdb.record import COLUMNS, KEY, LEDGER_COLUMNS
 
 TABLE: Final = "job_accounting"
 
@@ -32,8 +32,9 @@ TYPES: Final = {
     "final_loss": ("REAL", "DOUBLE PRECISION"),
     "owner": ("TEXT", "TEXT"),
     "key_id": ("TEXT", "TEXT"),
+    **dict.fromkeys(LEDGER_COLUMNS, ("REAL", "DOUBLE PRECISION")),
 }
-ADDED_LATER: Final = ("owner", "key_id")
+ADDED_LATER: Final = ("owner", "key_id", *LEDGER_COLUMNS)
 """Columns a table made by an earlier version lacks: added where missing (``added``), empty for its old rows."""
 
 SQLITE, POSTGRES = 0, 1

@@ -1,7 +1,8 @@
-"""Wiring of the accounting service: the lifecycle topic, followed from its beginning, into the accounting database.
+"""Wiring of the accounting service: the lifecycle topic and the shards' steps and failures (for the goodput ledger),
+followed from their beginning, into the accounting database.
 
-No consumer group: every replica (``shardyard up`` starts two) reads the whole topic from offset 0 on every start and
-so rebuilds every record the log still holds, by upserts that leave a row as it was when its facts are read again.
+No consumer group: every replica (``shardyard up`` starts two) reads both topics whole, from offset 0, on every start
+and so rebuilds every record the log still holds, by upserts that leave a row as it was when its facts are read again.
 Two replicas write the same rows; the revision guard of the upsert (``shardyard.jobdb.sql``) keeps one that is behind
 from taking a row back. Rows of unended jobs the log no longer holds (an embedded broker forgets its log when it
 stops, a cluster started afresh) are ended ``BROKER_LOG_LOST`` once the log was read whole (``book.stranded``).
@@ -18,7 +19,7 @@ from shardyard.accounting.handlers import AccountingHandlers
 from shardyard.bus.admin import ensure_topics
 from shardyard.bus.follow import Follower
 from shardyard.bus.kafka import Bus, make_broker
-from shardyard.bus.topics import LIFECYCLE
+from shardyard.bus.topics import LIFECYCLE, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.jobdb.store import open_store
 from shardyard.jobdb.urls import DATABASE_FILE, redacted
@@ -28,6 +29,9 @@ from shardyard.settings import ServiceSettings
 SERVICE = "accounting"
 RECONCILE_MARGIN_S = 30.0
 """Rows of jobs accepted this long before the log was read whole are judged (clocks and the other replica allowed)."""
+UNREAD = frozenset({"shard.started", "shard.checkpointed", "shard.completed", "shard.preempted", "job.unschedulable"})
+"""What no record or ledger needs, passed over unread (``Follower.unread``): of the shard topic only the steps and the
+failures are read (a step costs a decode and an O(1) fold, and no write while its job runs)."""
 log = logging.getLogger(__name__)
 
 
@@ -53,10 +57,11 @@ def build_app(settings: AccountingSettings, *, clock: Clock) -> FastStream:
     handlers = AccountingHandlers(book, open_store(settings.accounting_url, create=True), url=settings.accounting_url)
     follower = Follower(
         settings.bootstrap,
-        [LIFECYCLE],
+        [LIFECYCLE, SHARD_EVENTS],
         handlers.on_followed,
         name=f"{SERVICE}-{settings.instance}-follow",
         after_batch=handlers.flush,
+        unread=UNREAD,
     )
     retry = Periodic("accounting-retry", settings.retry_interval_s, handlers.flush)
     app = FastStream(bus.broker)

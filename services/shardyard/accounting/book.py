@@ -8,6 +8,11 @@ log, read once or twice, in one process or two, gives the same records, each wit
 Each placement (``job.scheduled``) opens an attempt; the move back to READY (``job.recovering``,
 ``job.preempted``) or the job's end closes it. GPU-hours and run time add up the attempts that closed.
 
+Each record of an ended job carries its goodput ledger (``shardyard.goodput``): its lifecycle facts and its shards'
+steps and failures (the shard topic, :meth:`AccountingBook.on_shard`) are kept as a few marks per attempt, and the
+ledger is computed from them when the record is taken. A shard's report read after its job's end (the two topics are
+read side by side) changes the record again, with the same revision.
+
 A row of an unended job the log no longer holds (:func:`stranded`) is ended ``BROKER_LOG_LOST`` once the log was
 read whole: ``shardyard history`` never shows a job READY for ever.
 """
@@ -16,6 +21,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from shardyard.events import (
     FailureCause,
@@ -27,8 +33,12 @@ from shardyard.events import (
     JobScheduled,
     JobSpec,
     JobSucceeded,
+    ShardEvent,
+    ShardFailed,
+    ShardProgress,
 )
-from shardyard.jobdb.record import JobRecord
+from shardyard.goodput import GoodputFold
+from shardyard.jobdb.record import LEDGER_COLUMNS, JobRecord
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
 
 SECONDS_PER_HOUR = 3600.0
@@ -63,6 +73,8 @@ class JobFold:
     revision: int = 1
     key_id: str | None = None
     """The key its submission was signed with (its acceptance's)."""
+    goodput: GoodputFold = field(default_factory=GoodputFold)
+    """Its goodput ledger's marks (``shardyard.goodput``), from its lifecycle and its shards' steps and failures."""
 
     def apply(self, event: LifecycleFact) -> bool:
         """Fold one fact; False when it changes nothing (refused by the table, or a fact the record does not keep)."""
@@ -101,6 +113,10 @@ class JobFold:
         began_wait = started or self.ended_at
         models = sorted({model for attempt in attempts for model in attempt.models})
         team, queue = team_and_queue(spec)
+        ledger: dict[str, Any] = {}
+        if self.ended_at is not None:
+            values = self.goodput.ledger(self.ended_at).to_json()
+            ledger = {name: values[name] for name in LEDGER_COLUMNS}
         return JobRecord(
             job_id=spec.job_id,
             submitted_at=spec.submitted_at,
@@ -121,6 +137,7 @@ class JobFold:
             owner=spec.owner,
             key_id=self.key_id,
             final_loss=self.final_loss,
+            **ledger,
         )
 
 
@@ -151,17 +168,37 @@ class AccountingBook:
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobFold] = {}
+        self._early: dict[str, GoodputFold] = {}
+        """The ledgers of jobs whose shards' events came before their acceptance (the two topics are read side by
+        side, and from their beginning on every start), until it comes."""
         self._changed: dict[str, None] = {}  # insertion-ordered set
 
     def apply(self, event: LifecycleFact) -> None:
+        """A fact of the lifecycle topic."""
         if isinstance(event, JobAccepted):
             if event.job_id not in self.jobs:  # else the same acceptance again, or one the queue would refuse
                 key_id = event.signature.key_id if event.signature is not None else None
-                self.jobs[event.job_id] = JobFold(spec=event.spec, key_id=key_id)
+                goodput = self._early.pop(event.job_id, None) or GoodputFold()
+                goodput.apply(event)
+                self.jobs[event.job_id] = JobFold(spec=event.spec, key_id=key_id, goodput=goodput)
                 self._changed[event.job_id] = None
             return
         fold = self.jobs.get(event.job_id)
-        if fold is not None and fold.apply(event):
+        if fold is None:
+            return
+        fold.goodput.apply(event)  # it moves with the record (the same table), and takes the preemption notice
+        if fold.apply(event):
+            self._changed[event.job_id] = None
+
+    def on_shard(self, event: ShardEvent) -> None:
+        """An event of the shard topic: a step or a failure goes to its job's ledger. The record changes only once
+        the job ended (a running job's ledger is not written), with a shard's report that comes after its end."""
+        if not isinstance(event, ShardProgress | ShardFailed):
+            return
+        fold = self.jobs.get(event.job_id)
+        if fold is None:
+            self._early.setdefault(event.job_id, GoodputFold()).on_shard(event)
+        elif fold.goodput.on_shard(event) and fold.ended_at is not None:
             self._changed[event.job_id] = None
 
     def take_changed(self) -> list[JobRecord]:

@@ -1,4 +1,5 @@
-"""Accounting handlers: each lifecycle fact to the book; after each fetch, the records it changed to the database.
+"""Accounting handlers: each lifecycle fact, and each shard's step and failure, to the book; after each fetch, the
+records it changed to the database.
 
 The database is written once per batch of facts, in one transaction, not once per fact. A write that fails (the
 database is down or locked past its timeout) leaves its records to be written again, as they are by then, with the
@@ -11,7 +12,7 @@ import logging
 from datetime import datetime
 
 from shardyard.accounting.book import AccountingBook, stranded
-from shardyard.bus.topics import Topic
+from shardyard.bus.topics import SHARD_EVENTS, Topic
 from shardyard.errors import AccountingError
 from shardyard.jobdb.query import MAX_LIMIT, HistoryQuery
 from shardyard.jobdb.record import JobRecord
@@ -32,8 +33,13 @@ class AccountingHandlers:
         """Rows written since start (a row rewritten counts again)."""
         self.failing = False
 
-    async def on_followed(self, _topic: Topic, event: object) -> None:
-        self.book.apply(event)  # type: ignore[arg-type]  # the follower reads the lifecycle topic only
+    async def on_followed(self, topic: Topic, event: object) -> None:
+        """The follower's two topics, each to its own fold: shard events to the goodput ledgers, facts to the
+        records."""
+        if topic is SHARD_EVENTS:
+            self.book.on_shard(event)  # type: ignore[arg-type]  # the topic's events, decoded by its payload
+        else:
+            self.book.apply(event)  # type: ignore[arg-type]  # the lifecycle topic's
 
     async def flush(self) -> None:
         """Write the records that changed since the last write."""

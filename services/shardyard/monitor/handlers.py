@@ -1,24 +1,29 @@
 """Monitor handlers: every record the feed reads is decoded and folded into the cluster view.
 
 A record that is not an event of its topic goes to the dead-letter topic, as a FastStream subscription of the bus
-would send it, and the records after it are folded. The monitor publishes nothing about jobs, so the trace context
-that job events carry is not recorded here (``tracing.observe``): it would continue no trace.
+would send it, and the records after it are folded. The trace context the lifecycle's events carry is recorded
+(``tracing.observe``): a job that ends gets its goodput ledger as spans of its trace (``goodput.trace_ledger``),
+from one replica (the job id's hash, of the replicas' share), for an end read live (appended since this replica
+started), so a replica that rebuilds sends none again.
 """
 
 import logging
 import time
+import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 from prometheus_client import Counter
 
-from shardyard import metrics
+from shardyard import metrics, tracing
 from shardyard.bus.codec import decode
 from shardyard.bus.seal import FORGED_HEADER, Refusal, Seal, screen_read
-from shardyard.bus.topics import MONITOR_LETTERS, Topic, dead_letterer
+from shardyard.bus.topics import LIFECYCLE, MONITOR_LETTERS, Topic, dead_letterer
 from shardyard.errors import EventDecodeError
+from shardyard.events import JobCancelled, JobFailed, JobSucceeded
 from shardyard.monitor.feed import Record
+from shardyard.monitor.goodput import trace_ledger
 from shardyard.monitor.views import ClusterView
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,8 @@ class MonitorHandlers:
                 why = screen_read(self.seal, topic.name, record, record.value or b"", event)
                 if why is None:
                     self.view.apply(event)
+                    if topic.name == LIFECYCLE.name:
+                        self._traced(record, event)
                 else:
                     unsealed.append((record, why))
             except EventDecodeError as exc:
@@ -105,6 +112,15 @@ class MonitorHandlers:
         for record, why in unsealed:
             if self.letters(topic, record):
                 await self.bus.refuse(record.value or b"", record, why)
+
+    def _traced(self, record: Record, event: object) -> None:
+        """Record the job's trace context; at its end, read live and this replica's to trace, its ledger's spans."""
+        tracing.observe(event, record.headers)
+        if not isinstance(event, JobSucceeded | JobFailed | JobCancelled) or record.timestamp < self.since_ms:
+            return
+        this, many = self.share
+        if zlib.crc32(event.job_id.encode()) % many == this:
+            trace_ledger(self.view.goodput, event.job_id)
 
     def _sealed(self, record: Record) -> bool:
         """Whether a dead letter comes from a component of this cluster: its own seal verifies (anyone can write a

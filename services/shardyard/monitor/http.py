@@ -25,6 +25,7 @@ from shardyard.signing import Credentials
 DASHBOARD_FILES = {
     "dashboard.html": "text/html",
     "dom.js": "text/javascript",
+    "goodput.js": "text/javascript",
     "dashboard.js": "text/javascript",
     "history.js": "text/javascript",
     "queues.js": "text/javascript",

@@ -31,6 +31,7 @@ from shardyard.clock import Clock
 from shardyard.events import FailureCause, NodeLease, NodeState, NodeStatus
 from shardyard.lifecycle import TERMINAL, JobState
 from shardyard.monitor.exposition import FamiliesCollector, Family, Key, Kind, render
+from shardyard.monitor.goodput import goodput_families
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.leadership import leadership_family
 from shardyard.monitor.network import RTT_PAIR_NODES as RTT_PAIR_NODES  # re-exported: its home was here
@@ -83,6 +84,7 @@ def cluster_families(view: ClusterView, now: datetime) -> Iterator[Family | Metr
     yield from _jobs(view)
     yield _queue(view)
     yield from queue_families(view)
+    yield from goodput_families(view.goodput)
     yield from _nodes(view)
     yield from _gpus(view)
     active = [job for job in view.jobs.values() if job.state is not None and job.state not in TERMINAL]

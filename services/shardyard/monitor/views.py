@@ -43,6 +43,7 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact
 from shardyard.monitor.alert_log import AlertLog
+from shardyard.monitor.goodput import GoodputBook
 from shardyard.monitor.holding import Holding
 from shardyard.monitor.jobs import JobView
 from shardyard.monitor.network import Network, gang_links_json, gang_nodes, links_json
@@ -125,6 +126,8 @@ class ClusterView:
     """Per node, its newest shard failure for want of space (DISK_FULL; what the DISK_FULL rule judges)."""
     queues: QueuesConfigured | None = None
     """The teams' queues in force (the queues topic's latest; ``monitor/queues.py``)."""
+    goodput: GoodputBook = field(default_factory=GoodputBook)
+    """Every job's goodput ledger (``monitor/goodput.py``)."""
     _queue_rows: tuple[int, dict[str, QueueRow]] = field(default=(-1, {}), repr=False)
 
     @property
@@ -212,7 +215,11 @@ class ClusterView:
                 if last is None or event.occurred_at >= last.occurred_at:
                     self.disk_full[event.node_id] = event
                 self.job(event.job_id).fold_shard(event)
-            case ShardStarted() | ShardProgress() | ShardCompleted() | ShardFailed():
+                self.goodput.shard(event)
+            case ShardProgress() | ShardFailed():
+                self.job(event.job_id).fold_shard(event)
+                self.goodput.shard(event)
+            case ShardStarted() | ShardCompleted():
                 self.job(event.job_id).fold_shard(event)
             case AlertFiring() | AlertResolved():
                 self.alerts.apply(event)
@@ -233,6 +240,7 @@ class ClusterView:
 
     def _lifecycle(self, event: LifecycleFact) -> None:
         self.verdicts.fold(event)  # a refused resubmission too: its verdict is its submitter's news
+        self.goodput.lifecycle(event)  # its own transition table, as every consumer's
         if not self.job(event.job_id).fold_lifecycle(event):
             return
         match event:
@@ -270,9 +278,12 @@ class ClusterView:
         return links_json(self.network.measured(now), self.live_nodes())
 
     def job_detail(self, job: JobView, now: datetime) -> dict[str, Any]:
-        """A job's detail with its gang's links: every pair among the nodes its shards are placed on."""
+        """A job's detail with its gang's links (every pair among the nodes its shards are placed on) and its goodput
+        ledger to its end or to ``now`` (None: never accepted)."""
         links = gang_links_json(gang_nodes(job.placements), self.network.measured(now), self.nodes)
-        return {**job.detail(), **listed(job), "links": links}
+        ledger = self.goodput.ledger(job.job_id, now)
+        goodput = ledger.to_json() if ledger is not None else None
+        return {**job.detail(), **listed(job), "links": links, "goodput": goodput}
 
     def queues_json(self) -> dict[str, Any]:
         """``/api/queues``: each queue's quota and use per GPU model, its pending jobs and fair share."""

@@ -19,18 +19,23 @@ from shardyard.events import (
     JobUnschedulable,
     PendingReason,
     RejectReason,
+    ShardFailed,
+    ShardProgress,
     UsedSignature,
 )
 from shardyard.jobdb.record import JobRecord
 from shardyard.lifecycle import JobState
 from tests.support.accounting import STORIES, accepted, expected, placed, succeeded
-from tests.unit.builders import T0, at
+from tests.unit.builders import T0, at, progress, started
 
 
 def records(events: list[object]) -> dict[str, JobRecord]:
     book = AccountingBook()
     for event in events:
-        book.apply(event)  # type: ignore[arg-type]
+        if isinstance(event, ShardProgress | ShardFailed):
+            book.on_shard(event)
+        else:
+            book.apply(event)  # type: ignore[arg-type]
     return {record.job_id: record for record in book.take_changed()}
 
 
@@ -147,3 +152,52 @@ def test_a_record_names_who_submitted_and_the_key_that_signed() -> None:
     records = {r.job_id: r for r in book.take_changed()}
     assert (records["signed"].owner, records["signed"].key_id) == ("alice", "k2")
     assert records["unsigned"].key_id is None
+
+
+def test_a_jobs_ledger_is_written_once_it_ended_and_its_steps_cost_no_write_before() -> None:
+    book = AccountingBook()
+    events = STORIES["retried"]("job-1", T0)
+    *before_end, end = events
+    for event in before_end:
+        if isinstance(event, ShardProgress):
+            book.on_shard(event)
+        else:
+            book.apply(event)  # type: ignore[arg-type]
+    [running] = book.take_changed()
+    assert (running.ettr, running.productive_s) == (None, None)  # the monitor shows a running job's ledger
+    book.on_shard(progress("job-1", occurred_at=at(2000), step=1200, attempt=2))
+    assert book.take_changed() == []  # a step of a running job changes no record
+    book.apply(end)  # type: ignore[arg-type]
+    [ended] = book.take_changed()
+    assert ended.ettr == pytest.approx(3520 / 3660, abs=1e-6) and ended.recomputed_s == 50.0
+
+
+def test_a_step_read_after_its_jobs_end_changes_the_ledger_at_the_same_revision() -> None:
+    """The two topics are read side by side: the end may come before the shard's last reports."""
+    book = AccountingBook()
+    shard = [e for e in STORIES["retried"]("job-1", T0) if isinstance(e, ShardProgress)]
+    for event in STORIES["retried"]("job-1", T0):
+        if not isinstance(event, ShardProgress):
+            book.apply(event)  # type: ignore[arg-type]
+    [early] = book.take_changed()
+    for event in shard:
+        book.on_shard(event)
+    [late] = book.take_changed()
+    assert late == expected("retried", "job-1", T0) and late.revision == early.revision
+    assert early.productive_s != late.productive_s
+    book.on_shard(shard[-1])  # read again: nothing changes
+    assert book.take_changed() == []
+
+
+def test_a_shard_event_of_an_unknown_job_or_kind_changes_nothing() -> None:
+    book = AccountingBook()
+    book.on_shard(progress("nobody", step=3))
+    book.on_shard(started("nobody"))
+    assert book.take_changed() == [] and book.jobs == {}
+
+
+def test_shard_events_read_before_their_jobs_acceptance_count_once_it_comes() -> None:
+    """On a start the follower may hand over the shard topic before the lifecycle topic."""
+    events = STORIES["retried"]("job-1", T0)
+    shard = [e for e in events if isinstance(e, ShardProgress)]
+    assert records([*shard, *(e for e in events if e not in shard)]) == {"job-1": expected("retried", "job-1", T0)}

@@ -7,12 +7,14 @@ import io
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
 from shardyard.cli.history import accounting_url
-from shardyard.cli.history_render import as_csv, as_json, as_table, duration
-from shardyard.jobdb.record import COLUMNS
+from shardyard.cli.history_render import as_csv, as_json, as_table, as_wide, duration
+from shardyard.job_state import JobState
+from shardyard.jobdb.record import COLUMNS, LEDGER_COLUMNS
 from shardyard.jobdb.store import open_store
 from shardyard.jobdb.urls import default_url
 from shardyard.monitor.http import build_http
@@ -63,6 +65,8 @@ def test_the_table_json_and_csv_carry_every_record() -> None:
     assert list(rows[0]) == list(COLUMNS) and [r["job_id"] for r in rows] == [r.job_id for r in RECORDS]
     cancelled = next(r for r in rows if r["job_id"] == "job-cancelled")
     assert (cancelled["started_at"], cancelled["final_loss"], cancelled["gpu_hours"]) == ("", "", "0.0")
+    retried_ettr = f"{RECORDS[2].ettr:.1%}"
+    assert RECORDS[2].job_id == "job-retried" and retried_ettr == "96.2%" and retried_ettr in retried
     assert as_table([]) == "no jobs in the accounting database match"
     assert [duration(s) for s in (None, 45, 725, 11_220)] == ["-", "45s", "12m05s", "3h07m"]
 
@@ -86,3 +90,16 @@ def test_history_reads_the_url_given_else_the_environment_else_the_run_folders(t
         )
     )
     assert accounting_url(None, tmp_path, {}) == given  # the running cluster's
+
+
+def test_the_wide_table_shows_where_each_jobs_time_went() -> None:
+    header, *lines = as_wide(RECORDS).splitlines()
+    parts = ["QUEUED", "PRODUCTIVE", "RECOVERY", "RECOMPUTED", "NOTICE", "DEGRADED", "STRAGGLER", "REASON"]
+    assert header.split()[-len(parts) :] == parts and "ETTR" in header.split()
+    retried = next(line for line in lines if line.startswith("job-retried"))
+    # the story's ledger: productive 3520 s, recovery 90 s, recomputed 50 s; no queue, notice, degraded placement
+    assert retried.split()[-8:-1] == ["0s", "58m40s", "1m30s", "50s", "0s", "0s", "0s"]
+    unended: dict[str, Any] = dict.fromkeys(LEDGER_COLUMNS)
+    running = replace(RECORDS[3], state=JobState.RUNNING, **unended)
+    assert as_wide([running]).splitlines()[1].split()[-8:] == ["-"] * 8  # no ledger before the end, no reason
+    assert as_table([running]).splitlines()[1].split()[14] == "-"  # ETTR (SUBMITTED is two words)

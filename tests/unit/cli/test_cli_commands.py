@@ -451,3 +451,9 @@ def test_history_shows_the_limit_the_query_applies() -> None:
     from shardyard.jobdb import query
 
     assert history.DEFAULT_LIMIT == query.DEFAULT_LIMIT
+
+
+def test_history_offers_every_output_it_renders() -> None:
+    from shardyard.cli import history, history_render
+
+    assert tuple(history_render.OUTPUTS) == history.OUTPUT_NAMES

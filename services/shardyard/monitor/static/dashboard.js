@@ -312,6 +312,7 @@ function renderDetail(detail, series) {
         id: "rate-chart", title: "throughput (samples/s, whole gang)", xs: series.t_s, ys: series.samples_per_s,
         xLabel: "seconds since the first step",
       })),
+    h("h4", {}, "goodput"), goodputSection(detail.goodput),
     h("h4", {}, "shards"), shardsTable(detail),
     h("h4", {}, "gang links"), linksTable(detail.links),
     h("h4", {}, "timeline (newest first)"), timelineTable(detail.timeline),

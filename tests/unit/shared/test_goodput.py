@@ -1,0 +1,388 @@
+"""The goodput ledger, pure: each story's parts, computed by hand from the definitions in ``shardyard.goodput.fold``;
+the parts add up to the job's time; arrival order, redelivery, fenced placements and skewed clocks change nothing."""
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from shardyard.events import (
+    FailureCause,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobPreempted,
+    JobPreempting,
+    JobReady,
+    JobRecovering,
+    JobRunning,
+    JobScheduled,
+    JobSucceeded,
+    ShardCheckpointed,
+    ShardFailed,
+    ShardProgress,
+)
+from shardyard.goodput import PARTS, GoodputFold, Ledger, Part, ledger_of, ledger_of_events
+from shardyard.lifecycle import LifecycleFact
+from tests.unit.builders import at, failed, job_spec, progress, scheduled
+
+ACCEPTED = JobAccepted(occurred_at=at(0), job_id="job-1", spec=job_spec(submitted_at=at(0)), source_offset="t/0/1")
+READY = JobReady(occurred_at=at(0), job_id="job-1", spec=ACCEPTED.spec)
+
+
+def placed(s: float, attempt: int = 1, *, term: int = 1, degraded: bool = False) -> JobScheduled:
+    return scheduled(occurred_at=at(s), attempt=attempt, term=term, degraded=degraded)
+
+
+def step(s: float, number: int, attempt: int = 1, shard: int = 0) -> ShardProgress:
+    return progress(occurred_at=at(s), step=number, attempt=attempt, shard_index=shard)
+
+
+def running(s: float, attempt: int = 1) -> JobRunning:
+    return JobRunning(occurred_at=at(s), job_id="job-1", attempt=attempt)
+
+
+def recovering(s: float, attempt: int = 1) -> JobRecovering:
+    return JobRecovering(
+        occurred_at=at(s),
+        job_id="job-1",
+        attempt=attempt,
+        cause=FailureCause.NODE_LOST,
+        message="lost",
+        retry_at=at(s),
+        retries_used=1,
+        retries_left=2,
+    )
+
+
+def preempting(s: float, attempt: int = 1) -> JobPreempting:
+    return JobPreempting(occurred_at=at(s), job_id="job-1", attempt=attempt, by_job="vip", deadline_s=30)
+
+
+def preempted(s: float, attempt: int = 1, checkpoint_step: int | None = None) -> JobPreempted:
+    return JobPreempted(
+        occurred_at=at(s),
+        job_id="job-1",
+        attempt=attempt,
+        by_job="vip",
+        checkpoint_dir="/c",
+        checkpoint_step=checkpoint_step,
+    )
+
+
+def succeeded(s: float, attempt: int = 1) -> JobSucceeded:
+    return JobSucceeded(occurred_at=at(s), job_id="job-1", attempt=attempt, final_loss=1.0, checkpoint_dir=None)
+
+
+def job_failed(s: float, attempt: int = 1) -> JobFailed:
+    return JobFailed(occurred_at=at(s), job_id="job-1", attempt=attempt, cause=FailureCause.USER_ERROR, message="x")
+
+
+def clean() -> list[object]:
+    """Placed at 10, first step at 20, succeeds at 110."""
+    return [ACCEPTED, READY, placed(10), running(12), *(step(s, s - 19) for s in range(20, 101, 10)), succeeded(110)]
+
+
+def fault_and_recompute() -> list[object]:
+    """Step 30 at 25, a shard killed at 27, recovering at 30; attempt 2 placed at 40 resumes from the checkpoint at
+    step 20: its first step (22) at 50, step 26 at 60, 34 at 70 (so step 30 passed at 65), succeeds at 85."""
+    return [
+        ACCEPTED,
+        READY,
+        placed(0),
+        running(2),
+        step(5, 10),
+        step(15, 20),
+        ShardCheckpointed(
+            occurred_at=at(16), job_id="job-1", shard_index=0, attempt=1, node_id="n", step=20, checkpoint_dir="/c"
+        ),
+        step(25, 30),
+        failed(occurred_at=at(27), attempt=1, cause=FailureCause.KILLED),
+        recovering(30),
+        placed(40, 2),
+        running(42, 2),
+        step(50, 22, 2),
+        step(60, 26, 2),
+        step(70, 34, 2),
+        step(80, 40, 2),
+        succeeded(85, 2),
+    ]
+
+
+def preemption() -> list[object]:
+    """Placed at 5, first step at 10; notice at 32, stopped at 36 after step 55; placed again at 50, resumes past
+    step 55 (first step 57 at 58), succeeds at 75."""
+    return [
+        ACCEPTED,
+        READY,
+        placed(5),
+        running(7),
+        step(10, 1),
+        step(30, 50),
+        preempting(32),
+        step(34, 55),
+        preempted(36, checkpoint_step=55),
+        placed(50, 2),
+        running(52, 2),
+        step(58, 57, 2),
+        step(70, 80, 2),
+        succeeded(75, 2),
+    ]
+
+
+def hang() -> list[object]:
+    """Last step at 25; the node goes silent, no shard reports failing; recovering at 40; never placed again: the
+    ledger is read at 60."""
+    return [ACCEPTED, READY, placed(0), running(2), step(5, 10), step(25, 30), recovering(40)]
+
+
+def degraded() -> list[object]:
+    """On a degraded placement at 0, first step at 2, succeeds at 12."""
+    return [ACCEPTED, READY, placed(0, degraded=True), running(1), step(2, 1), step(10, 50), succeeded(12)]
+
+
+def no_steps() -> list[object]:
+    """A user's command that reports no step: every shard started at 3, succeeds at 20."""
+    return [ACCEPTED, READY, placed(0), running(3), succeeded(20)]
+
+
+def user_error() -> list[object]:
+    """Last step at 8, the job's own error ends it at 10."""
+    return [ACCEPTED, READY, placed(0), running(1), step(2, 1), step(8, 7), job_failed(10)]
+
+
+def cancelled_after_fault() -> list[object]:
+    """Faulted at 20 (last step 15), cancelled at 50 while waiting to be placed again."""
+    return [
+        ACCEPTED,
+        READY,
+        placed(0),
+        step(5, 1),
+        step(15, 10),
+        recovering(20),
+        JobCancelled(occurred_at=at(50), job_id="job-1", message="by cli"),
+    ]
+
+
+def revoked_is_no_fault() -> list[object]:
+    """A shard revoked (the scheduler stopped it on purpose) is no fault: the run stays productive."""
+    return [
+        ACCEPTED,
+        READY,
+        placed(0),
+        step(4, 1),
+        failed(occurred_at=at(6), cause=FailureCause.REVOKED),
+        succeeded(10),
+    ]
+
+
+Story = tuple[Callable[[], list[object]], float, dict[Part, float]]
+STORIES: dict[str, Story] = {
+    # story: (events, now (for an unended job), the parts by hand)
+    "clean": (clean, 200, {Part.QUEUED: 10, Part.RECOVERY: 10, Part.PRODUCTIVE: 90}),
+    "fault and recompute": (
+        fault_and_recompute,
+        200,
+        # attempt 1: recovery 0-5, productive 5-27 (the kill after the last step), recovery 27-30; the wait 30-40 is
+        # recovery; attempt 2: recovery 40-50, recomputed 50-65, productive 65-85.
+        {Part.RECOVERY: 5 + 3 + 10 + 10, Part.PRODUCTIVE: 22 + 20, Part.RECOMPUTED: 15},
+    ),
+    "preemption": (
+        preemption,
+        200,
+        {Part.QUEUED: 5 + 14, Part.RECOVERY: 5 + 8, Part.PRODUCTIVE: 22 + 17, Part.NOTICE: 4},
+    ),
+    "hang": (hang, 60, {Part.RECOVERY: 5 + 15 + 20, Part.PRODUCTIVE: 20}),
+    "degraded": (degraded, 200, {Part.RECOVERY: 2, Part.DEGRADED: 10}),
+    "no steps": (no_steps, 200, {Part.RECOVERY: 3, Part.PRODUCTIVE: 17}),
+    "user error": (user_error, 200, {Part.RECOVERY: 2 + 2, Part.PRODUCTIVE: 6}),
+    "cancelled after a fault": (cancelled_after_fault, 200, {Part.RECOVERY: 5 + 5 + 30, Part.PRODUCTIVE: 10}),
+    "revoked is no fault": (revoked_is_no_fault, 200, {Part.RECOVERY: 4, Part.PRODUCTIVE: 6}),
+    "queued, not ended": (lambda: [ACCEPTED, READY], 42, {Part.QUEUED: 42}),
+    "running, not ended": (
+        lambda: [ACCEPTED, READY, placed(3), step(5, 1), step(9, 9)],
+        20,
+        {
+            Part.QUEUED: 3,
+            Part.RECOVERY: 2,
+            Part.PRODUCTIVE: 15,
+        },
+    ),
+}
+
+
+def ledger(events: Sequence[object], now: float) -> Ledger:
+    return ledger_of_events(ACCEPTED, events, at(now))
+
+
+def parts(result: Ledger) -> dict[Part, float]:
+    return {part: result.seconds(part) for part in PARTS if result.seconds(part)}
+
+
+@pytest.mark.parametrize("story", STORIES, ids=str)
+def test_each_story_gives_its_parts(story: str) -> None:
+    events, now, expected = STORIES[story]
+    assert parts(ledger(events(), now)) == pytest.approx(expected, abs=1e-9)
+    assert set(parts(ledger(events(), now))) == set(expected)
+
+
+@pytest.mark.parametrize("story", STORIES, ids=str)
+def test_the_parts_add_up_to_the_jobs_time(story: str) -> None:
+    events, now, _ = STORIES[story]
+    fold = fold_of(events())
+    end = fold.ended_at or at(now)
+    assert ledger(events(), now).total_s == pytest.approx((end - at(0)).total_seconds(), abs=1e-9)
+
+
+def fold_of(events: Sequence[object]) -> GoodputFold:
+    fold = GoodputFold.of(ACCEPTED)
+    for event in events:
+        if isinstance(event, ShardProgress | ShardFailed):
+            fold.on_shard(event)
+        elif isinstance(event, LifecycleFact) and not isinstance(event, JobAccepted):
+            fold.apply(event)
+    return fold
+
+
+def test_ettr_is_productive_time_over_the_whole() -> None:
+    assert ledger(fault_and_recompute(), 200).ettr == pytest.approx(42 / 85)
+    assert ledger(clean(), 200).ettr == pytest.approx(90 / 110)
+    assert ledger(degraded(), 200).ettr == 0.0  # degraded time is its own part
+    assert ledger([ACCEPTED], 0).ettr is None  # no time yet: no ratio
+
+
+def test_a_preempted_job_shows_its_notice_and_no_recomputed_work() -> None:
+    result = ledger(preemption(), 200)
+    assert (result.notice_s, result.recomputed_s) == (4.0, 0.0)
+
+
+@pytest.mark.parametrize("story", ["fault and recompute", "preemption", "clean"], ids=str)
+def test_the_order_the_two_topics_arrive_in_changes_nothing(story: str) -> None:
+    events, now, _ = STORIES[story]
+    all_events = events()
+    shard = [e for e in all_events if isinstance(e, ShardProgress | ShardFailed | ShardCheckpointed)]
+    lifecycle = [e for e in all_events if e not in shard]
+    expected = ledger(all_events, now)
+    assert ledger(shard + lifecycle, now) == expected  # every shard event first
+    assert ledger(lifecycle + shard, now) == expected  # every lifecycle fact first
+    assert ledger(all_events + all_events, now) == expected  # everything delivered twice
+
+
+def test_a_late_or_fenced_fact_changes_nothing() -> None:
+    late = [running(500), succeeded(600), recovering(700), preempting(800), placed(900, 3)]
+    assert ledger(clean() + late, 1000) == ledger(clean(), 1000)
+    fenced = [ACCEPTED, READY, placed(10, term=5), step(12, 1), placed(20, 2, term=4), step(30, 5)]
+    assert parts(ledger(fenced, 40)) == {Part.QUEUED: 10, Part.RECOVERY: 2, Part.PRODUCTIVE: 28}
+
+
+def test_a_shards_clock_is_clamped_into_its_attempt() -> None:
+    behind = [ACCEPTED, READY, placed(10), step(8, 1), step(20, 10), succeeded(30)]  # its agent's clock 2 s behind
+    assert parts(ledger(behind, 100)) == {Part.QUEUED: 10, Part.PRODUCTIVE: 20}
+    ahead = [ACCEPTED, READY, placed(10), step(12, 1), step(35, 10), succeeded(30)]  # a report after the end
+    assert parts(ledger(ahead, 100)) == {Part.QUEUED: 10, Part.RECOVERY: 2, Part.PRODUCTIVE: 18}
+
+
+def test_the_first_step_of_any_shard_counts() -> None:
+    events = [ACCEPTED, READY, placed(0), step(6, 2, shard=1), step(4, 1, shard=0), succeeded(10)]
+    assert parts(ledger(events, 100)) == {Part.RECOVERY: 4, Part.PRODUCTIVE: 6}
+
+
+def test_a_running_jobs_ledger_grows_with_now_and_a_fault_takes_back_the_stall() -> None:
+    events = [ACCEPTED, READY, placed(0), step(5, 1), step(10, 5)]
+    assert parts(ledger(events, 30)) == {Part.RECOVERY: 5, Part.PRODUCTIVE: 25}
+    assert parts(ledger([*events, recovering(30)], 30)) == {Part.RECOVERY: 25, Part.PRODUCTIVE: 5}
+
+
+def test_a_failing_shard_starts_the_fault_before_the_plan_comes() -> None:
+    events = [ACCEPTED, READY, placed(0), step(5, 1), step(10, 5), failed(occurred_at=at(12))]
+    assert parts(ledger(events, 30)) == {Part.RECOVERY: 5 + 18, Part.PRODUCTIVE: 7}
+
+
+def test_only_the_first_shard_failure_counts() -> None:
+    fold = fold_of([ACCEPTED, READY, placed(0), step(5, 1), failed(occurred_at=at(12))])
+    assert not fold.on_shard(failed(occurred_at=at(14), shard_index=1))
+    assert fold.on_shard(failed(occurred_at=at(11), shard_index=1))  # a clock behind: the earlier one
+    assert fold.attempts[1].failed_at == at(11)
+
+
+def test_recomputation_ends_where_the_steps_pass_every_earlier_attempts_high() -> None:
+    """Two faults: attempt 3 must pass the highest step of attempts 1 and 2 (step 40 of attempt 1)."""
+    events = [
+        ACCEPTED,
+        READY,
+        placed(0),
+        step(1, 1),
+        step(11, 40),
+        recovering(12),
+        placed(12, 2),
+        step(13, 21, 2),
+        step(23, 31, 2),
+        recovering(24, 2),
+        placed(24, 3),
+        step(26, 30, 3),
+        step(36, 50, 3),  # step 40 passed at 31
+        succeeded(40, 3),
+    ]
+    # attempt 1: recovery 0-1, productive 1-11, recovery 11-12; attempt 2: recovery 12-13, recomputed 13-23 (never
+    # caught up), recovery 23-24; attempt 3: recovery 24-26, recomputed 26-31, productive 31-40.
+    assert parts(ledger(events, 100)) == pytest.approx(
+        {Part.RECOVERY: 1 + 1 + 1 + 1 + 2, Part.PRODUCTIVE: 10 + 9, Part.RECOMPUTED: 10 + 5}
+    )
+
+
+def test_the_ledgers_json_holds_every_part_the_total_and_ettr() -> None:
+    result = ledger_of({Part.QUEUED: 1.0, Part.PRODUCTIVE: 3.0})
+    assert result.to_json() == {
+        "queued_s": 1.0,
+        "productive_s": 3.0,
+        "recovery_s": 0.0,
+        "recomputed_s": 0.0,
+        "notice_s": 0.0,
+        "degraded_s": 0.0,
+        "straggler_s": 0.0,
+        "total_s": 4.0,
+        "ettr": 0.75,
+    }
+
+
+@pytest.mark.parametrize("cut", range(1, 13), ids=lambda cut: f"after-{cut}")
+def test_a_ledger_read_midway_adds_up_to_now(cut: int) -> None:
+    events = fault_and_recompute()[:cut]
+    for now in (0, 17.5, 45):
+        assert ledger(events, now).total_s == pytest.approx(now, abs=1e-9)
+
+
+def test_marks_cost_nothing_per_report() -> None:
+    fold = fold_of([ACCEPTED, READY, placed(0)])
+    for n, s in zip(range(1, 10_001), itertools.count(1.0, 0.5), strict=False):
+        fold.on_shard(step(s, n))
+    assert len(fold.attempts) == 1 and fold.attempts[1].last_step == (at(5000.5), 10_000)
+
+
+def test_shard_events_read_before_the_acceptance_still_count() -> None:
+    """A follower reads both topics from their beginning, side by side: a job's shard events may come first."""
+    events = fault_and_recompute()
+    shard = [e for e in events if isinstance(e, ShardProgress | ShardFailed)]
+    fold = GoodputFold()
+    for report in shard:
+        fold.on_shard(report)
+    assert fold.ledger(at(200)) == Ledger()  # nothing to measure from before the acceptance
+    for event in events:
+        if isinstance(event, LifecycleFact):
+            fold.apply(event)
+    assert fold.ledger(at(200)) == ledger(events, 200)
+    assert not fold.apply(ACCEPTED)  # the acceptance again
+
+
+def test_the_segments_cut_the_jobs_time_in_order_one_per_stretch_of_a_part() -> None:
+    fold = fold_of(fault_and_recompute())
+    assert [
+        (s.part, (s.start - at(0)).total_seconds(), (s.end - at(0)).total_seconds()) for s in fold.segments(at(200))
+    ] == [
+        (Part.RECOVERY, 0, 5),
+        (Part.PRODUCTIVE, 5, 27),
+        (Part.RECOVERY, 27, 50),  # the stall, the wait after the fault and the restart: one stretch
+        (Part.RECOMPUTED, 50, 65),
+        (Part.PRODUCTIVE, 65, 85),
+    ]
+    assert GoodputFold().segments(at(1)) == []
