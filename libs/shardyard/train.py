@@ -20,6 +20,15 @@ imported only by the functions that need it::
                 sys.exit(train.preempted(step))
         train.report(step, loss.item(), samples=batch_size)
 
+A preemption comes as a notice (the signal ``SHARDYARD_NOTICE_SIGNAL`` names): the gang has ``SHARDYARD_NOTICE_S``
+seconds (:func:`notice_s`; :func:`notice_left` counts them down) to save and exit :data:`PREEMPTED` before it is
+killed. To stop at once rather than at the next sync, a script asks the gang at every step (a collective of two
+numbers)::
+
+        if train.stop_agreed():                      # every rank, every step: any rank noticed?
+            train.save(state, step)
+            sys.exit(train.preempted(step))
+
 A script ends with exit status 0 (done), :data:`PREEMPTED` (stopped on request, after saving) or :data:`USER_ERROR`
 (bad input or configuration: not retried); any other status is a failure the runtime retries (see
 :mod:`shardyard.training.entry`). The environment the script gets is described there and in docs/users/own-script.md.
@@ -39,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shardyard.training import exitcodes
 from shardyard.training.entry import CHECKPOINT_DIR_ENV, PROGRESS_FD_ENV, SYNC_INTERVAL_ENV
-from shardyard.training.preemption import RESUME_DIR_ENV, StopFlag
+from shardyard.training.preemption import NOTICE_S_ENV, RESUME_DIR_ENV, StopFlag
 from shardyard.training.progress import ProgressReporter
 
 if TYPE_CHECKING:
@@ -53,10 +62,13 @@ __all__ = [
     "Runtime",
     "average_parameters",
     "checkpoint_dir",
+    "notice_left",
+    "notice_s",
     "preempted",
     "report",
     "restore",
     "save",
+    "stop_agreed",
     "stop_requested",
     "sync_due",
 ]
@@ -82,6 +94,8 @@ class Runtime:
         self.reporter = ProgressReporter(_open_fd(env.get(PROGRESS_FD_ENV)))
         self.stop_flag: StopFlag | None = None
         self.syncs: dict[tuple[int, ...], ParamSync] = {}
+        self.flags: ParamSync | None = None
+        """What :meth:`stop_agreed` reduces: the stop flag alone."""
         self.last_sync: SyncStats | None = None
         self.sync_count = 0
         self.samples = 0
@@ -209,6 +223,32 @@ class Runtime:
             self.stop_flag = StopFlag.install()
         return self.stop_flag is not None and self.stop_flag.requested
 
+    def stop_agreed(self) -> bool:
+        """Whether any rank of the gang has the notice: a collective of two numbers (every rank calls it at the same
+        step; cheap enough for every step), so every rank gets the same answer at the same step. With no process
+        group (or one rank), this rank's own :meth:`stop_requested`."""
+        from shardyard.training.sync import ParamSync
+
+        if self.flags is None:
+            self.flags = ParamSync([])  # no parameters: only the control slots travel
+        return self.flags.allreduce_mean(stop=self.stop_requested()).stop
+
+    def notice_s(self) -> float | None:
+        """The seconds a notice gives the gang to stop (``SHARDYARD_NOTICE_S``); None outside Shardyard."""
+        raw = self.env.get(NOTICE_S_ENV)
+        try:
+            return None if raw is None else float(raw)
+        except ValueError:
+            return None
+
+    def notice_left(self) -> float | None:
+        """Seconds left, from this rank's notice, before the gang is killed (may be negative); None before a
+        notice, or outside Shardyard."""
+        given = self.notice_s()
+        self.stop_requested()
+        at = None if self.stop_flag is None else self.stop_flag.at
+        return None if given is None or at is None else given - (time.monotonic() - at)
+
     def preempted(self, step: int) -> int:
         """Report that this rank stopped on request at ``step`` (after :meth:`save`); returns :data:`PREEMPTED`."""
         with self._lock:
@@ -288,3 +328,18 @@ def stop_requested() -> bool:
 def preempted(step: int) -> int:
     """Report the stop at ``step`` and return the exit status to leave with: ``sys.exit(train.preempted(step))``."""
     return runtime().preempted(step)
+
+
+def stop_agreed() -> bool:
+    """Whether any rank has the notice: the same answer on every rank (a collective; :meth:`Runtime.stop_agreed`)."""
+    return runtime().stop_agreed()
+
+
+def notice_s() -> float | None:
+    """The seconds a preemption notice gives (``SHARDYARD_NOTICE_S``); None outside Shardyard."""
+    return runtime().notice_s()
+
+
+def notice_left() -> float | None:
+    """Seconds left before a noticed gang is killed; None before a notice (see :meth:`Runtime.notice_left`)."""
+    return runtime().notice_left()

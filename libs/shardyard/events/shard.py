@@ -43,6 +43,12 @@ class ShardAssignment(Event):
     master_port: int = Field(gt=0, lt=65536)
     workload: Workload
     spare: bool = Field(default=False, description="hold the GPU for the gang; start nothing until promoted")
+    notice_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="how long a preemption notice gives the shard to checkpoint and stop before it is revoked (the "
+        "scheduler's preempt_deadline_s); None: the agent's default, 30 s",
+    )
 
 
 class RevocationReason(StrEnum):
@@ -85,7 +91,8 @@ class ShardRevocation(Event):
 
 
 class ShardStopRequest(Event):
-    """Checkpoint and stop (preemption): the shards stop together at their next parameter sync, rank 0 saves."""
+    """Checkpoint and stop (preemption): the notice. The shards stop together as soon as they agree on a step, rank 0
+    saves; the gang is revoked at the notice's deadline (``JobPreempting.deadline_s``) if it has not stopped."""
 
     type: Literal["shard.stop_request"] = "shard.stop_request"
     job_id: str

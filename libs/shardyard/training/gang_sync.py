@@ -9,7 +9,10 @@
   (:class:`~shardyard.training.sync.ParamSync`). N times less communication; the ranks drift apart in between.
 
 Either sync carries the stop flag and the slow votes, so a preemption stops every rank at the same step and every
-rank judges the pace alike. A sync past ``sync_timeout_s`` raises :class:`~shardyard.training.errors.SyncTimeoutError`.
+rank judges the pace alike. With local SGD a notice need not wait for the next sync: the ranks agree on an earlier
+stop point through the gang's store (:mod:`shardyard.training.notice`: every rank closes its interval there before
+each parameter sync) and make a stop sync there (:meth:`GangSync.stop_on_notice`). A sync past ``sync_timeout_s`` raises
+:class:`~shardyard.training.errors.SyncTimeoutError`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import nn
 from shardyard import tracing
 from shardyard.training.config import RunConfig
 from shardyard.training.errors import sync_comm
+from shardyard.training.notice import NoticeStop
 from shardyard.training.pacing import SLOW_STREAK, SyncPacer
 from shardyard.training.sync import GradSync, ParamSync, SyncStats
 
@@ -29,8 +33,12 @@ _PREFIX = "shardyard.training"
 
 
 class GangSync:
-    def __init__(self, cfg: RunConfig, model: nn.Module, group: dist.ProcessGroup, start: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, model: nn.Module, group: dist.ProcessGroup, start: int, notice: NoticeStop | None = None
+    ) -> None:
         self.cfg = cfg
+        self.notice = None if cfg.averages_gradients else notice
+        """Where the ranks agree to stop between two parameter syncs (local SGD only: every step syncs otherwise)."""
         self.averages_gradients = cfg.averages_gradients
         params = list(model.parameters())
         self.sync = GradSync(params, group=group) if self.averages_gradients else ParamSync(params, group=group)
@@ -51,11 +59,31 @@ class GangSync:
         average the parameters and return whether the gang agreed to stop here; else None."""
         if self.averages_gradients or (step < self.next_sync and step != self.cfg.max_steps):
             return None
+        if self.notice is not None:
+            with sync_comm(f"closing the notice interval at step {step}", self.cfg.sync_timeout_s):
+                self.notice.closing(step)
         with tracing.span("sync", {"shardyard.step": step, "shardyard.sync": self.count + 1}) as span:
             stopped = self._run(step, stop=stop, what="parameter")
             span.set_attribute("shardyard.allreduce_bytes", self.stats.bytes)
         self.next_sync = step + self.pacer.interval
         return stopped
+
+    @property
+    def sync_step(self) -> int:
+        """The step of the next regular sync: where the interval of the steps being trained ends."""
+        return min(self.next_sync, self.cfg.max_steps)
+
+    def stop_on_notice(self, step: int, *, noticed: bool) -> bool:
+        """After ``step`` (local SGD, between two syncs): True when the gang agreed to stop here on a notice, the
+        stop sync made (the parameters averaged, as at a sync). False, at once, without the notice (``noticed``),
+        with gradient averaging, or at the last step; else once the ranks agreed to train on."""
+        if self.notice is None or not noticed or step >= self.sync_step:
+            return False
+        with sync_comm(f"agreeing on a stop point after step {step}", self.cfg.sync_timeout_s):
+            if not self.notice.at_boundary(step, self.sync_step):
+                return False
+        with tracing.span("sync", {"shardyard.step": step, "shardyard.sync": self.count + 1, "shardyard.notice": 1}):
+            return self._run(step, stop=True, what="notice stop")  # True: this rank carries the flag
 
     def _run(self, step: int, *, stop: bool, what: str) -> bool:
         last = step == self.cfg.max_steps

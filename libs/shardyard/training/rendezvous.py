@@ -86,15 +86,17 @@ def gang_store(cfg: RunConfig) -> dist.TCPStore:
     )
 
 
-def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGroup:
+def init_process_group(cfg: RunConfig, placement: Placement) -> tuple[dist.ProcessGroup, dist.Store]:
     """The default group (rendezvous, barriers: ``dist_timeout_s``) and the group the syncs use, whose collectives
-    time out after ``sync_timeout_s``."""
+    time out after ``sync_timeout_s``; and the gang's store (the ranks agree there where to stop on a notice:
+    :mod:`shardyard.training.notice`)."""
     os.environ.update(MASTER_ADDR=cfg.master_addr, MASTER_PORT=str(cfg.master_port))
     where = f"{cfg.master_addr}:{cfg.master_port}, world_size={cfg.world_size}"
     with comm(f"init_process_group({placement.backend}, {where})"):
+        store = gang_store(cfg)
         dist.init_process_group(
             placement.backend,
-            store=gang_store(cfg),
+            store=store,
             rank=cfg.rank,
             world_size=cfg.world_size,
             timeout=timedelta(seconds=cfg.dist_timeout_s),
@@ -102,4 +104,4 @@ def init_process_group(cfg: RunConfig, placement: Placement) -> dist.ProcessGrou
         )
         group = dist.new_group(timeout=timedelta(seconds=cfg.sync_timeout_s))
     assert group is not None  # every rank is a member
-    return group
+    return group, store

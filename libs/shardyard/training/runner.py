@@ -47,6 +47,7 @@ import torch
 
 from shardyard import tracing
 from shardyard.training import exitcodes, storage
+from shardyard.training import notice as notice_stop
 from shardyard.training.config import ConfigError, RunConfig
 from shardyard.training.errors import (
     CommError,
@@ -110,17 +111,20 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
     """Load (or resume), train to ``max_steps`` averaging gradients (``sync_interval`` 1) or parameters (every
     ``sync_interval`` steps), and save on rank 0.
 
-    Rank 0 checkpoints the gang periodically to ``<output>/checkpoint``. When ``stop`` is raised on any rank, the
-    gang stops at its next sync before ``max_steps``: rank 0 writes a checkpoint there and every rank reports
-    ``preempted`` at that step. Slow syncs widen a sync interval above 1 (:mod:`.pacing`). ``term`` (SIGTERM) ends
-    the run between two steps. The steps are :mod:`shardyard.training.steps`.
+    Rank 0 checkpoints the gang periodically to ``<output>/checkpoint``. When ``stop`` is raised (a notice), the
+    gang stops before ``max_steps``: at its next sync, or with local SGD as soon as the ranks that have the notice
+    agree on a step between two syncs (:mod:`shardyard.training.notice`); rank 0 writes a checkpoint there and every
+    rank reports ``preempted`` at that step. Slow syncs widen a sync interval above 1 (:mod:`.pacing`). ``term``
+    (SIGTERM) ends the run between two steps. The steps are :mod:`shardyard.training.steps`.
     """
     _check_progress_fd(cfg.progress_fd)
     torch.set_num_threads(1)
     seed_everything(cfg.seed)
     where = f"{_PREFIX}[rank {cfg.rank}/{cfg.world_size}]"
     gang = join_gang(cfg, where)
-    syncs = GangSync(cfg, gang.model, gang.group, gang.start)  # on the device: it holds the parameters from now on
+    prefix = f"{notice_stop.PREFIX}/{cfg.attempt}"
+    notice = notice_stop.NoticeStop(gang.store, cfg.world_size, timeout_s=cfg.sync_timeout_s, prefix=prefix)
+    syncs = GangSync(cfg, gang.model, gang.group, gang.start, notice)  # on the device: it holds the parameters now
     reporter.started(world_size=cfg.world_size, rank=cfg.rank)
     steps = Steps(cfg, gang, syncs, reporter, terminated_exit=TERMINATED_EXIT)
     try:
@@ -129,7 +133,7 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
                 for step in range(gang.start + 1, cfg.max_steps + 1):
                     if term is not None and term.requested:
                         raise Terminated(f"terminated after step {step - 1}")
-                    if steps.step(step, stop):
+                    if steps.step(step, stop) or steps.stop_on_notice(step, stop):
                         break
             except BaseException:
                 steps.keep_state(where)

@@ -57,6 +57,8 @@ class Joined:
     group: dist.ProcessGroup
     resumed: Checkpoint | None
     start: int
+    store: dist.Store
+    """The gang's store (the rendezvous'): where the ranks agree to stop on a notice."""
 
 
 def load_inputs(cfg: RunConfig) -> tuple[TinyGPT, ByteDataset, Checkpoint | None]:
@@ -92,7 +94,7 @@ def join_gang(cfg: RunConfig, where: str) -> Joined:
         "shardyard.backend": placement.backend,
     }
     with tracing.span("rendezvous", rendezvous) as span:
-        group = init_process_group(cfg, placement)
+        group, store = init_process_group(cfg, placement)
         plan = agree_on_resume(cfg, start, read_offers(cfg.peer_state_dir, cfg))
         if plan is not None:
             resumed = transfer(cfg, plan)
@@ -105,7 +107,7 @@ def join_gang(cfg: RunConfig, where: str) -> Joined:
         print(f"{PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
     mode = "gradients every step" if cfg.averages_gradients else f"parameters every {cfg.sync_interval} steps"
     print(f"{where}: training on {placement.device} over {placement.backend}, averaging {mode}", file=sys.stderr)
-    return Joined(model, dataset, placement, group, resumed, start)
+    return Joined(model, dataset, placement, group, resumed, start, store)
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], lr: float) -> None:
@@ -160,6 +162,8 @@ class Steps:
         )
         self.loss = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
         self.last, self.stopped = gang.start, False
+        self.noticed_after: int | None = None
+        """The step after which this rank first saw the notice (logged: what a preemption lost is measured from)."""
         self.rate = Rate()
         self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps)
         self.checkpoints = GangCheckpoints(cfg, reporter)
@@ -200,6 +204,20 @@ class Steps:
         self._report(step, force=checkpointed or parameters_synced, synced=parameters_synced)
         self.rate.stepped(step)
         if self.stopped:
+            self.checkpoints.write_now(step, self.loss, self.model, self.optimizer)
+        return self.stopped
+
+    def stop_on_notice(self, step: int, stop: StopFlag) -> bool:
+        """After ``step``, with local SGD: True when the gang stops here on a notice, between two syncs
+        (:mod:`shardyard.training.notice`), its parameters averaged and rank 0's checkpoint written. Without a
+        notice it costs nothing."""
+        if stop.requested and self.noticed_after is None:
+            self.noticed_after = step
+            print(f"{self.log.where}: notice after step {step}", file=sys.stderr)
+        with self.peers.waiting_on_gang():
+            self.stopped = self.syncs.stop_on_notice(step, noticed=stop.requested)
+        if self.stopped:
+            self._report(step, force=True, synced=True)
             self.checkpoints.write_now(step, self.loss, self.model, self.optimizer)
         return self.stopped
 

@@ -1,5 +1,6 @@
 """What a shard runs on this node and the environment it gets: the built-in runner, or the job's own entrypoint under
-the supervisor of :mod:`shardyard.training.entry`, with torchrun's variables and the runner's ``SHARDYARD_*`` inputs.
+the supervisor of :mod:`shardyard.training.entry`, with torchrun's variables and the runner's ``SHARDYARD_*`` inputs,
+the notice of a preemption among them (its signal and seconds: :func:`~shardyard.training.preemption.notice_env`).
 Where its inputs are on this disk comes from the node's mounts. Pure, but for :meth:`ShardPaths.missing`, which looks
 at the disk."""
 
@@ -23,7 +24,7 @@ from shardyard.training.config import (
     training_env,
 )
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
-from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV
+from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV, notice_env
 
 PROGRESS_FD_ENV = entry.PROGRESS_FD_ENV
 RUNNER_MODULE = "shardyard.training.shard"
@@ -156,6 +157,7 @@ def shard_env(
             entry.SYNC_INTERVAL_ENV: str(workload.sync_interval),
             **training_env(workload.training),
             **options.env(),
+            **notice_env(assignment.notice_s),
             **last,
         }
         | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})

@@ -77,9 +77,11 @@ def admit(
     output_path: str,
     resume_from: str | None,
     now: datetime,
+    notice_s: float | None = None,
 ) -> tuple[JobScheduled, list[ShardAssignment]]:
     """The placement ``place`` of ``spec`` as attempt ``attempt`` under ``term``, its rendezvous on ``coordinator``
-    at ``port``, resuming from ``resume_from`` (None: from the start)."""
+    at ``port``, resuming from ``resume_from`` (None: from the start); a preemption notice gives its shards
+    ``notice_s`` to checkpoint and stop (None: the agent's default)."""
     scheduled = JobScheduled(
         occurred_at=now,
         job_id=place.job_id,
@@ -107,6 +109,7 @@ def admit(
             master_port=port,
             workload=runs,
             spare=shard.spare,
+            notice_s=notice_s,
         )
         for shard in place.placements
     ]

@@ -67,7 +67,12 @@ class SchedulerSettings(ReplicatedSettings):
         default=100, ge=0, description="jobs waiting on capacity, in queue order, given an estimated start each cycle"
     )
     preemption: bool = Field(default=True, description="preempt lower-priority preemptible jobs to fit higher ones")
-    preempt_deadline_s: float = Field(default=30.0, gt=0, description="revoke a preempted gang after this long")
+    preempt_deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="the preemption notice: a preempted gang checkpoints and stops within this long, or is revoked; "
+        "its shards are told it (SHARDYARD_NOTICE_S)",
+    )
     start_deadline_s: float = Field(
         default=60.0, gt=0, description="revoke a shard not reported started this long after its assignment"
     )

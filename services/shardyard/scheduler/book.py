@@ -184,6 +184,7 @@ class SchedulerBook(BookFacts):
             output_path=f"{self.checkpoint_root}/{spec.job_id}",
             resume_from=self.resume.get(place.job_id),
             now=now,
+            notice_s=self.preempt_deadline_s,
         )
         self.apply(scheduled)
         if self._cycle_ports is not None:

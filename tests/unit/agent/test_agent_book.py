@@ -240,6 +240,8 @@ def test_shard_env() -> None:
         "SHARDYARD_CHECKPOINT_EVERY": "1",
         "SHARDYARD_SYNC_TIMEOUT_S": "30.0",
         "SHARDYARD_SLOW_SYNC_FACTOR": "3.0",
+        "SHARDYARD_NOTICE_SIGNAL": "SIGUSR1",
+        "SHARDYARD_NOTICE_S": "30.0",
     }
 
 

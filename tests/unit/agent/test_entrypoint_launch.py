@@ -199,3 +199,15 @@ def test_the_agent_opens_values_encrypted_to_it_for_the_shard_and_refuses_others
     assert shard_env(opened, _paths(Entrypoint(command=["train"])), base_env={})["TOKEN"] == "s3cret"
     with pytest.raises(secret_env.SecretEnvError):
         opened_env(job, secret_env.agents_key(b"d" * 32))
+
+
+@pytest.mark.parametrize("entrypoint", [None, Entrypoint(command=["train"])], ids=["built-in-runner", "own-script"])
+@pytest.mark.parametrize(("notice_s", "told"), [(12.5, "12.5"), (None, "30.0")], ids=["scheduler-says", "default"])
+def test_every_shard_is_told_its_notice_signal_and_seconds(
+    entrypoint: Entrypoint | None, notice_s: float | None, told: str
+) -> None:
+    job = _assignment(entrypoint).model_copy(update={"notice_s": notice_s})
+
+    env = shard_env(job, _paths(entrypoint), base_env={"SHARDYARD_NOTICE_S": "1"})
+
+    assert (env["SHARDYARD_NOTICE_SIGNAL"], env["SHARDYARD_NOTICE_S"]) == ("SIGUSR1", told)

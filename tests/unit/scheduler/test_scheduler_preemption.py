@@ -55,6 +55,16 @@ def preempted(shard: int, step: int = 40) -> ShardPreempted:
     )
 
 
+def test_every_assignment_tells_its_shard_the_notice_the_scheduler_gives() -> None:
+    book = SchedulerBook(preempt_deadline_s=12.5)
+    book.apply(node_state("node-a", gpus=gpus(count=2)))
+    book.apply(ready("low", priority=1))
+
+    assignments = of(book.cycle(at(1)), ShardAssignment)
+
+    assert [a.notice_s for a in assignments] == [12.5, 12.5]
+
+
 def test_a_higher_job_asks_the_lower_gang_to_checkpoint_and_stop() -> None:
     book, _ = running_low()
     book.apply(ready("vip", when=10, priority=9))

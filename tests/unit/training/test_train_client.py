@@ -183,3 +183,22 @@ def test_a_stop_request_is_seen_and_reported_as_preempted(tmp_path: Path, channe
     lines = channel.lines()
     assert lines[-1] == {"kind": "preempted", "step": 4, "checkpoint_dir": str(directory)}
     assert [line["kind"] for line in lines] == ["progress", "preempted"]
+
+
+def test_the_notice_its_seconds_and_what_is_left_of_them(channel: Channel) -> None:
+    env = {"SHARDYARD_PROGRESS_FD": str(channel.write_fd), "SHARDYARD_NOTICE_S": "20.0", "RANK": "0"}
+    runtime = train.Runtime(env)
+    assert (runtime.notice_s(), runtime.notice_left(), runtime.stop_agreed()) == (20.0, None, False)
+
+    os.kill(os.getpid(), STOP_SIGNAL)
+
+    assert runtime.stop_agreed()  # one rank, no process group: its own answer
+    left = runtime.notice_left()
+    assert left is not None and 19.0 < left <= 20.0
+    runtime.finish()
+
+
+def test_outside_shardyard_there_is_no_notice() -> None:
+    runtime = train.Runtime({})
+
+    assert (runtime.notice_s(), runtime.notice_left(), runtime.stop_agreed()) == (None, None, False)
