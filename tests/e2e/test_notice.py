@@ -82,6 +82,21 @@ def stopped_after_s(job: dict[str, Any]) -> float:
     return first_at(job, "preempted") - first_at(job, "preempting")
 
 
+def ledger_shows_the_notice(job: dict[str, Any]) -> str:
+    """The job's goodput ledger (its detail's ``goodput``): the notice as long as the timeline's preempting ->
+    preempted, within 2 %; no recomputed work; the parts add up to its life, accepted -> succeeded."""
+    ledger = job["goodput"]
+    notice, life = stopped_after_s(job), first_at(job, "succeeded") - first_at(job, "accepted")
+    assert ledger["recomputed_s"] == 0, ledger
+    assert abs(ledger["notice_s"] - notice) <= 0.02 * notice, (ledger, notice)
+    assert abs(ledger["total_s"] - life) <= 0.02 * life, (ledger, life)
+    return (
+        f"ledger: notice {ledger['notice_s']:.3f} s (timeline {notice:.3f} s), recomputed {ledger['recomputed_s']} s, "
+        f"queued {ledger['queued_s']:.2f} s, recovery {ledger['recovery_s']:.2f} s, "
+        f"productive {ledger['productive_s']:.2f} s, ETTR {ledger['ettr']:.3f}"
+    )
+
+
 def test_a_users_script_checkpoints_on_the_documented_signal_and_resumes_where_it_was_noticed(cluster: Path) -> None:
     command = [sys.executable, "examples/checkpoint_on_notice.py", "--steps", "800", "--work", "60000"]
     low = document(
@@ -119,6 +134,7 @@ def test_a_users_script_checkpoints_on_the_documented_signal_and_resumes_where_i
     )
     assert resumed[0]["step"] == noticed["saved_step"] >= noticed["after_step"]  # only the step in flight is lost
     assert took < ACKNOWLEDGED_WITHIN_S
+    print(ledger_shows_the_notice(job))
     assert "no checkpoint" not in json.dumps(job["timeline"])
 
 
@@ -143,4 +159,5 @@ def test_the_built_in_runner_stops_between_far_apart_syncs_and_resumes_where_it_
     assert resumed_at >= max(noticed.values())  # every step complete at the notice was kept
     assert resumed_at < 400
     assert took < ACKNOWLEDGED_WITHIN_S
+    print(ledger_shows_the_notice(job))
     assert job["step"] == 400

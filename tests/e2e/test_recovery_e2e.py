@@ -9,6 +9,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,33 @@ def ended(job: dict[str, Any]) -> bool:
     return job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+def at(job: dict[str, Any], event: str, attempt: int = 1) -> float:
+    """When ``event`` happened (the ``attempt``-th of its kind in the timeline)."""
+    return sorted(datetime.fromisoformat(e["at"]).timestamp() for e in job["timeline"] if e["event"] == event)[
+        attempt - 1
+    ]
+
+
+def ledger_of_the_fault(job: dict[str, Any], killed_at: float) -> str:
+    """The job's goodput ledger against what the test knows: its life (accepted -> succeeded) and its queueing
+    (accepted -> first placement) within 2 %; no notice, no degraded placement; all the time from the kill to the
+    re-placement counted as recovery. (Steps redone after resuming from the survivor's last sync count as recomputed
+    only above the highest step reported before the kill: reports come once a second, so that may be none.)"""
+    ledger = job["goodput"]
+    life, queued = at(job, "succeeded") - at(job, "accepted"), at(job, "scheduled") - at(job, "accepted")
+    replaced = at(job, "scheduled", 2) - killed_at
+    assert abs(ledger["total_s"] - life) <= 0.02 * life, (ledger, life)
+    assert abs(ledger["queued_s"] - queued) <= max(0.02 * queued, 1e-3), (ledger, queued)
+    assert (ledger["notice_s"], ledger["degraded_s"], ledger["straggler_s"]) == (0, 0, 0), ledger
+    assert ledger["recovery_s"] >= replaced, (ledger, replaced)
+    return (
+        f"ledger: total {ledger['total_s']:.2f} s (life {life:.2f} s), queued {ledger['queued_s']:.3f} s "
+        f"(timeline {queued:.3f} s), recovery {ledger['recovery_s']:.2f} s (kill -> re-placed {replaced:.2f} s), "
+        f"recomputed {ledger['recomputed_s']:.2f} s, productive {ledger['productive_s']:.2f} s, "
+        f"ETTR {ledger['ettr']:.3f}"
+    )
+
+
 def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(cluster: Path) -> None:
     submit(cluster, document("clean", sync_interval=20, training=TRAINING))
     reference = until(cluster, "clean", ended, 300)
@@ -80,6 +108,7 @@ def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(clus
     final, clean_final = float(done["final_loss"]), float(reference["final_loss"])
     syncs = [[e["detail"] for e in j["timeline"] if e["event"] == "parameter sync"] for j in (reference, done)]
     assert abs(final - clean_final) <= 0.02 * clean_final, (final, clean_final, syncs)
+    print(ledger_of_the_fault(done, killed_at))
     print(
         f"node killed -> attempt {recovered['attempt']} training again: {time.time() - killed_at:.1f}s (upper bound); "
         f"resumed from the peers' state of step {min(resumed_at)}; final loss {final:.4f} vs {clean_final:.4f}"
