@@ -80,9 +80,11 @@ def check_placement(out: dict[str, Any]) -> None:
 
 def check_schedule_quality(out: dict[str, Any]) -> None:
     cases = {case["case"]: case for case in out["cases"]}
-    assert set(cases) == {"homogeneous", "heterogeneous", "wide", "teams-default", "teams-helios"}
-    assert {"shardyard", "fifo", "priority", "first-fit", "sjf-oracle"} == set(cases["homogeneous"]["policies"])
+    assert set(cases) == {"homogeneous", "heterogeneous", "wide", "wide-128", "teams-default", "teams-helios"}
+    policies = {"shardyard", "shardyard-order", "fifo", "priority", "first-fit", "sjf-oracle"}
+    assert policies == set(cases["homogeneous"]["policies"])
     assert set(cases["wide"]["gain_over"]) == {"fifo", "priority", "first-fit"}
+    assert set(cases["wide-128"]["lost_gpu_h"]) == policies and "possible_gain_captured" in cases["wide-128"]
     assert 0 < cases["teams-default"]["jain_index"] <= 1
     assert isinstance(out["all_targets_met"], bool)
     assert out["scale"]["jobs"] > 0 and out["scale"]["replay_s"] >= 0

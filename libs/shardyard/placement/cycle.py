@@ -46,7 +46,6 @@ from shardyard.placement.quota import QuotaCycle, queue_models
 from shardyard.placement.standing import StandingIndex
 from shardyard.placement.victims import (
     VictimEntry,
-    choose_victims,
     gain,
     hold_for,
     make_room,
@@ -54,6 +53,7 @@ from shardyard.placement.victims import (
     preempting_verdict,
     victim_order,
 )
+from shardyard.placement.worth import choose, hold_room
 
 CLAIMING = RESERVABLE | {PendingReason.PREEMPTING}
 """A job that waits for one of these within its queue's nominal quota claims it (``placement.quota``)."""
@@ -154,14 +154,14 @@ class PlacementCycle:
             return self._over_quota(job, verdict)
         victims = self.waiting_on.get(job.spec.job_id)
         if victims:
-            hold_for(index, victims, job.spec.job_id)
+            hold_room(index, job, victims)
             return [preempting_verdict(verdict, victims)]
         if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
             if self._victims is None:
                 self._victims = victim_order(self.running, policy, self.now)
             chosen = self._choose_victims(job, self._victims, passing)
             if chosen:
-                hold_for(index, chosen, job.spec.job_id)
+                hold_room(index, job, chosen)
                 self._stopping.update(victim.job_id for victim in chosen)
                 return [
                     *(Preempt(victim.job_id, job.spec.job_id) for victim in chosen),
@@ -180,11 +180,11 @@ class PlacementCycle:
         return [verdict]
 
     def _choose_victims(self, job: Candidate, order: list[VictimEntry], passing: int) -> list[RunningJob]:
-        """The gangs to preempt for ``job`` (``victims.choose_victims``); with queues, the borrowers its queue may
+        """The gangs to preempt for ``job`` (``worth.choose``); with queues, the borrowers its queue may
         reclaim from first (the set of them that loses least, when they make room), and priority preemption only
         within its queue (``placement.quota``)."""
         if self.quota is None:
-            return choose_victims(self.index, job, order, passing, self.now)
+            return choose(self.index, job, order, self.running, passing, self.now, overrun_end)
         policy, now, models = self.policy, self.now, queue_models(job.eligible)
         if policy.victims == "lost-work":
             reclaim = self.quota.victims(job.pending, models, lambda: iter(()), now)

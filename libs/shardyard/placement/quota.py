@@ -208,7 +208,6 @@ class QuotaCycle:
                 left[(gang.queue, model)] = left.get((gang.queue, model), 0) - gpus
             yield gang
 
-
     def _borrower_key(self, now: datetime) -> Callable[[RunningJob], tuple[int, float, int, str]]:
         """The order a queue's borrowed GPUs are taken back in: the lowest priority first; among equals, with
         ``Policy.victims`` "lost-work", the gangs that lose least (which of a queue's gangs hold what it borrowed is

@@ -2,8 +2,15 @@
 
 shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
                    [--policy-option KEY=VALUE ...] [--round-gpus] [--queues-file QUEUES.yaml] [--plot DIR]
+                   [--checkpoint-s 10] [--checkpoint-every-s 1800] [--notice-s 30] [--notice-share 1]
+                   [--restart-s 60]
 shardyard simulate --generate N [--shape default|philly|helios] [--seed S] [--load 0.95] [--cluster ...]
                    [--queues team-a:2,team-b:1] [--out trace.csv]
+
+Preempted gangs lose work (docs/simulation.md): a notice of --notice-s, on which --notice-share of the jobs write a
+checkpoint in --checkpoint-s; the others run on to the deadline and lose the work since their last periodic
+checkpoint (every --checkpoint-every-s); each restart costs --restart-s. The report gives the GPU-hours lost to
+preemption and the fleet's ETTR per policy.
 
 The table ends with a verdict: by how much the shardyard policy cut (or raised) the mean JCT against each other
 policy run, and their mean waits; it says so where shardyard did worse (--json: its "verdict" field).
@@ -27,13 +34,22 @@ from typing import TYPE_CHECKING
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
 from shardyard.sim.cluster import DEFAULT_CLUSTER, NodeSpec, describe, parse_cluster
-from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S, ONE_QUEUE, POLICY_NAMES
+from shardyard.sim.defaults import (
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_CHECKPOINT_S,
+    DEFAULT_NOTICE_S,
+    DEFAULT_NOTICE_SHARE,
+    DEFAULT_RESTART_S,
+    ONE_QUEUE,
+    POLICY_NAMES,
+)
 from shardyard.sim.fit import fit_warnings
 from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate, parse_queue_mix
 from shardyard.sim.trace import TraceJob, read_trace, write_trace
 
 if TYPE_CHECKING:
     from shardyard.quotas import QueuesConfig  # pydantic: loaded when a replay reads a queues file
+    from shardyard.sim.lost_work import WorkModel
     from shardyard.sim.report import Summary
 
 DESCRIPTION, _, _examples = (__doc__ or "").partition("\nexamples:\n")
@@ -44,6 +60,7 @@ CORE_NOTE = (
     "shardyard = the real placement core (shardyard.placement.cycle.schedule, default Policy unless "
     "--policy-option); fifo = strict FIFO, no backfill; priority = priority order only, no reservation, aging or "
     "preemption; first-fit = priority, greedy, any GPU model; sjf-oracle = shortest true duration first (reference); "
+    "shardyard-order = the core taking victims in its victim order, not by the work they lose; "
     "shardyard-one-queue = the core without the queues file's quotas (beside --queues-file)"
 )
 
@@ -63,12 +80,6 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         action="append",
         choices=POLICY_NAMES,
         help="a policy to run (repeat; default all: " + ", ".join(POLICY_NAMES) + ")",
-    )
-    sim.add_argument(
-        "--checkpoint-s",
-        type=float,
-        default=DEFAULT_CHECKPOINT_S,
-        help=f"simulated seconds a preempted gang spends checkpointing (default {DEFAULT_CHECKPOINT_S:g})",
     )
     sim.add_argument(
         "--policy-option",
@@ -96,8 +107,32 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="also write PNG pictures into DIR (created if missing): jct_cdf.png, wait_cdf.png, gpus_busy.png; "
         "needs matplotlib (pip install 'shardyard[plot]')",
     )
+    _work_options(sim)
     _generation_options(sim)
     sim.set_defaults(func=run)
+
+
+def _work_options(sim: argparse.ArgumentParser) -> None:
+    work = sim.add_argument_group("lost work (how preempted gangs checkpoint, stop and restart)")
+    options = (
+        ("--checkpoint-s", DEFAULT_CHECKPOINT_S, "seconds a gang takes to write a checkpoint on a preemption notice"),
+        (
+            "--checkpoint-every-s",
+            DEFAULT_CHECKPOINT_EVERY_S,
+            "seconds of progress between a gang's periodic checkpoints (a trace's checkpoint_every_s column overrides"
+            " it per job)",
+        ),
+        ("--notice-s", DEFAULT_NOTICE_S, "seconds from a preemption to the deadline at which a gang is stopped"),
+        (
+            "--notice-share",
+            DEFAULT_NOTICE_SHARE,
+            "share of the jobs (0..1, picked by a hash of the job id) that checkpoint on notice; the others lose "
+            "the work since their last periodic checkpoint",
+        ),
+        ("--restart-s", DEFAULT_RESTART_S, "seconds each restart after a preemption holds its GPUs without progress"),
+    )
+    for flag, default, text in options:
+        work.add_argument(flag, type=float, default=default, help=f"{text} (default {default:g})")
 
 
 def _generation_options(sim: argparse.ArgumentParser) -> None:
@@ -133,8 +168,7 @@ def run(args: argparse.Namespace) -> int:
         return _generate(args, nodes, catalogue)
     if args.trace is None:
         raise ConfigError("simulate needs a TRACE.csv (or --generate N to write one)")
-    if not args.checkpoint_s >= 0:
-        raise ConfigError("--checkpoint-s must be at least 0")
+    work = _work(args)
     plot_dir = None
     if args.plot is not None:
         from shardyard.sim import plots  # matplotlib: loaded only to draw
@@ -157,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
     def replay(name: str) -> SimResult:
         chosen = policy_named(name, nodes, core, quotas)
-        return simulate(trace, nodes, chosen, name=name, checkpoint_s=args.checkpoint_s, owed=owed)
+        return simulate(trace, nodes, chosen, name=name, work=work, owed=owed)
 
     results = [replay(name) for name in names]
     drawn = [] if plot_dir is None else plots.write_plots(results, plot_dir)
@@ -184,6 +218,10 @@ def _report(
             "nodes": len(nodes),
             "gpus": sum(node.gpus for node in nodes),
             "checkpoint_s": args.checkpoint_s,
+            "checkpoint_every_s": args.checkpoint_every_s,
+            "notice_s": args.notice_s,
+            "notice_share": args.notice_share,
+            "restart_s": args.restart_s,
             "queues_file": args.queues_file,
             "warnings": misfit,
             **({"plots": [str(path) for path in drawn]} if args.plot is not None else {}),
@@ -192,7 +230,12 @@ def _report(
         return
     span = max(job.submit_s for job in trace) - min(job.submit_s for job in trace)
     print(f"trace:    {Path(args.trace)} ({len(trace)} jobs submitted over {span:,.0f} s)")
-    print(f"cluster:  {describe(nodes)}; checkpoint {args.checkpoint_s:g} s per preemption")
+    print(f"cluster:  {describe(nodes)}")
+    print(
+        f"work:     checkpoint every {args.checkpoint_every_s:g} s of progress; on preemption a {args.notice_s:g} s "
+        f"notice, on which {args.notice_share:.0%} of the jobs checkpoint in {args.checkpoint_s:g} s (the others "
+        f"lose the work since their last checkpoint); {args.restart_s:g} s per restart"
+    )
     print(f"policies: {CORE_NOTE}")
     if drawn:
         print(f"plots:    {', '.join(str(path) for path in drawn)}")
@@ -200,6 +243,22 @@ def _report(
     print(render_table(summaries))
     print()
     print(verdict(summaries))
+
+
+def _work(args: argparse.Namespace) -> "WorkModel":
+    from shardyard.sim.lost_work import WorkModel
+
+    try:
+        return WorkModel(
+            checkpoint_s=args.checkpoint_s,
+            checkpoint_every_s=args.checkpoint_every_s,
+            notice_s=args.notice_s,
+            notice_share=args.notice_share,
+            restart_s=args.restart_s,
+        )
+    except ValueError as exc:
+        name, _, problem = str(exc).partition(": ")
+        raise ConfigError(f"--{name.replace('_', '-')} {problem}") from None
 
 
 def _queues(path: str | None, trace: Sequence[TraceJob]) -> "QueuesConfig | None":

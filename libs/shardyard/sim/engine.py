@@ -1,20 +1,20 @@
 """The discrete-event loop, in simulated time (integer microseconds): no clock, no sleeping.
 
-Events are job arrivals, gang completions, checkpoint ends and degraded-wait expiries. After every event of one
-instant, one scheduling cycle asks the policy for actions on the current state and applies them:
+Events are job arrivals, gang completions, releases after a preemption and degraded-wait expiries. After every
+event of one instant, one scheduling cycle asks the policy for actions on the current state and applies them:
 
 - ``Start``: the gang takes its GPUs now and runs ``remaining work / speed``, where ``speed`` is the lowest match
-  score (node TFLOPS / the job's ``min_tflops``, at most 1) among its nodes: 1 on full-match GPUs.
-- ``Stop`` (preemption): the gang writes a checkpoint for ``checkpoint_s`` (holding its GPUs, making no progress),
-  then releases them and is pending again with the work it had left; nothing beyond the checkpoint is lost. A gang
-  that would finish within the checkpoint finishes instead.
+  score (node TFLOPS / the job's ``min_tflops``, at most 1) among its nodes: 1 on full-match GPUs. After a
+  preemption it first restarts (``WorkModel.restart_s``, no progress).
+- ``Stop`` (preemption): the gang gets a notice; it checkpoints on it, or runs on to the deadline and loses the work
+  since its last periodic checkpoint (``sim.lost_work``); then it releases its GPUs and is pending again with the
+  work it kept. A gang that would finish before its release finishes instead.
 
 A degraded-wait expiry (``ready + max_wait_s`` of a job with ``min_match``) is an event of its own: the real
 scheduler cycles every second, so a job whose degraded floor starts to apply is seen then, not at the next arrival.
 """
 
 import heapq
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -23,12 +23,9 @@ from shardyard.errors import ShardyardError
 from shardyard.gpus import match_score
 from shardyard.quotas import DEFAULT_QUEUE
 from shardyard.sim.cluster import NodeSpec
-from shardyard.sim.defaults import DEFAULT_CHECKPOINT_S
 from shardyard.sim.fairness import Entitlements, ShareLog
+from shardyard.sim.lost_work import US, Attempt, Spent, Stopping, WorkModel, finished, preempted, stop, to_us
 from shardyard.sim.trace import TraceJob
-
-US = 1_000_000
-"""Simulated microseconds per second."""
 
 Shards = tuple[tuple[str, tuple[int, ...]], ...]
 """(node id, GPU indices) per node of a gang."""
@@ -38,12 +35,6 @@ GroupKey = tuple[str, float]
 
 class SimulationError(ShardyardError):
     """A policy asked for something the simulated cluster cannot do (a bug in the policy, not in the trace)."""
-
-
-def to_us(seconds: float) -> int:
-    """``seconds`` as whole microseconds, never below it (so a wait of ``seconds`` has passed at the result)."""
-    us = math.ceil(seconds * US)
-    return us + 1 if us / US < seconds else us
 
 
 @dataclass(frozen=True)
@@ -89,17 +80,21 @@ class Gang:
     """Work left when it started."""
     finish_us: int
     attempt: int
+    times: Attempt
+    """Its restart and periodic checkpoints (``lost_work``)."""
     preempted_by: str | None = None
     """Set once a policy stopped it for that job."""
-    stopped_us: int | None = None
-    """When it stopped making progress to checkpoint (None: running, or finishing before the checkpoint would)."""
+    stopping: Stopping | None = None
+    """Its notice, release and the work it keeps (None: running, or finishing before its release would)."""
 
 
 class State:
     """What a policy reads in a cycle. Policies must not change it: they return actions."""
 
-    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+    def __init__(self, nodes: Sequence[NodeSpec], work: WorkModel | None = None) -> None:
         self.nodes = tuple(nodes)
+        self.work = work or WorkModel()
+        """How gangs checkpoint, take notice and restart: a policy reads the restart cost of a preemption here."""
         self.by_id = {node.node_id: node for node in self.nodes}
         self.free: dict[str, tuple[int, ...]] = {node.node_id: tuple(range(node.gpus)) for node in self.nodes}
         """Node id -> free GPU indices, ascending."""
@@ -158,6 +153,8 @@ class Outcome:
     first_start_us: int | None = None
     finish_us: int | None = None
     preemptions: int = 0
+    productive_us: int = 0
+    """Run time that advanced work not done before (``lost_work.Spent.productive``), over its attempts."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +164,8 @@ class SimResult:
     total_gpus: int
     busy_gpu_s: float
     """GPU-seconds held by gangs (checkpointing included)."""
+    spent: Spent
+    """GPU-microseconds held by gangs, by part: productive, and lost to preemption (restart, recomputed, stopping)."""
     preemptions: int
     degraded_placements: int
     cycles: int
@@ -193,14 +192,15 @@ class Simulation:
         trace: Sequence[TraceJob],
         nodes: Sequence[NodeSpec],
         policy: PolicyFn,
-        checkpoint_s: float = DEFAULT_CHECKPOINT_S,
+        work: WorkModel | None = None,
         owed: Entitlements | None = None,
     ) -> None:
-        self.state = State(nodes)
+        self.state = State(nodes, work)
+        self.work = self.state.work
         self.shares = ShareLog(owed) if owed is not None else None
         """Each queue's share of its entitlement ``owed``, as the run goes (None: none given)."""
         self.policy = policy
-        self.checkpoint_us = to_us(checkpoint_s)
+        self._spent = Spent()
         self._events: list[tuple[int, int, _Kind, str, int]] = []
         self._seq = 0
         self._outcomes: dict[str, Outcome] = {}
@@ -240,6 +240,7 @@ class Simulation:
             outcomes=tuple(self._outcomes.values()),
             total_gpus=sum(node.gpus for node in self.state.nodes),
             busy_gpu_s=self._busy_us / US,
+            spent=self._spent,
             preemptions=self._preemptions,
             degraded_placements=self._degraded,
             cycles=self._cycles,
@@ -261,20 +262,28 @@ class Simulation:
         gang = state.running.get(job_id)
         if gang is None or gang.attempt != attempt:
             return False
+        outcome = self._outcomes[job_id]
         if kind is _Kind.FINISH:
-            if gang.stopped_us is not None:
-                return False  # it was preempted: the checkpoint's end releases it
+            if gang.stopping is not None:
+                return False  # it was preempted: its release comes first
             self._free(gang, now)
-            self._outcomes[job_id].finish_us = now
+            self._account(outcome, finished(gang.times, now))
+            outcome.finish_us = now
             return True
-        # RELEASE: the checkpoint is written; the gang stops and waits again with the work it had left.
-        assert gang.stopped_us is not None
+        # RELEASE: the gang stops and waits again with the work it kept.
+        stopping = gang.stopping
+        assert stopping is not None
         self._free(gang, now)
-        done = (gang.stopped_us - gang.started_us) / US * gang.speed
-        self._outcomes[job_id].preemptions += 1
+        self._account(outcome, preempted(gang.times, stopping))
+        done = (stopping.kept_us - gang.times.progress_us) / US * gang.speed
+        outcome.preemptions += 1
         self._preemptions += 1
         self._enqueue(gang.job, now, max(0.0, gang.remaining_s - done))
         return True
+
+    def _account(self, outcome: Outcome, spent: Spent) -> None:
+        outcome.productive_us += spent.productive
+        self._spent.add(spent, outcome.job.gpus)
 
     def _enqueue(self, job: TraceJob, now: int, remaining_s: float) -> None:
         self.state.pending[job.job_id] = Waiting(job, self._orders[job.job_id], now, remaining_s)
@@ -326,8 +335,10 @@ class Simulation:
         speed = min(match_score(state.by_id[node_id].tflops, job.min_tflops) for node_id, _gpus in action.shards)
         outcome = self._outcomes[job.job_id]
         attempt = outcome.preemptions + 1
-        finish = now + to_us(waiting.remaining_s / speed)
-        state.running[job.job_id] = Gang(job, action.shards, now, speed, waiting.remaining_s, finish, attempt)
+        every = job.checkpoint_every_s or self.work.checkpoint_every_s
+        times = Attempt(now, to_us(self.work.restart_s) if outcome.preemptions else 0, to_us(every))
+        finish = times.progress_us + to_us(waiting.remaining_s / speed)
+        state.running[job.job_id] = Gang(job, action.shards, now, speed, waiting.remaining_s, finish, attempt, times)
         if self.shares is not None:
             self.shares.ask(job.queue or DEFAULT_QUEUE, job.gpu_model, -job.gpus)
             self._hold(job, action.shards, 1)
@@ -349,11 +360,11 @@ class Simulation:
             raise SimulationError(f"policy preempted {action.job_id!r}, which is not running or already stopping")
         gang.preempted_by = action.by_job
         self.state.gangs_changed[action.job_id] = None
-        release = now + self.checkpoint_us
-        if gang.finish_us <= release:
-            return  # it ends before its checkpoint would: it finishes
-        gang.stopped_us = now
-        self._push(release, _Kind.RELEASE, action.job_id, gang.attempt)
+        stopping = stop(self.work, gang.times, gang.job.job_id, now)
+        if gang.finish_us <= stopping.release_us:
+            return  # it ends before it would give its GPUs back: it finishes
+        gang.stopping = stopping
+        self._push(stopping.release_us, _Kind.RELEASE, action.job_id, gang.attempt)
 
 
 def simulate(
@@ -362,12 +373,13 @@ def simulate(
     policy: PolicyFn,
     *,
     name: str,
-    checkpoint_s: float = DEFAULT_CHECKPOINT_S,
+    work: WorkModel | None = None,
     owed: Entitlements | None = None,
 ) -> SimResult:
-    """Replay ``trace`` on ``nodes`` with ``policy`` deciding every cycle; with ``owed`` (each queue's entitlement,
+    """Replay ``trace`` on ``nodes`` with ``policy`` deciding every cycle, gangs checkpointing, taking notice and
+    restarting as ``work`` says (default ``WorkModel()``); with ``owed`` (each queue's entitlement,
     ``sim.fairness``), measure each queue's share of it."""
-    return Simulation(trace, nodes, policy, checkpoint_s, owed).run(name)
+    return Simulation(trace, nodes, policy, work, owed).run(name)
 
 
 def _queues(outcomes: Iterable[Outcome]) -> list[str]:

@@ -6,12 +6,19 @@ decisions (Place -> ``Start``, Preempt -> ``Stop``, Unschedulable -> nothing). I
 scheduler service tells it: each job's attained service, and its expected run time, declared by the trace
 (``expected_duration_s``) or learned from the jobs that ended (``shardyard.placement.estimates``), never the
 trace's true ``duration_s``. ``fifo``, ``priority``, ``first-fit`` and the ``sjf-oracle`` reference are the plain
-policies of ``shardyard.sim.baselines``.
+policies of ``shardyard.sim.baselines``. ``shardyard-order`` is the core taking its victims in the victim order
+(``Policy(victims="order")``) instead of by the work they would lose; ``shardyard-one-queue`` is the core without
+the queues' quotas.
+
+The core chooses victims by what they would lose (``RunningJob.lost_gpu_s``): it is told each gang's last periodic
+checkpoint in its attempt and the restart cost of a preemption (``sim.lost_work``), as the scheduler hears of them;
+not whether a job's code checkpoints on notice.
 
 Every simulated node holds the jobs' model and dataset on a shared path, has ample memory and CPU for its GPUs and
 no CPU load, so GPUs are the binding resource.
 """
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
@@ -27,7 +34,7 @@ from shardyard.placement.standing import StandingIndex
 from shardyard.quotas import DEFAULT_QUEUE, QueuesConfig
 from shardyard.sim.baselines import fifo, first_fit, priority_first, sjf_oracle
 from shardyard.sim.cluster import NodeSpec
-from shardyard.sim.defaults import ONE_QUEUE, POLICY_NAMES
+from shardyard.sim.defaults import ONE_QUEUE, ORDER_VICTIMS, POLICY_NAMES
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
 from shardyard.sim.trace import TraceJob
 
@@ -69,8 +76,11 @@ class CorePolicy:
         self._specs: dict[str, JobSpec] = {}
         self._pending: dict[str, tuple[int, PendingJob]] = {}
         """Job id -> (ready time, the job as the core sees it)."""
-        self._running: dict[str, tuple[int, RunningJob]] = {}
-        """Job id -> (start time, the gang as the core sees it)."""
+        self._running: dict[str, tuple[int, int | None, RunningJob]] = {}
+        """Job id -> (start time, last periodic checkpoint, the gang as the core sees it)."""
+        self._due: list[tuple[int, str]] = []
+        """(next periodic checkpoint, job id) of the running gangs: a heap, so a cycle looks again only at the gangs
+        that wrote a checkpoint since the last."""
         self._jobs: dict[str, TraceJob] = {}
         """Job id -> the trace job, while it is pending or running."""
         self._index: StandingIndex | None = None
@@ -83,6 +93,11 @@ class CorePolicy:
         changed = list(state.gangs_changed)
         state.gangs_changed.clear()
         self._learn(state, changed)
+        due = self._due
+        while due and due[0][0] <= now_us:
+            job_id = heapq.heappop(due)[1]
+            if job_id in state.running:
+                changed.append(job_id)
         # The standing index is told only the nodes whose free GPUs changed: a cycle costs the same with more idle
         # nodes (the core reads the index, not the snapshot's node list).
         index = self._index
@@ -95,7 +110,7 @@ class CorePolicy:
         gangs = self._gangs
         for job_id in changed:
             before, gang = gangs.get(job_id), state.running.get(job_id)
-            view = None if gang is None else self._gang(gang)
+            view = None if gang is None else self._gang(gang, now_us, state.work.restart_s)
             if view is before:
                 continue
             self._unfile(before)
@@ -213,17 +228,22 @@ class CorePolicy:
             )
         return known[1]
 
-    def _gang(self, gang: Gang) -> RunningJob:
-        known = self._running.get(gang.job.job_id)
-        if known is None or known[0] != gang.started_us or known[1].preempted_by != gang.preempted_by:
-            job = gang.job
+    def _gang(self, gang: Gang, now_us: int, restart_s: float) -> RunningJob:
+        """The gang as the core sees it at ``now_us``: its last periodic checkpoint, its restart cost."""
+        job, times = gang.job, gang.times
+        checkpointed = times.checkpointed_us(now_us)
+        known = self._running.get(job.job_id)
+        if known is None or known[:2] != (gang.started_us, checkpointed) or known[2].preempted_by != gang.preempted_by:
+            if gang.preempted_by is None:
+                heapq.heappush(self._due, (times.next_checkpoint_us(now_us), job.job_id))
             done_s = max(0.0, job.duration_s - gang.remaining_s)
             expected = self._expected_s(job)
             end = None
             if expected is not None:
-                end = at(gang.started_us) + timedelta(seconds=max(1.0, expected - done_s) / gang.speed)
+                end = at(times.progress_us) + timedelta(seconds=max(1.0, expected - done_s) / gang.speed)
             known = self._running[job.job_id] = (
                 gang.started_us,
+                checkpointed,
                 RunningJob(
                     job_id=job.job_id,
                     priority=job.priority,
@@ -236,9 +256,11 @@ class CorePolicy:
                     attained_gpu_s=job.gpus * done_s,
                     expected_end=end,
                     queue=job.queue or DEFAULT_QUEUE,
+                    checkpointed_at=None if checkpointed is None else at(checkpointed),
+                    restart_s=restart_s,
                 ),
             )
-        return known[1]
+        return known[2]
 
 
 def _key(job: TraceJob) -> EstimateKey:
@@ -265,6 +287,8 @@ def policy_named(
     baselines know no queues)."""
     if name == "shardyard":
         return CorePolicy(nodes, policy, quotas=quotas)
+    if name == ORDER_VICTIMS:
+        return CorePolicy(nodes, replace(policy or Policy(), victims="order"), quotas=quotas)
     if name == ONE_QUEUE:
         return CorePolicy(nodes, policy)
     baseline = BASELINES.get(name)
@@ -310,13 +334,15 @@ def _option_value(key: str, raw: str, current: object) -> object:
             if any(not math.isfinite(v) or v <= 0 for v in values):
                 raise ValueError("expected positive numbers, comma-separated")
             return values
-        if key == "order":
-            if raw not in ORDERS:
-                raise ValueError(f"expected one of {', '.join(ORDERS)}")
+        words = WORDS.get(key)
+        if words is not None:
+            if raw not in words:
+                raise ValueError(f"expected one of {', '.join(words)}")
             return raw
     except ValueError as exc:
         raise ConfigError(f"{problem}: {exc}") from None
     raise ConfigError(f"{problem}: this setting cannot be set from the command line")
 
 
-ORDERS = ("las", "aging")
+WORDS: Mapping[str, tuple[str, ...]] = MappingProxyType({"order": ("las", "aging"), "victims": ("lost-work", "order")})
+"""The settings that take one of a few words, and those words."""

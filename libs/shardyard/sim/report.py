@@ -5,6 +5,12 @@
   it.
 - makespan = last finish - first submit; GPU utilisation = GPU-seconds held by gangs (checkpointing included) /
   (cluster GPUs x makespan).
+- GPU-hours lost to preemption, and its parts (``sim.lost_work``): stopping (from the notice to the release: writing
+  the checkpoint, or running on to the deadline), restart, and recomputed work (progress before the notice past the
+  checkpoint kept).
+- ETTR, the fleet's effective training time ratio, GPU-weighted over completed jobs: sum of GPUs x productive run
+  time (run time that advanced work not done before) / sum of GPUs x JCT. Waiting, restarts, stopping and
+  recomputed work all count against it; 1 only when every job ran from submission to end without a stop.
 - the verdict: the project's own policy's mean JCT against every other policy run (their ratio) and their mean
   waits, in one line; where it did worse, it says so.
 - per queue (a trace with a ``queue`` column): its jobs' JCT and wait as above and, given a queues file, its share
@@ -21,6 +27,8 @@ from shardyard.sim.defaults import OWN_POLICY
 from shardyard.sim.engine import US, Outcome, SimResult
 from shardyard.sim.fairness import jain
 from shardyard.text_table import table
+
+GPU_HOUR_US = 3600 * US
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,13 @@ class Summary:
     gpu_utilisation: float
     preemptions: int
     degraded_placements: int
+    lost_gpu_h_preemption: float
+    """GPU-hours lost to preemption: the three parts below."""
+    lost_gpu_h_stopping: float
+    lost_gpu_h_restart: float
+    lost_gpu_h_recomputed: float
+    ettr: float
+    """The fleet's effective training time ratio (see the module's doc); 0 when no job completed."""
     queues: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per queue (when the trace names more than one, or a queues file was given): jobs, completed, avg and p95 JCT
     and wait, and ``share_of_entitlement``."""
@@ -96,6 +111,7 @@ def summarize(result: SimResult) -> Summary:
     last = max((o.finish_us for o in done if o.finish_us is not None), default=None)
     makespan = last / US - min(submits) if last is not None and submits else 0.0
     capacity = result.total_gpus * makespan
+    spent = result.spent
     return Summary(
         policy=result.policy,
         jobs=len(result.outcomes),
@@ -113,9 +129,21 @@ def summarize(result: SimResult) -> Summary:
         gpu_utilisation=result.busy_gpu_s / capacity if capacity > 0 else 0.0,
         preemptions=result.preemptions,
         degraded_placements=result.degraded_placements,
+        lost_gpu_h_preemption=spent.lost / GPU_HOUR_US,
+        lost_gpu_h_stopping=spent.stopping / GPU_HOUR_US,
+        lost_gpu_h_restart=spent.restart / GPU_HOUR_US,
+        lost_gpu_h_recomputed=spent.recomputed / GPU_HOUR_US,
+        ettr=ettr(done),
         queues=_per_queue(result),
         jain_index=jain(result.shares.values()) if result.shares else None,
     )
+
+
+def ettr(done: Sequence[Outcome]) -> float:
+    """GPUs x productive run time / GPUs x JCT, summed over ``done`` (completed jobs); 0 for none."""
+    wall = math.fsum(o.job.gpus * (o.finish_us / US - o.job.submit_s) for o in done if o.finish_us is not None)
+    productive = math.fsum(o.job.gpus * o.productive_us / US for o in done)
+    return productive / wall if wall > 0 else 0.0
 
 
 def _seconds(value: float) -> str:
@@ -136,6 +164,8 @@ def render_table(summaries: Sequence[Summary]) -> str:
             _seconds(s.makespan_s),
             f"{s.gpu_utilisation:.1%}",
             str(s.preemptions),
+            f"{s.lost_gpu_h_preemption:,.1f}",
+            f"{s.ettr:.3f}",
             str(s.degraded_placements),
         ]
         for s in summaries
@@ -152,6 +182,8 @@ def render_table(summaries: Sequence[Summary]) -> str:
         "MAKESPAN s",
         "GPU UTIL",
         "PREEMPT",
+        "LOST GPU-h",
+        "ETTR",
         "DEGRADED",
     ]
     shown = table(rows, headers)
@@ -250,7 +282,7 @@ def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
         figures = asdict(summary)
         del figures["policy"]
         queues, jain_index = figures.pop("queues"), figures.pop("jain_index")
-        shown = {k: round(v, 6 if k == "gpu_utilisation" else 3) for k, v in figures.items()}
+        shown = {k: round(v, 6 if k in ("gpu_utilisation", "ettr") else 3) for k, v in figures.items()}
         if queues:
             shown["queues"] = {q: {k: round(v, 4) for k, v in row.items()} for q, row in queues.items()}
         if jain_index is not None:

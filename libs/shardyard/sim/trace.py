@@ -15,6 +15,8 @@ Columns (a header row names them, in any order):
 ``user``       optional  who submitted it (duration estimates are learned per user, then per queue)
 ``queue``      optional  the queue it was submitted to
 ``expected_duration_s``  optional  the run time the job declares (> 0); empty: estimated from history
+``checkpoint_every_s``   optional  seconds of progress between its periodic checkpoints (> 0); empty: the
+                                   simulation's (``--checkpoint-every-s``)
 =============  ========  ================================================================================
 
 ``gpus`` must be a whole number: a fractional GPU (0.5, as some traces record shared GPUs) is refused naming the
@@ -36,8 +38,17 @@ from shardyard.errors import ShardyardError
 from shardyard.gpus import DEFAULT_TFLOPS, canonical_model
 
 REQUIRED = ("submit_s", "gpus", "gpu_model", "duration_s", "priority")
-OPTIONAL = ("job_id", "min_tflops", "min_match", "max_wait_s", "user", "queue", "expected_duration_s")
-COLUMNS = ("job_id", *REQUIRED, "min_tflops", "min_match", "max_wait_s", "user", "queue", "expected_duration_s")
+OPTIONAL = (
+    "job_id",
+    "min_tflops",
+    "min_match",
+    "max_wait_s",
+    "user",
+    "queue",
+    "expected_duration_s",
+    "checkpoint_every_s",
+)
+COLUMNS = ("job_id", *REQUIRED, *OPTIONAL[1:])
 """The order ``write_trace`` uses."""
 ANY = "ANY"
 MAX_GPUS = 64
@@ -72,6 +83,8 @@ class TraceJob:
     queue: str = ""
     expected_duration_s: float | None = None
     """Declared by the job; None: the policy estimates it (the simulator never tells it ``duration_s``)."""
+    checkpoint_every_s: float | None = None
+    """Seconds of progress between its periodic checkpoints; None: the simulation's (``WorkModel``)."""
 
 
 class _Row:
@@ -148,6 +161,7 @@ def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
     if min_match is None and row.text("max_wait_s"):
         raise row.fail("max_wait_s", "is set without min_match (it is the wait before min_match applies)")
     expected = row.number("expected_duration_s", low=0.0, open_low=True) if row.text("expected_duration_s") else None
+    every = row.number("checkpoint_every_s", low=0.0, open_low=True) if row.text("checkpoint_every_s") else None
     return TraceJob(
         job_id,
         submit_s,
@@ -161,6 +175,7 @@ def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
         user=row.text("user"),
         queue=row.text("queue"),
         expected_duration_s=expected,
+        checkpoint_every_s=every,
     )
 
 
@@ -254,6 +269,7 @@ def write_trace(jobs: Iterable[TraceJob], stream: TextIO) -> None:
                 job.user,
                 job.queue,
                 _cell(job.expected_duration_s),
+                _cell(job.checkpoint_every_s),
             ]
         )
 

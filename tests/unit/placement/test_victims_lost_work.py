@@ -1,6 +1,7 @@
 """Victims by lost work (issue 34): among the gangs a job may preempt, the cycle stops the set that loses least,
-each gang's loss being its GPUs x the time since its last durable checkpoint, plus its restart cost; ties go to the
-lower priority, then the newest gang. Who may be preempted at all is unchanged."""
+each gang's loss being its GPUs x the time since its last durable checkpoint, plus its restart cost, from the lowest
+tiers (priority, then LAS queue) that make room; ties go to the lower priority, then the newest gang. Who may be
+preempted at all is unchanged."""
 
 import itertools
 import random
@@ -76,6 +77,16 @@ def test_equal_losses_go_to_the_lower_priority_then_the_newest() -> None:
     assert preempted(decisions) == {"p1-new"}
 
 
+def test_a_higher_priority_gang_is_not_stopped_while_lower_ones_make_room() -> None:
+    """It would only come back and preempt them in turn."""
+    gangs = (
+        running("p5", ("a1", (0,)), priority=5, checkpointed_at=at(NOW - 1)),
+        running("p1", ("a2", (0,)), priority=1, checkpointed_at=at(NOW - 900)),
+    )
+    decisions = decide(full("a1", "a2"), [VIP], POLICY, gangs=gangs, now=NOW)
+    assert preempted(decisions) == {"p1"}
+
+
 def test_a_gang_the_job_does_not_outrank_is_never_taken_however_little_it_loses() -> None:
     gangs = (
         running("peer", ("a1", (0,)), priority=9, checkpointed_at=at(NOW - 1)),
@@ -102,8 +113,9 @@ def lost(gang: RunningJob) -> float:
 
 def test_the_least_loss_matches_brute_force_on_random_small_clusters() -> None:
     """Random full clusters of 2-5 nodes of 1-4 GPUs, each GPU held by one of up to 8 gangs of random priorities
-    and checkpoint ages; a job of a random size. The chosen set's loss equals the least over every subset of the
-    gangs it outranks that frees enough GPUs (all nodes alike, so a set frees its GPUs)."""
+    and checkpoint ages (all in the first LAS queue); a job of a random size. The chosen set's loss equals the least
+    over every subset that frees enough GPUs of the gangs it outranks up to the lowest priority that makes room (all
+    nodes alike, so a set frees its GPUs)."""
     rng = random.Random(34)
     checked = 0
     for _case in range(300):
@@ -140,16 +152,20 @@ def test_the_least_loss_matches_brute_force_on_random_small_clusters() -> None:
         decisions = decide(
             nodes, [pending("vip", priority=vip_priority, gpu_count=want)], POLICY, gangs=tuple(gangs), now=NOW
         )
-        allowed = [g for g in gangs if g.priority < vip_priority]
-        best = min(
-            (
-                sum(lost(g) for g in subset)
-                for size in range(1, len(allowed) + 1)
-                for subset in itertools.combinations(allowed, size)
-                if free + sum(g.gpu_count for g in subset) >= want
-            ),
-            default=None,
-        )
+        best = None
+        for tier in sorted({g.priority for g in gangs if g.priority < vip_priority}):
+            allowed = [g for g in gangs if g.priority <= tier]
+            best = min(
+                (
+                    sum(lost(g) for g in subset)
+                    for size in range(1, len(allowed) + 1)
+                    for subset in itertools.combinations(allowed, size)
+                    if free + sum(g.gpu_count for g in subset) >= want
+                ),
+                default=None,
+            )
+            if best is not None:
+                break
         chosen = preempted(decisions)
         if best is None:
             assert chosen == set()

@@ -107,14 +107,15 @@ class TestHeadOfLineBlocking:
 
 class TestPreemption:
     """``high`` (priority 500) arrives while ``low`` holds the only node: the core preempts ``low``, which
-    checkpoints for 10 s, keeps its remaining 90 s of work and resumes after ``high``."""
+    checkpoints on notice for 10 s, keeps its remaining 90 s of work and resumes after ``high``, restarting for 60 s
+    first (the lost work itself: ``test_sim_lost_work``)."""
 
     TRACE = (job("low", 0, 4, "A100", 100), job("high", 10, 4, "A100", 50, priority=500))
 
     def test_the_core_preempts_and_the_victim_resumes_with_its_remaining_work(self) -> None:
         result = run(self.TRACE, "A100:4x1", "shardyard")
 
-        assert times(result) == {"low": (0, 160), "high": (20, 70)}
+        assert times(result) == {"low": (0, 220), "high": (20, 70)}
         assert result.preemptions == 1
         assert summarize(result).gpu_utilisation == pytest.approx(1.0)  # checkpoint time counts as held
 
@@ -231,10 +232,10 @@ class TestBusyGpus:
         assert result.busy_gpus == ((0, 4), (100 * US, 12), (150 * US, 8), (200 * US, 2), (300 * US, 0))
 
     def test_a_checkpoint_holds_its_gpus(self) -> None:
-        # low holds the node from 0, checkpoints 10-20, high runs 20-70, low resumes 70-160
+        # low holds the node from 0, checkpoints 10-20, high runs 20-70, low restarts 70-130 and runs on to 220
         result = run(TestPreemption.TRACE, "A100:4x1", "shardyard")
 
-        assert result.busy_gpus == ((0, 4), (20 * US, 4), (70 * US, 4), (160 * US, 0))
+        assert result.busy_gpus == ((0, 4), (20 * US, 4), (70 * US, 4), (220 * US, 0))
 
     @pytest.mark.parametrize("name", [n for n in POLICY_NAMES if n != "shardyard-one-queue"])
     def test_the_samples_add_up_to_the_gpu_seconds_held(self, name: str) -> None:

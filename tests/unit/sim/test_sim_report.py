@@ -113,8 +113,10 @@ def test_simulate_prints_a_table_of_the_chosen_policies(tmp_path: Path, capsys: 
 def figures(policy: str, jct: float, wait: float, completed: int = 10, jobs: int = 10) -> Summary:
     """A made-up summary: ``jct`` and ``wait`` the means (and every percentile)."""
     return Summary(
-        policy, jobs, completed, jobs - completed, jct, jct, jct, jct, wait, wait, wait, wait, 1000.0, 0.5, 0, 0
-    )
+        policy, jobs, completed, jobs - completed, jct, jct, jct, jct, wait, wait, wait, wait, 1000.0, 0.5, 0, 0,
+        lost_gpu_h_preemption=0.0, lost_gpu_h_stopping=0.0, lost_gpu_h_restart=0.0, lost_gpu_h_recomputed=0.0,
+        ettr=0.5,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,129 @@
+"""Whom a job preempts and what it holds meanwhile, by ``Policy.victims``. ``order``: the first gangs of the
+victim order that make room (``victims.choose_victims``), holding their nodes. ``lost-work``: what the job weighs
+beyond whom it may preempt (``candidate.outranks``, unchanged) and which set of them loses least
+(``victims.make_room``), below. Pure.
+
+- **Tiers.** Victims come from the lowest tier that makes room: the lowest priority, then the latest LAS queue (the
+  victim order's first two keys); the set that loses least is chosen among the gangs of the tiers taken. A gang of
+  a higher tier is not stopped while lower ones would do: it would only come back to preempt those in turn (a
+  priority-500 gang stopped for a priority-900 job preempts a priority-0 gang as soon as it is pending again).
+- **Worth.** A job of its victims' own priority (a LAS preemption: it is only ahead of them in the queue) preempts
+  only when the wait it saves outweighs the work they lose: its GPUs x its expected wait without preempting (until
+  enough GPUs it can use are expected to be free, from the running gangs' expected ends) must exceed the set's
+  ``RunningJob.lost_gpu_s``. Preemption for a higher priority is never weighed.
+- **Room.** While its victims stop, the job holds their nodes and, of the nodes it can use now, those whose free
+  GPUs it counted on, so that no job of lower rank takes them meanwhile and one preemption is enough (else it finds
+  no room at the victims' release and preempts again, often the gang that just took its place).
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from shardyard.placement.candidate import Candidate, running_queue
+from shardyard.placement.contention import tally
+from shardyard.placement.index import ClusterIndex
+from shardyard.placement.model import RunningJob
+from shardyard.placement.victims import VictimEntry, choose_victims, hold_for, make_room, outranked
+
+EndOf = Callable[[RunningJob, datetime], datetime]
+"""When a running gang with an expected end is expected to end, seen at a time (``cycle.overrun_end``)."""
+
+
+def choose(
+    index: ClusterIndex,
+    job: Candidate,
+    order: Sequence[VictimEntry],
+    running: Sequence[RunningJob],
+    passing: int,
+    now: datetime,
+    end_of: EndOf,
+) -> list[RunningJob]:
+    """The gangs ``job`` preempts, of the ``running`` ones in victim ``order``, to fit with the ``passing`` GPUs;
+    empty when it should not (or cannot) preempt."""
+    if index.policy.victims == "order":
+        return choose_victims(index, job, order, passing, now)
+    chosen = by_tiers(index, job, list(outranked(job, order, index.policy, now)), passing, now)
+    return chosen if chosen and worth_it(index, job, chosen, running, passing, now, end_of) else []
+
+
+def by_tiers(
+    index: ClusterIndex, job: Candidate, outranked: Sequence[RunningJob], passing: int, now: datetime
+) -> list[RunningJob]:
+    """The set of ``outranked`` (in victim order) that makes room for ``job`` at the least loss within the fewest
+    tiers (see the module's doc); empty when all of them would not."""
+    policy = index.policy
+    tiers = [(gang.priority, -running_queue(gang, policy, now)) for gang in outranked]
+    for end in range(1, len(outranked) + 1):
+        if end < len(outranked) and tiers[end] == tiers[end - 1]:
+            continue  # the tier goes on
+        chosen = make_room(index, job, outranked[:end], passing, now)
+        if chosen:
+            return chosen
+    return []
+
+
+def worth_it(
+    index: ClusterIndex,
+    job: Candidate,
+    chosen: Sequence[RunningJob],
+    running: Sequence[RunningJob],
+    passing: int,
+    now: datetime,
+    end_of: EndOf,
+) -> bool:
+    """Whether ``job`` should stop ``chosen``: always for a higher priority than all of them; else when its GPUs x
+    its expected wait (``expected_wait_s``) exceed what they lose."""
+    if all(gang.priority < job.spec.priority for gang in chosen):
+        return True
+    restart_s = index.policy.restart_s
+    lost = sum(gang.lost_gpu_s(now, restart_s) for gang in chosen)
+    return job.k * expected_wait_s(index, job, running, passing, now, end_of) > lost
+
+
+def expected_wait_s(
+    index: ClusterIndex, job: Candidate, running: Sequence[RunningJob], passing: int, now: datetime, end_of: EndOf
+) -> float:
+    """Seconds until ``job``'s GPUs are expected to be free without preempting: the ``passing`` ones now, then
+    those of the running gangs on nodes of the groups it may use, as each is expected to end (a gang stopping, now;
+    one with no expected end, never: so is the wait when the others' GPUs are too few). It counts GPUs, not the
+    gangs' shapes: a lower bound where nodes fragment."""
+    need = job.k - passing
+    if need <= 0:
+        return 0.0
+    ends: list[tuple[float, int]] = []
+    for gang in running:
+        gpus = sum(len(gpus) for node_id, gpus in gang.shards if _usable_by(index, node_id, job))
+        if not gpus:
+            continue
+        if gang.preempted_by is not None:
+            ends.append((0.0, gpus))
+        elif gang.expected_end is not None:
+            ends.append((max(0.0, (end_of(gang, now) - now).total_seconds()), gpus))
+    ends.sort()
+    for wait_s, gpus in ends:
+        need -= gpus
+        if need <= 0:
+            return wait_s
+    return math.inf
+
+
+def _usable_by(index: ClusterIndex, node_id: str, job: Candidate) -> bool:
+    slot = index.slots.get(node_id)
+    return slot is not None and (slot.group.model, slot.group.tflops) in job.eligible
+
+
+def hold_room(index: ClusterIndex, job: Candidate, victims: Sequence[RunningJob]) -> None:
+    """Hold ``victims``' nodes for ``job`` and, by lost work, most free first, the nodes it can use now that give
+    it the GPUs they lack (see the module's doc)."""
+    job_id = job.spec.job_id
+    hold_for(index, victims, job_id)
+    if index.policy.victims == "order":
+        return
+    freed = sum(len(gpus) for gang in victims for node_id, gpus in gang.shards if _usable_by(index, node_id, job))
+    need = job.k - freed
+    for slot, shards in sorted(tally(index, job).passing, key=lambda passing: (-passing[1], passing[0].order)):
+        if need <= 0:
+            return
+        index.reserve(slot, job_id)
+        need -= shards
