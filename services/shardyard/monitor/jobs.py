@@ -199,8 +199,9 @@ class JobView:
     def _preempted(self, event: JobPreempted) -> None:
         self.preempting = None
         self.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
+        at_step = "" if event.checkpoint_step is None else f" at step {event.checkpoint_step}"  # a script's: unsaid
         kept = (
-            f"checkpoint {event.checkpoint_dir} at step {event.checkpoint_step}"
+            f"checkpoint {event.checkpoint_dir}{at_step}"
             if event.checkpoint_dir
             else "no checkpoint: the next attempt starts over"
         )

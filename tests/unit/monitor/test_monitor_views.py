@@ -397,6 +397,14 @@ def test_preemption_is_in_the_timeline_and_counted_once() -> None:
     assert view.preemptions == 1
 
 
+def test_a_checkpoint_whose_step_is_unsaid_is_shown_without_one() -> None:
+    """A job's own script acknowledges a notice by its exit status: its checkpoint's step is not known."""
+    unsaid = _preempted().model_copy(update={"checkpoint_step": None})
+    view = view_of([*FULL_RUN[:6], _preempting(), unsaid])
+
+    assert view.jobs["job-1"].timeline[-1]["detail"].endswith("; checkpoint /data/checkpoints/job-1")
+
+
 def test_resumed_attempt_shows_its_checkpoint() -> None:
     resumed = scheduled("job-1", attempt=2, occurred_at=at(5), resume_from="/data/checkpoints/job-1/step-120")
 
