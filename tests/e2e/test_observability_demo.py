@@ -34,6 +34,7 @@ from shardyard.bus.topics import SUBMISSIONS
 from shardyard.bus.transport import client_options
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.cli.main import main as cli_main
+from shardyard.goodput import PARTS
 from tests.support.browser import Dom, artefacts, browser, render, screenshot
 from tests.support.cluster import cli, job, job_view, local_cluster, speaking_as, wait_for
 from tests.support.metrics import missing_s7_metrics
@@ -45,9 +46,12 @@ JOB = "demo-job"
 STEPS, SYNC_INTERVAL = 200, 10
 """The example job, shorter (200 steps, not 300) and syncing every 10 steps rather than 100: the first sync, and
 with it every metric, comes early, and the run still outlasts a node's pause on a loaded machine."""
-JOB_SPANS = {"submit", "admission", "placement", "assignment", "launch", "shard", "rendezvous", "sync", "completion"}
-"""What a job that runs to success without faults is made of (recovery spans only appear on failures)."""
-SPAN_NAMES = JOB_SPANS | {"re-placement", "recovery-plan"}
+JOB_SPANS = {
+    "submit", "admission", "placement", "assignment", "launch", "shard", "rendezvous", "sync", "completion", "goodput"
+}  # fmt: skip
+"""What a job that runs to success without faults is made of (recovery spans only appear on failures; ``goodput``,
+the ended job's ledger, has a child span per stretch of one part, named by the part)."""
+SPAN_NAMES = JOB_SPANS | {"re-placement", "recovery-plan"} | {part.value for part in PARTS}
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
 

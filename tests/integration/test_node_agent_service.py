@@ -284,7 +284,7 @@ async def test_agent_reports_artifacts_as_they_appear_and_preempts_on_request(
                 )
             )
             preempted = await watch.first(ShardPreempted, job_id="agent-preempt", timeout_s=60)
-            assert preempted.step is not None and preempted.step % 10 == 0
+            assert preempted.step is not None and preempted.step > 0  # at once on the notice, not at a sync (issue 34)
             assert preempted.checkpoint_dir == "/data/checkpoints/agent-preempt/checkpoint"
             state = json.loads((data / "checkpoints" / "agent-preempt" / "checkpoint" / "state.json").read_text())
             assert state["step"] == preempted.step
