@@ -53,7 +53,7 @@ from shardyard.placement.victims import (
     preempting_verdict,
     victim_order,
 )
-from shardyard.placement.worth import choose, hold_room
+from shardyard.placement.worth import by_tiers, choose, hold_room, worth_it
 
 CLAIMING = RESERVABLE | {PendingReason.PREEMPTING}
 """A job that waits for one of these within its queue's nominal quota claims it (``placement.quota``)."""
@@ -181,18 +181,21 @@ class PlacementCycle:
 
     def _choose_victims(self, job: Candidate, order: list[VictimEntry], passing: int) -> list[RunningJob]:
         """The gangs to preempt for ``job`` (``worth.choose``); with queues, the borrowers its queue may
-        reclaim from first (the set of them that loses least, when they make room), and priority preemption only
-        within its queue (``placement.quota``)."""
+        reclaim from first (the set of them that loses least, when they make room: never weighed), and priority
+        preemption only within its queue, weighed as without queues (``placement.quota``, ``worth``)."""
         if self.quota is None:
             return choose(self.index, job, order, self.running, passing, self.now, overrun_end)
         policy, now, models = self.policy, self.now, queue_models(job.eligible)
-        if policy.victims == "lost-work":
-            reclaim = self.quota.victims(job.pending, models, lambda: iter(()), now)
-            borrowers = make_room(self.index, job, reclaim, passing, now)
-            if borrowers:
-                return borrowers
-        victims = self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)
-        return make_room(self.index, job, victims, passing, now)
+        if policy.victims == "order":
+            victims = self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)
+            return make_room(self.index, job, victims, passing, now)
+        reclaim = self.quota.victims(job.pending, models, lambda: iter(()), now)
+        borrowers = make_room(self.index, job, reclaim, passing, now)
+        if borrowers:
+            return borrowers
+        weighed = list(self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now))
+        chosen = by_tiers(self.index, job, weighed, passing, now)
+        return chosen if chosen and worth_it(self.index, job, chosen, self.running, passing, now, overrun_end) else []
 
     def _over_quota(self, job: Candidate, verdict: Unschedulable) -> list[Decision]:
         """A job its queue has no headroom for: it preempts the gangs of its queue it outranks that give the queue
