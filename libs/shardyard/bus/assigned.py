@@ -5,9 +5,12 @@ partition. Followers (:mod:`shardyard.bus.follow`), replays (:mod:`shardyard.bus
 read this way; each decides what it does with the records.
 """
 
+import asyncio
+import time
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from shardyard.bus.topics import Topic
 from shardyard.bus.transport import client_options
@@ -63,12 +66,30 @@ async def assign_every_partition(
     return partitions
 
 
-async def partitions_of(consumer: AIOKafkaConsumer, names: Iterable[str]) -> list[TopicPartition]:
+METADATA_WAIT_S = 30.0
+"""How long :func:`partitions_of` waits for a broker that answers metadata naming no broker."""
+
+
+async def partitions_of(
+    consumer: AIOKafkaConsumer, names: Iterable[str], *, wait_s: float = METADATA_WAIT_S
+) -> list[TopicPartition]:
     """Every partition of the topics ``names``, as the broker has them now (in name, then partition order).
 
     ``consumer.topics()`` reads the metadata of every topic into a copy of its own and leaves the consumer's (what
     ``partitions_for_topic`` reads) to the topics the consumer tracks: none before it is assigned any. A refresh of
     that metadata then names no topic, which Tansu answers with every topic and Apache Kafka with none: only the
-    copy has them on both."""
-    cluster = await consumer._client.fetch_all_metadata()
-    return [TopicPartition(name, p) for name in names for p in sorted(cluster.partitions_for_topic(name) or ())]
+    copy has them on both.
+
+    Apache Kafka only: a KRaft broker that was paused longer than its session timeout (a hung host, SIGSTOP) is
+    fenced by its controller and, until it registers again, answers metadata naming no broker, which aiokafka
+    raises as a :class:`KafkaError`. That is retried for up to ``wait_s``; Tansu never answers so."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cluster = await consumer._client.fetch_all_metadata()
+        except KafkaError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.25)
+            continue
+        return [TopicPartition(name, p) for name in names for p in sorted(cluster.partitions_for_topic(name) or ())]
