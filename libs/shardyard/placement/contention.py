@@ -255,17 +255,23 @@ def _potential(view: NodeView, job: Candidate) -> int:
 
 def reserve_for(index: ClusterIndex, job: Candidate) -> list[Slot]:
     """Hold the nodes ``job`` is closest to fitting on (most free GPUs first) until their GPUs could host it; the
-    nodes held (none when even all of them could not host it)."""
+    nodes held (none when even all of them could not host it).
+
+    The nodes held for it in the cycle before come first while they can still host it: a reservation that moved to
+    the nodes with the most free GPUs each cycle would follow the GPUs a preemption has just freed for another job
+    and leave that job to preempt again elsewhere (seen in the simulator: one job preempted 781 gangs in this way,
+    each time for nothing)."""
     potential = 0
+    before = index.reserved_before.get(job.spec.job_id, frozenset())
     order = sorted(
-        (-len(slot.free), step, slot.order, slot)
+        (slot.node_id not in before, -len(slot.free), step, slot.order, slot)
         for key in job.eligible
         for (step, _fc), bucket in index.groups[key].buckets.items()
         for slot in bucket.members()
         if could_host(slot, job)
     )
     plan: list[Slot] = []
-    for _neg_free, _step, _order, slot in order:
+    for _moved, _neg_free, _step, _order, slot in order:
         could = _potential(slot.view, job)
         if could <= 0:
             continue
@@ -274,5 +280,6 @@ def reserve_for(index: ClusterIndex, job: Candidate) -> list[Slot]:
         if potential >= job.k:
             for held in plan:
                 index.reserve(held, job.spec.job_id)
+            index.reserving[job.spec.job_id] = frozenset(held.node_id for held in plan)
             return plan
     return []

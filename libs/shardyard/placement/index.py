@@ -183,6 +183,11 @@ class ClusterIndex:
         disk, in indexing order (by load). A node leaves these lists when it fills up or is reserved, so a walk
         never steps over the nodes of a busy cluster that cannot take a shard."""
         self.max_free = 0
+        self.reserved_before: Mapping[str, frozenset[str]] = {}
+        """Job id -> the nodes a reservation (``contention.reserve_for``) held for it in the cycle before: a standing
+        index's; empty for an index of one cycle."""
+        self.reserving: dict[str, frozenset[str]] = {}
+        """Job id -> the nodes a reservation holds for it in this cycle (``reserved_before`` in the next)."""
         self._artifact_sets: dict[frozenset[tuple[str, str]], Mapping[str, str]] = {}
         # Slots are created in the order decisions walk them (group, then load), so a walk reads memory mostly in
         # sequence.

@@ -13,7 +13,7 @@ from shardyard.placement.snapshot import build_snapshot
 from shardyard.placement.standing import StandingIndex
 from shardyard.scheduler.book import SchedulerBook
 from tests.unit.builders import ARTIFACTS, at, gpus, job_spec, node_state
-from tests.unit.placement_support import node, pending, running
+from tests.unit.placement_support import blocked, node, pending, placed_on, running
 
 MODELS = ("A100", "V100", "H100")
 
@@ -137,3 +137,24 @@ def test_the_books_kept_views_are_the_snapshot_built_afresh(seed: int) -> None:
         fresh = build_snapshot(book.nodes.values(), book.gangs.values())
         assert kept == {view.node_id: view for view in fresh.nodes}
         assert book.snapshot().running == fresh.running
+
+
+def test_a_reservation_stays_on_its_nodes_from_cycle_to_cycle_while_they_can_still_host_it() -> None:
+    """A head job of 16 GPUs holds n1 and n2 (the most free GPUs). When n3 frees more GPUs than either (a gang there
+    ended, or was preempted for another job), the reservation stays where it was and a job behind it may start on
+    n3: a reservation that followed the most free GPUs would take n3 and leave that job waiting, to preempt again."""
+    policy = Policy(preemption=False, backfill=False)
+    head, behind = pending("head", gpu_count=16), pending("behind", ready=1.0, gpu_count=6)
+    first = (node("n1", gpus=8, free_gpus=(0, 1, 2, 3)), node("n2", gpus=8, free_gpus=(0, 1, 2, 3)),
+             node("n3", gpus=8, free_gpus=(0, 1)))  # fmt: skip
+    standing = StandingIndex(first, policy)
+    schedule(Snapshot(first), [head], policy, now=at(2), index=standing)
+    assert standing.reserved_before == {"head": frozenset({"n1", "n2"})}
+
+    second = (*first[:2], node("n3", gpus=8, free_gpus=(0, 1, 2, 3, 4, 5)))
+    standing.update(second[2])
+    kept = schedule(Snapshot(second), [head, behind], policy, now=at(3), index=standing)
+    moved = schedule(Snapshot(second), [head, behind], policy, now=at(3))  # a fresh index remembers nothing
+
+    assert placed_on(kept[1]) == ["n3"] * 6
+    assert blocked(moved[1]).node_counts == {"reserved for a higher-priority job": 2, "fewer free GPUs than shards": 1}
