@@ -24,7 +24,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from shardyard.events import FieldError, JobSpec, JobSubmission, RejectReason
-from shardyard.events.job import Entrypoint
+from shardyard.events.job import Elasticity, Entrypoint
 from shardyard.events.submission import JOB_ID_PATTERN, GpuRequirement, SubmittedEntrypoint
 from shardyard.gpus import canonical_model
 
@@ -349,6 +349,7 @@ def _spec(submission: JobSubmission, *, model: str | None, min_tflops: float, su
         expected_duration_s=submission.expected_duration_s,
         owner=submission.owner,
         queue=submission.queue,
+        elasticity=None if (sizes := submission.elasticity) is None else Elasticity(**sizes.model_dump()),
     )
 
 

@@ -85,6 +85,14 @@ def training_of(holder: object) -> TrainingParams:
     return TrainingParams.model_construct(**{name: getattr(holder, name) for name in TRAINING_FIELDS})
 
 
+class Elasticity(Model):
+    """An elastic job's sizes (``SubmittedElasticity``): ``min_shards`` <= its spec's preferred ``shard_count`` <=
+    ``max_shards``."""
+
+    min_shards: int = Field(ge=1)
+    max_shards: int = Field(ge=1)
+
+
 class JobSpec(Model):
     """A validated submission, normalised: what every service after the queue works from."""
 
@@ -115,6 +123,7 @@ class JobSpec(Model):
     expected_duration_s: float | None = Field(default=None, description="declared run time (s); None: estimated")
     owner: str | None = Field(default=None, description="who submitted it; None: the submission named nobody")
     queue: str = Field(default="default", description="the queue it was submitted to")
+    elasticity: Elasticity | None = Field(default=None, description="its range of sizes; None: rigid")
 
     @property
     def training(self) -> TrainingParams:

@@ -120,6 +120,14 @@ class PlacementOptions(_UserModel):
     max_wait_s: float = Field(default=0, ge=0, le=30 * 86_400, description="wait this long for a full match first")
 
 
+class SubmittedElasticity(_UserModel):
+    """An elastic job's range of sizes: it may start, run and be shrunk anywhere from ``min_shards`` to
+    ``max_shards`` shards (one GPU each); ``shard_count`` is the size it prefers. Without it a job is rigid."""
+
+    min_shards: int = Field(ge=1, le=4096, description="the fewest shards it runs with: its protected core")
+    max_shards: int = Field(ge=1, le=4096, description="the most shards it grows to into GPUs nothing else can use")
+
+
 class SubmittedEntrypoint(_UserModel):
     """A user's own training command (``shardyard.events.job.Entrypoint`` once admitted). ``command`` is an argv list
     run without a shell; ``env`` is added to the shard's environment, except the names the runtime owns and, unless
@@ -177,6 +185,10 @@ class JobSubmission(_UserModel):
     entrypoint: SubmittedEntrypoint | None = Field(
         default=None, description="run this command once per shard (torchrun environment), not the built-in runner"
     )
+    elasticity: SubmittedElasticity | None = Field(
+        default=None,
+        description="an elastic job: min_shards <= shard_count (its preferred size) <= max_shards; default rigid",
+    )
 
     @model_validator(mode="after")
     def _one_gpu_per_shard(self) -> "JobSubmission":
@@ -187,4 +199,10 @@ class JobSubmission(_UserModel):
             )
         if self.task_id in self.depends_on:
             raise ValueError(f"depends_on: job {self.task_id!r} cannot depend on itself")
+        elastic, preferred = self.elasticity, self.shard_count or self.resource_requirements.gpu.count
+        if elastic is not None and not elastic.min_shards <= preferred <= elastic.max_shards:
+            raise ValueError(
+                f"elasticity: min_shards ({elastic.min_shards}) <= shard_count ({preferred}, the preferred size) <= "
+                f"max_shards ({elastic.max_shards}) does not hold"
+            )
         return self

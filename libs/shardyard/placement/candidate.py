@@ -138,4 +138,5 @@ class Candidate:
             self.excluded,
             spec.priority,
             spec.queue,
+            spec.elasticity,
         )

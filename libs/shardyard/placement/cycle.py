@@ -7,15 +7,15 @@ One cycle, in phases:
 3. **place** each job whole or not at all: filter (alive, not draining, GPU model and TFLOPS — or the job's degraded
    floor once its ``max_wait_s`` has passed — load, free GPUs, memory, CPU, artifacts), rank (best match, least
    load, artifact locality, fragmentation, mutual latency), and make the member with the lowest mean RTT to the
-   others the coordinator;
+   others the coordinator; an elastic job that does not fit at its preferred size starts smaller (``elastic``);
 4. a job that does not fit **preempts** preemptible gangs it outranks (lower priority; under LAS also a later
    queue, past a minimum run time) when that would make room, else it **reserves** the nodes it will need, from
    the time their gangs are expected to end, and is reported **unschedulable** with a typed reason, per-filter
    node counts and that time. Later jobs backfill elsewhere, or onto the reserved nodes when they are expected to
    end before the reservation starts (EASY backfill on expected durations).
 
-A job whose data breaks a phase (ordering or deciding raises on it) is decided :class:`Invalid` and left out; the
-cycle goes on with the others: one bad job never stops placement.
+A job whose data breaks a phase (ordering or deciding raises on it) is decided :class:`Invalid` and left out: one
+bad job never stops placement.
 
 No I/O, no clock: ``now`` comes in.
 """
@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from shardyard.events import PendingReason
 from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue_key
 from shardyard.placement.contention import explain, reserve_for
+from shardyard.placement.elastic import explain_sized, place_smaller
 from shardyard.placement.gang_placement import Links, place_gang
 from shardyard.placement.index import ClusterIndex, Slot
 from shardyard.placement.model import (
@@ -91,9 +92,8 @@ class PlacementCycle:
         """Job shape -> the shortest expected run of that shape that failed to backfill since the last reservation."""
         self.unplaceable: dict[tuple[object, ...], Unschedulable] = {}
         self._victims: list[VictimEntry] | None = None
-        self._stopping: set[str] = set()
-        """The gangs this cycle preempts."""
         """The gangs preemption may stop, in victim order (``contention.victim_order``), once a job needs them."""
+        self._stopping: set[str] = set()  # the gangs this cycle preempts
         self.reservations = self.policy.reservations
         self.held: list[tuple[datetime, list[Slot]]] = []
         """The reservations of this cycle with a known start: (start, the nodes held)."""
@@ -142,11 +142,11 @@ class PlacementCycle:
             return [backfilled] if backfilled is not None else [replace(known, job_id=job.spec.job_id)]
         placed = place_gang(index, job, self.links) if job.eligible else None
         if placed is None:
-            placed = self.backfill(job, shape)
+            placed = self.backfill(job, shape) or place_smaller(index, job, self.links)
         if placed is not None:
             self._hold_placed(pending_job, placed)
             return [placed]
-        verdict, passing = explain(index, job, self.now)
+        verdict, passing = explain_sized(index, job, self.now)
         if verdict.reason is PendingReason.NEVER_FITS:  # no preemption or reservation would make room
             self.unplaceable[shape] = verdict
             return [verdict]

@@ -95,12 +95,13 @@ def admit(
         coordinator_source=place.coordinator_source,
     )
     runs = workload(spec, output_path=output_path, resume_from=resume_from)
+    world_size = sum(1 for shard in place.placements if not shard.spare)  # an elastic job's may be below its spec's
     assignments = [
         ShardAssignment(
             occurred_at=now,
             job_id=spec.job_id,
             shard_index=shard.shard_index,
-            world_size=spec.shard_count,
+            world_size=world_size,
             node_id=shard.node_id,
             gpu_indices=shard.gpu_indices,
             attempt=attempt,

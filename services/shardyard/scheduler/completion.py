@@ -13,7 +13,7 @@ from shardyard.scheduler.gang import Gang, revoke_unfinished
 def settle(gang: Gang, *, resume_from: str | None, term: int, now: datetime) -> list[Event]:
     """The gang-level events ``gang``'s shard facts call for now; ``resume_from`` is the job's last checkpoint, where
     a preempted gang resumes when its shards saved none."""
-    count = gang.spec.shard_count
+    count = gang.size
     out: list[Event] = []
     if not gang.running and len(gang.started) == count:
         out.append(JobRunning(occurred_at=now, job_id=gang.scheduled.job_id, attempt=gang.scheduled.attempt))

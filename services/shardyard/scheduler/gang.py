@@ -45,6 +45,12 @@ class Gang:
     """Training shards its node's state left out of its running shards, since the first check that found so (see
     ``orphans``); the leader's own bookkeeping, not a fact of the log."""
 
+    @property
+    def size(self) -> int:
+        """Its training shards in this attempt (its world size): the spec's ``shard_count``, or for an elastic job the
+        size it was placed at."""
+        return sum(1 for shard in self.scheduled.placements if not shard.spare)
+
     def record(self, fact: GangFact) -> None:
         """Take in a fact of this gang's attempt."""
         match fact:

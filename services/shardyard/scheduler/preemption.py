@@ -57,7 +57,7 @@ def revoke_overdue(gang: Gang, *, term: int, now: datetime) -> list[ShardRevocat
 
 def all_stopped(gang: Gang) -> bool:
     """Whether every training shard stopped on the request or had completed, at least one of them stopped."""
-    return bool(gang.preempted) and len(gang.preempted) + len(gang.completed) == gang.spec.shard_count
+    return bool(gang.preempted) and len(gang.preempted) + len(gang.completed) == gang.size
 
 
 def preempted(gang: Gang, resume_from: str | None, now: datetime) -> JobPreempted:

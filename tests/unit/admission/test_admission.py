@@ -200,3 +200,23 @@ def test_refusal_shows_the_bad_input() -> None:
     (error,) = result.errors
     assert error.input == '"64 parsecs"'
     assert "parsecs" in error.problem
+
+
+def test_an_elastic_submission_carries_its_range_to_the_spec() -> None:
+    document = submission() | {"elasticity": {"min_shards": 1, "max_shards": 4}}
+
+    result = _admit(raw(document))
+
+    assert isinstance(result, Admitted)
+    assert result.spec.elasticity is not None
+    assert (result.spec.elasticity.min_shards, result.spec.shard_count, result.spec.elasticity.max_shards) == (1, 2, 4)
+    assert isinstance(plain := _admit(raw(submission())), Admitted) and plain.spec.elasticity is None
+
+
+@pytest.mark.parametrize("sizes", [{"min_shards": 3, "max_shards": 4}, {"min_shards": 1, "max_shards": 1}])
+def test_an_elastic_range_that_leaves_out_the_preferred_size_is_refused_naming_it(sizes: dict[str, int]) -> None:
+    result = _admit(raw(submission() | {"elasticity": sizes}))
+
+    assert isinstance(result, Refused)
+    assert result.reason is RejectReason.SHARD_COUNT_MISMATCH
+    assert "min_shards" in result.message and "max_shards" in result.message and "shard_count (2" in result.message

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shardyard.events import NodeStatus
+from shardyard.events.job import Elasticity
 from shardyard.placement.model import NodeView, PendingJob, Place
 from shardyard.scheduler.admission import MAX_SHARDS, admit, free_port, spares, waits_for_spares
 from shardyard.scheduler.gang import Gang
@@ -84,6 +85,18 @@ def test_a_first_placement_short_of_spares_waits_for_them_a_while(
 )
 def test_the_rendezvous_port(gangs: list[Gang], last: tuple[str, int] | None, expected: int | None) -> None:
     assert free_port(view(), gangs, last) == expected
+
+
+def test_an_elastic_job_placed_below_its_preferred_size_has_the_world_size_it_was_placed_at() -> None:
+    spec = job_spec(gpu_count=4, elasticity=Elasticity(min_shards=2, max_shards=8))
+    spare = placement(3, "node-b").model_copy(update={"spare": True})
+    place = Place("job-1", (placement(0), placement(1), placement(2), spare), "node-a")
+
+    _placed, assignments = admit(
+        place, spec, view(), attempt=1, term=1, port=29501, output_path="/o", resume_from=None, now=at(4)
+    )
+
+    assert [a.world_size for a in assignments] == [3, 3, 3, 3]
 
 
 def test_admission_is_the_placement_then_one_assignment_per_shard_spares_included() -> None:

@@ -10,6 +10,7 @@ from shardyard.events import (
     ShardPreempted,
     ShardRevocation,
 )
+from shardyard.events.job import Elasticity
 from shardyard.scheduler import preemption
 from shardyard.scheduler.completion import settle
 from shardyard.scheduler.gang import Gang
@@ -106,3 +107,15 @@ def test_a_preempted_gang_without_a_new_checkpoint_resumes_from_its_last_one() -
     assert (unsaved.checkpoint_dir, unsaved.checkpoint_step, unsaved.by_job) == ("/c/older", None, "")
     assert (overdue.checkpoint_dir, overdue.checkpoint_step) == ("/c/older", None)
     assert not preemption.all_stopped(victim)
+
+
+def test_an_elastic_gang_placed_below_its_preferred_size_runs_and_succeeds_at_the_size_it_was_placed() -> None:
+    """An elastic job preferring 4 shards, placed at 2: its two shards are the whole gang."""
+    spec = job_spec(gpu_count=4, elasticity=Elasticity(min_shards=2, max_shards=4))
+    small = Gang(spec, scheduled(placements=(placement(0), placement(1))))
+    small.started.update({0, 1})
+    small.completed[0] = completed(shard_index=0)
+    small.completed[1] = completed(shard_index=1)
+
+    assert small.size == 2
+    assert kinds(settle(small, resume_from=None, term=3, now=at(9))) == ["JobRunning", "JobSucceeded"]
