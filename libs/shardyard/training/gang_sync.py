@@ -65,6 +65,8 @@ class GangSync:
         with tracing.span("sync", {"shardyard.step": step, "shardyard.sync": self.count + 1}) as span:
             stopped = self._run(step, stop=stop, what="parameter")
             span.set_attribute("shardyard.allreduce_bytes", self.stats.bytes)
+        if self.notice is not None and self.cfg.rank == 0:
+            self.notice.forget(step)  # every rank is past the interval's key: the sync needed them all
         self.next_sync = step + self.pacer.interval
         return stopped
 

@@ -53,6 +53,8 @@ class Store(Protocol):
 
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
+    def delete_key(self, key: str) -> bool: ...
+
 
 class NoticeStop:
     """One rank's side of the protocol: :meth:`closing` before every regular sync, :meth:`at_boundary` after every
@@ -86,6 +88,13 @@ class NoticeStop:
             if after == CLOSED:
                 self._ring(key, _step_of(value))
             value = after
+
+    def forget(self, sync_step: int) -> None:
+        """After the regular sync of ``sync_step``, on one rank (the runner's rank 0): every rank closed the interval
+        before going into that sync and never reads its key again, so the key goes; else the store would keep one
+        per sync for the whole run. The doorbells and counters of an interval with a notice stay: the gang stops
+        at that sync."""
+        self.store.delete_key(self._key(sync_step))
 
     def at_boundary(self, step: int, sync_step: int) -> bool:
         """After ``step``, this rank having the notice, in the interval that ends at the regular sync of

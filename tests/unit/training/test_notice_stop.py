@@ -139,3 +139,16 @@ def test_a_value_the_protocol_never_writes_is_an_error(stores: Callable[[], dist
 
     with pytest.raises(NoticeError, match="'what'"):
         NoticeStop(store, 2, timeout_s=1, prefix="odd").closing(SYNC)
+
+
+def test_the_key_of_an_interval_is_forgotten_after_its_sync(stores: Callable[[], dist.Store]) -> None:
+    """A run syncs thousands of times: each interval's key goes once every rank is past its sync."""
+    ranks = [NoticeStop(stores(), 2, timeout_s=5, prefix="test") for _ in range(2)]
+    for notice in ranks:
+        notice.closing(SYNC)
+    store = ranks[0].store
+    assert store.check(["test/100"])
+
+    ranks[0].forget(SYNC)
+
+    assert not store.check(["test/100"])
