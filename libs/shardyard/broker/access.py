@@ -2,10 +2,10 @@
 to the local broker ``shardyard up`` starts and to the compose cluster's (``broker.compose``).
 
 - **Each service** (``queue``, ``scheduler``, ``resource-pool``, ``fault-manager``, ``monitor``, ``accounting``,
-  one principal per service, shared by its replicas) reads every topic and writes the internal ones (the queue
-  also writes submissions: it forwards one read on another partition than its job's), and joins only its own
-  consumer groups (``shardyard-SERVICE``, ``shardyard-SERVICE-leader``): no other principal can take a service's
-  leadership or its partitions. The monitor may also describe every group (who holds a leadership).
+  ``autoscaler``, one principal per service, shared by its replicas) reads every topic and writes the internal ones
+  (the queue also writes submissions: it forwards one read on another partition than its job's), and joins only its
+  own consumer groups (``shardyard-SERVICE``, ``shardyard-SERVICE-leader``): no other principal can take a
+  service's leadership or its partitions. The monitor may also describe every group (who holds a leadership).
 - **The agents** (``node-agent``) write only what an agent publishes (``bus.seal.AGENT_EVENTS``: heartbeats,
   leases, shard events, link measurements), their announcement and dead letters; they read their assignments, the
   lifecycle, the node states and links; they join only ``shardyard-agent-*`` groups.

@@ -7,8 +7,9 @@ checks the seal before it applies an event. Without one nothing is sealed or che
 - **Keys.** A component's key is derived from the cluster secret for its role and name:
   ``HMAC-SHA256(secret, "shardyard-seal-v1" role component)``, role and component each length-prefixed. Roles:
   each service's name (``scheduler``, ``queue``, ``resource-pool``, ``fault-manager``, ``monitor``,
-  ``accounting``), ``node-agent`` (the component is the node id), ``node-relay`` (a relay that publishes many
-  nodes' leases in one record; the component is the relay's name) and ``admin`` (an operator's command).
+  ``accounting``, ``autoscaler``), ``node-agent`` (the component is the node id), ``node-relay`` (a relay that
+  publishes many nodes' leases in one record; the component is the relay's name) and ``admin`` (an operator's
+  command).
 - **The seal.** Two headers: ``x-shardyard-from: ROLE/COMPONENT`` and ``x-shardyard-seal``, the hex HMAC-SHA256
   under that component's key over the topic, the record key and the body, each length-prefixed, and the from header.
   A consumer derives the claimed component's key and compares in constant time.
@@ -102,7 +103,9 @@ OWN_SERVICE_EVENTS: tuple[type[Event], ...] = (LeadershipClaimed, LeaderElected,
 """Events a service may publish only under its own name (their ``service`` field)."""
 
 
-SERVICE_ROLES = frozenset({"scheduler", "queue", "resource-pool", "fault-manager", "monitor", "accounting"})
+SERVICE_ROLES = frozenset(
+    {"scheduler", "queue", "resource-pool", "fault-manager", "monitor", "accounting", "autoscaler"}
+)
 
 
 class Refusal(StrEnum):

@@ -3,6 +3,7 @@ every service, and node agents with declared simulated GPUs. Its run folder hold
 ``cluster_info``), every process's log and the local Kafka's log (``kafka/``), which the next ``up`` from the same
 folder starts from."""
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardyard.broker.choice import Choice, choose
@@ -46,6 +48,44 @@ SERVICES = ("queue", "scheduler", "resource-pool", "fault-manager", "accounting"
 ACCOUNTING_URL_TO = ("accounting", "monitor")
 """The services ``up`` gives ``--accounting-url``: the one that writes the database and the one that serves it."""
 ELECTED = ("scheduler",)
+AUTOSCALER = "autoscaler-0"
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """``up --autoscale``: one autoscaler process with the ``local`` provider (``shardyard.autoscaler``), which adds
+    agents of ``gpus`` (``MODEL:COUNT`` per node) for waiting jobs, up to ``max_nodes``, in rendezvous blocks ``up``
+    claims after its nodes'; ``idle_s``, when given, is the scheduler's ``--reclaim-after-s``."""
+
+    gpus: tuple[str, ...] = ("A100:1",)
+    max_nodes: int = 2
+    min_nodes: int = 0
+    cooldown_s: float = 60.0
+    min_lifetime_s: float | None = None
+    idle_s: float | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> "Autoscale":
+        """From ``up``'s ``--autoscale-*`` options."""
+        return cls(
+            gpus=tuple(args.autoscale_gpus or cls.gpus),
+            max_nodes=args.autoscale_max_nodes,
+            min_nodes=args.autoscale_min_nodes,
+            cooldown_s=args.autoscale_cooldown_s,
+            min_lifetime_s=args.autoscale_min_lifetime_s,
+            idle_s=args.autoscale_idle_s,
+        )
+
+    def argv(self, info: ClusterInfo, nodes: int) -> list[str]:
+        """The autoscaler's options for ``info``'s cluster, whose ``up`` started ``nodes`` nodes."""
+        base = info.rendezvous_base + nodes * claims.RENDEZVOUS_PER_NODE
+        line = ["--provider", "local", "--run-dir", info.run_dir, "--rendezvous-port-base", str(base)]
+        line += ["--max-nodes", str(self.max_nodes), "--min-nodes", str(self.min_nodes)]
+        line += ["--cooldown-s", str(self.cooldown_s), *(arg for kind in self.gpus for arg in ("--gpus", kind))]
+        return line + (["--min-lifetime-s", str(self.min_lifetime_s)] if self.min_lifetime_s is not None else [])
+
+    def scheduler_argv(self) -> list[str]:
+        return ["--reclaim-after-s", str(self.idle_s)] if self.idle_s is not None else []
 
 
 def _module(service: str) -> str:
@@ -112,13 +152,14 @@ def up(
     queues_file: Path | None = None,
     credentials_file: Path | None = None,
     sign_events: bool = False,
+    autoscale: Autoscale | None = None,
 ) -> ClusterInfo:
     """Start a local cluster; return once every service announced itself and every node is ALIVE. A process that
     exits before then fails ``up`` at once (its name, exit status and log's last lines), and the rest is stopped; one
     that lost a race for its port is first started again on fresh ones, up to ``PORT_RETRIES`` times. Once ready,
     ``supervise`` leaves a supervisor that restarts whatever dies (``cli.supervisor``). ``broker``, ``bootstrap``
     and ``fresh``: ``_broker_choice``. ``accounting_url``: default ``RUN_DIR/accounting.db``; ``demo_data``:
-    ``demo.data_root``; the rest: ``team_files``."""
+    ``demo.data_root``; ``autoscale``: ``Autoscale``; the rest: ``team_files``."""
     files = team_files(queues_file, credentials_file)
     with claims.starting(run_dir):
         choice = _broker_choice(broker, bootstrap, fresh=fresh)
@@ -128,14 +169,14 @@ def up(
         info = ClusterInfo.new(run_dir, choice, data_root, accounting_url, cluster_secret(run_dir, sign_events))
         info.credentials_file = str(credentials_file.resolve()) if credentials_file else ""
         try:
-            claims.claim_rendezvous(info, len(nodes), os.environ)
+            claims.claim_rendezvous(info, len(nodes) + (autoscale.max_nodes if autoscale else 0), os.environ)
             process, access = start_broker(choice, run_dir, logs, fresh=fresh, say=say, teams=_teams(credentials_file))
             info.access_dir = str(access.folder) if access is not None else ""
             info.record_broker(process)
             _create_topics(info.bootstrap, info.transport(ADMIN_PRINCIPAL))
             say(f"topics ready; starting {replicas} x {len(SERVICES)} service processes and {len(nodes)} node agents")
             children = _start_processes(
-                info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files
+                info, logs, nodes=nodes, replicas=replicas, say=say, pick_port=pick_port, files=files, scale=autoscale
             )
             wait_ready(
                 children,
@@ -223,6 +264,7 @@ def _start_processes(
     say: Callable[[str], None],
     pick_port: PortPicker,
     files: Mapping[str, Sequence[str]] | None = None,
+    scale: Autoscale | None = None,
 ) -> Children:
     """Start every service's replicas, then one agent per node, all on ``info``'s broker; returns without waiting
     for any of them to be ready."""
@@ -234,6 +276,7 @@ def _start_processes(
             name = f"{service}-{replica}"
             extra = ["--accounting-url", info.accounting_url] if service in ACCOUNTING_URL_TO else []
             extra += (files or {}).get(service, [])
+            extra += scale.scheduler_argv() if scale is not None and service == "scheduler" else []
             if service == "monitor":  # one dead letter a bad record: each replica writes those of its share
                 extra += ["--dead-letter-share", f"{replica}/{replicas}"]
             children.start(name, _service_argv(service, name, extra), roles, info.transport(service))
@@ -241,6 +284,9 @@ def _start_processes(
     for index, gpus in enumerate(nodes):
         argv = _agent_argv(index, gpus, info, shard_user)
         children.start(f"node-{index}", argv, ("metrics",), info.transport(AGENT_PRINCIPAL))
+    if scale is not None:  # started last: its nodes' rendezvous blocks follow the nodes'
+        argv = _service_argv("autoscaler", AUTOSCALER, scale.argv(info, len(nodes)))
+        children.start(AUTOSCALER, argv, ("metrics",), info.transport("autoscaler"))
     return children
 
 

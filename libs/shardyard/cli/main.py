@@ -54,6 +54,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         queues_file=Path(args.queues_file) if args.queues_file else None,
         credentials_file=credentials,
         sign_events=sealed,
+        autoscale=cluster.Autoscale.of(args) if args.autoscale else None,
     )
     print(openness(info.secret_file, info.credentials_file))
     remember(run_dir)
@@ -275,9 +276,25 @@ def _cluster_commands(sub: Commands) -> None:
         help="with --insecure: every process still seals its events under a new cluster secret "
         "(RUN_DIR/cluster.secret) and refuses the unsealed (docs/security)",
     )
+    _autoscale_options(up)
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster", **usage.of("down")).set_defaults(func=cmd_down)
+
+
+def _autoscale_options(up: argparse.ArgumentParser) -> None:
+    up.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="also start an autoscaler that adds node agents for waiting jobs and removes idle ones "
+        "(docs/operators/autoscaling.md)",
+    )
+    up.add_argument("--autoscale-gpus", action="append", help="an added node's GPUs, e.g. A100:2 (repeat per model)")
+    up.add_argument("--autoscale-max-nodes", type=int, default=2, help="most nodes it adds (default 2)")
+    up.add_argument("--autoscale-min-nodes", type=int, default=0, help="it never removes below this many (default 0)")
+    up.add_argument("--autoscale-cooldown-s", type=float, default=60.0, help="seconds between scale actions")
+    up.add_argument("--autoscale-min-lifetime-s", type=float, help="an added node stays this long at least")
+    up.add_argument("--autoscale-idle-s", type=float, help="idle seconds before a node may be removed (default 300)")
 
 
 def _job_commands(sub: Commands) -> None:

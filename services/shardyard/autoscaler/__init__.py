@@ -1,0 +1,1 @@
+"""The autoscaler service: capacity signals to a node provider (``shardyard.autoscale``)."""
