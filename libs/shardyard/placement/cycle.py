@@ -8,11 +8,10 @@ One cycle, in phases:
    floor once its ``max_wait_s`` has passed — load, free GPUs, memory, CPU, artifacts), rank (best match, least
    load, artifact locality, fragmentation, mutual latency), and make the member with the lowest mean RTT to the
    others the coordinator; an elastic job that does not fit at its preferred size starts smaller (``elastic``);
-4. a job that does not fit **preempts** preemptible gangs it outranks (lower priority; under LAS also a later
-   queue, past a minimum run time) when that would make room, else it **reserves** the nodes it will need, from
-   the time their gangs are expected to end, and is reported **unschedulable** with a typed reason, per-filter
-   node counts and that time. Later jobs backfill elsewhere, or onto the reserved nodes when they are expected to
-   end before the reservation starts (EASY backfill on expected durations).
+4. a job that does not fit **preempts** gangs it outranks when that would make room (its victims' nodes then
+   ``claims``), else it **reserves** the nodes it will need from the time their gangs are expected to end, and is
+   **unschedulable** with a typed reason, per-filter node counts and that time. Later jobs backfill elsewhere, or
+   onto reserved nodes when expected to end before the reservation starts (EASY backfill).
 
 A job whose data breaks a phase (ordering or deciding raises on it) is decided :class:`Invalid` and left out: one
 bad job never stops placement.
@@ -25,6 +24,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from shardyard.events import PendingReason
+from shardyard.placement import claims
 from shardyard.placement.candidate import RESERVABLE, Candidate, QueueKey, queue_key
 from shardyard.placement.contention import explain, reserve_for
 from shardyard.placement.elastic import explain_sized, place_smaller
@@ -43,7 +43,7 @@ from shardyard.placement.model import (
     Unschedulable,
 )
 from shardyard.placement.plan import Waiting, plan_starts
-from shardyard.placement.quota import QuotaCycle, queue_models
+from shardyard.placement.quota import QuotaCycle
 from shardyard.placement.standing import StandingIndex
 from shardyard.placement.victims import (
     VictimEntry,
@@ -54,7 +54,7 @@ from shardyard.placement.victims import (
     preempting_verdict,
     victim_order,
 )
-from shardyard.placement.worth import by_tiers, choose, hold_room, worth_it
+from shardyard.placement.worth import choose_in, hold_room, overrun_end
 
 CLAIMING = RESERVABLE | {PendingReason.PREEMPTING}
 """A job that waits for one of these within its queue's nominal quota claims it (``placement.quota``)."""
@@ -100,15 +100,12 @@ class PlacementCycle:
         self.quota = None if snapshot.quotas is None else QuotaCycle(snapshot.quotas, self.index, snapshot.running)
         """The queues' quotas, fair share and reclaim (``placement.quota``); None: one queue, no quotas."""
 
-    def order(self, pending: Sequence[PendingJob]) -> list[PendingJob]:
-        """Queue order (``candidate.queue_key``, by ``Policy.order``)."""
-        return sorted(pending, key=self._rank)
-
     def _rank(self, job: PendingJob) -> QueueKey:
         return queue_key(job, self.policy, self.now)
 
     def queue(self, pending: Sequence[PendingJob]) -> tuple[list[PendingJob], list[Invalid]]:
-        """The jobs in queue order (``order``), and those whose data cannot even be ranked."""
+        """The jobs in queue order (``candidate.queue_key``, by ``Policy.order``), and those whose data cannot even
+        be ranked."""
         ranked: list[tuple[QueueKey, PendingJob]] = []
         invalid: list[Invalid] = []
         for job in pending:
@@ -129,6 +126,8 @@ class PlacementCycle:
     def decide(self, pending_job: PendingJob) -> list[Decision]:
         """The decisions for one job: [Place], [Preempt..., Unschedulable(PREEMPTING)] or [Unschedulable]."""
         index, policy = self.index, self.policy
+        if claims.give_back(index, pending_job.spec.job_id):
+            self.unplaceable.clear()  # nodes held for it alone: what failed before it may fit it
         if pending_job.not_before is not None and self.now < pending_job.not_before:
             wait = (pending_job.not_before - self.now).total_seconds()
             message = f"recovering: retry backoff, next attempt in {wait:.1f}s"
@@ -159,7 +158,9 @@ class PlacementCycle:
         if policy.preemption and verdict.reason is not PendingReason.WAITING_FOR_ARTIFACT and job.eligible:
             if self._victims is None:
                 self._victims = victim_order(self.running, policy, self.now)
-            chosen = self._choose_victims(job, self._victims, passing)
+            chosen = choose_in(
+                self.quota, self.index, job, self._victims, self.running, passing, self.now, self._stopping
+            )
             if chosen:
                 hold_room(index, job, chosen)
                 self._stopping.update(victim.job_id for victim in chosen)
@@ -178,24 +179,6 @@ class PlacementCycle:
                 self._no_backfill.clear()  # more nodes to lend now
                 return [replace(verdict, estimated_start=start)]
         return [verdict]
-
-    def _choose_victims(self, job: Candidate, order: list[VictimEntry], passing: int) -> list[RunningJob]:
-        """The gangs to preempt for ``job`` (``worth.choose``); with queues, the borrowers its queue may
-        reclaim from first (the set of them that loses least, when they make room: never weighed), and priority
-        preemption only within its queue, weighed as without queues (``placement.quota``, ``worth``)."""
-        if self.quota is None:
-            return choose(self.index, job, order, self.running, passing, self.now, overrun_end)
-        policy, now, models = self.policy, self.now, queue_models(job.eligible)
-        if policy.victims == "order":
-            victims = self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)
-            return make_room(self.index, job, victims, passing, now)
-        reclaim = self.quota.victims(job.pending, models, lambda: iter(()), now)
-        borrowers = make_room(self.index, job, reclaim, passing, now)
-        if borrowers:
-            return borrowers
-        weighed = list(self.quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now))
-        chosen = by_tiers(self.index, job, weighed, passing, now)
-        return chosen if chosen and worth_it(self.index, job, chosen, self.running, passing, now, overrun_end) else []
 
     def _over_quota(self, job: Candidate, verdict: Unschedulable) -> list[Decision]:
         """A job its queue has no headroom for: it preempts the gangs of its queue it outranks that give the queue
@@ -348,15 +331,6 @@ class PlacementCycle:
                     self.index.reserve(slot, holder)
 
 
-def overrun_end(gang: RunningJob, now: datetime) -> datetime:
-    """When ``gang`` is expected to end: its expected end, or, once past it, as long again from now as it has run
-    in this attempt (run times are heavy-tailed: the longer a job has run, the longer it is likely to run on)."""
-    assert gang.expected_end is not None
-    if gang.expected_end > now:
-        return gang.expected_end
-    return now + (now - gang.started_at)
-
-
 def schedule(
     snapshot: Snapshot,
     pending: Sequence[PendingJob],
@@ -371,6 +345,7 @@ def schedule(
         index.begin()
     try:
         cycle = PlacementCycle(snapshot, policy, now=now, index=index)
+        claims.hold(cycle.index, {job.spec.job_id for job in pending}, snapshot.running)
         queued, invalid = cycle.queue(pending)
         decisions: list[Decision] = [*invalid]
         if cycle.quota is not None:

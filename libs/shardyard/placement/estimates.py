@@ -13,7 +13,7 @@ Nothing learned yet: no estimate (None), and the job backfills nowhere reserved.
 Safe when wrong:
 - the quantile is high, so most jobs end before their estimate;
 - a gang still running past its expected end is expected to run on as long again as it has run
-  (:func:`~shardyard.placement.cycle.overrun_end`): run times are heavy-tailed, so one that outran a high quantile
+  (:func:`~shardyard.placement.worth.overrun_end`): run times are heavy-tailed, so one that outran a high quantile
   is likely to run long yet. (Counting it as ending any moment, the first design, let nothing backfill onto its
   nodes for as long as it overran, days for the longest; in the simulator, the heterogeneous trace at load 0.9
   gained 1.16x over priority-only that way, and 1.74x this way.) This follows Tsafrir, Etsion and

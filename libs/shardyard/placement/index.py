@@ -188,6 +188,13 @@ class ClusterIndex:
         index's; empty for an index of one cycle."""
         self.reserving: dict[str, frozenset[str]] = {}
         """Job id -> the nodes a reservation holds for it in this cycle (``reserved_before`` in the next)."""
+        self.claimed_before: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {}
+        """Preemptor's job id -> its victims and their nodes, as held for it in the cycle before
+        (``placement.claims``)."""
+        self.claiming: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+        """The same, in this cycle (``claimed_before`` in the next)."""
+        self.held_claims: dict[str, list[Slot]] = {}
+        """Job id -> the nodes held for it since this cycle's start (``claims.hold``), until its turn."""
         self._artifact_sets: dict[frozenset[tuple[str, str]], Mapping[str, str]] = {}
         # Slots are created in the order decisions walk them (group, then load), so a walk reads memory mostly in
         # sequence.

@@ -125,7 +125,7 @@ class RunningJob:
     """GPU-seconds the job ran in its earlier attempts (this one's run time adds to it)."""
     expected_end: datetime | None = None
     """When the gang is expected to end (declared or estimated duration); None: unknown. Once a gang is past it, it
-    is expected to run on as long again as it has run in this attempt (``cycle.overrun_end``)."""
+    is expected to run on as long again as it has run in this attempt (``worth.overrun_end``)."""
     queue: str = DEFAULT_QUEUE
     """The queue its job was submitted to (quotas and reclaim count it there)."""
     checkpointed_at: datetime | None = None

@@ -3,7 +3,7 @@
 
 Per group of interchangeable nodes (one GPU model and TFLOPS figure, on nodes that are alive and not draining) the
 plan keeps how many GPUs are free from each time on: those free after this cycle's placements; each running gang's
-from its expected end (:func:`~shardyard.placement.cycle.overrun_end`; never, for a gang with none); each gang
+from its expected end (:func:`~shardyard.placement.worth.overrun_end`; never, for a gang with none); each gang
 placed this cycle's from its expected run. The waiting jobs then take, in queue order, the earliest time from which
 the groups they may use together have their GPUs (shards and spares) free for their expected run (for ever, for a
 job with none), and hold them in the plan for that long. So a job's estimate allows for every job ahead of it, and

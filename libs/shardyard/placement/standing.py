@@ -93,13 +93,14 @@ class StandingIndex(ClusterIndex):
     def begin(self) -> None:
         """A cycle starts: from now on, what it changes is saved to be rolled back."""
         self._saved, self._groups_saved = {}, {}
-        self.reserving = {}
+        self.reserving, self.claiming, self.held_claims = {}, {}, {}
         self.max_free = max((free for free, count in self.free_counts.items() if count > 0), default=0)
 
     def rollback(self) -> None:
         """The cycle is over: every slot it touched, and every group's tallies, as they were at ``begin``."""
         saved, self._saved = self._saved or {}, None
         self.reserved_before, self.reserving = self.reserving, {}  # outlives the cycle: reservations stay put
+        self.claimed_before, self.claiming, self.held_claims = self.claiming, {}, {}  # and claims (``claims``)
         for node_id, before in saved.items():
             slot = self.slots[node_id]
             self._unfile(slot)

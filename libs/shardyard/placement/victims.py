@@ -121,6 +121,9 @@ def _capacity_with(slot: Slot, job: Candidate, extra: list[float] | None) -> int
 
 
 def hold_for(index: ClusterIndex, victims: Sequence[RunningJob], job_id: str) -> None:
+    """Hold ``victims``' nodes for ``job_id`` in this cycle, and claim them for it in the next (``claims``)."""
+    nodes = frozenset(node_id for victim in victims for node_id, _gpus in victim.shards)
+    index.claiming[job_id] = (frozenset(victim.job_id for victim in victims), nodes)
     for victim in victims:
         for node_id, _gpus in victim.shards:
             slot = index.slots.get(node_id)

@@ -17,17 +17,18 @@ beyond whom it may preempt (``candidate.outranks``, unchanged) and which set of 
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import datetime
 
 from shardyard.placement.candidate import Candidate, running_queue
 from shardyard.placement.contention import tally
 from shardyard.placement.index import ClusterIndex
 from shardyard.placement.model import RunningJob
+from shardyard.placement.quota import QuotaCycle, queue_models
 from shardyard.placement.victims import VictimEntry, choose_victims, hold_for, make_room, outranked
 
 EndOf = Callable[[RunningJob, datetime], datetime]
-"""When a running gang with an expected end is expected to end, seen at a time (``cycle.overrun_end``)."""
+"""When a running gang with an expected end is expected to end, seen at a time (``overrun_end``)."""
 
 
 def choose(
@@ -45,6 +46,50 @@ def choose(
         return choose_victims(index, job, order, passing, now)
     chosen = by_tiers(index, job, list(outranked(job, order, index.policy, now)), passing, now)
     return chosen if chosen and worth_it(index, job, chosen, running, passing, now, end_of) else []
+
+
+def choose_in(
+    quota: QuotaCycle | None,
+    index: ClusterIndex,
+    job: Candidate,
+    order: Sequence[VictimEntry],
+    running: Sequence[RunningJob],
+    passing: int,
+    now: datetime,
+    stopping: Collection[str],
+) -> list[RunningJob]:
+    """The gangs to preempt for ``job`` (``choose``), never one of ``stopping`` (preempted earlier in this cycle for
+    another job); with queues, the borrowers its queue may reclaim from first (the set of them that loses least,
+    when they make room: never weighed), and priority preemption only within its queue, weighed as without queues
+    (``placement.quota``)."""
+    if stopping:
+        order = [entry for entry in order if entry[3] not in stopping]
+    if quota is None:
+        return choose(index, job, order, running, passing, now, overrun_end)
+    policy, models = index.policy, queue_models(job.eligible)
+
+    def free(gangs: Iterable[RunningJob]) -> Iterator[RunningJob]:
+        return (gang for gang in gangs if gang.job_id not in stopping)
+
+    if policy.victims == "order":
+        victims = quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)
+        return make_room(index, job, free(victims), passing, now)
+    reclaim = quota.victims(job.pending, models, lambda: iter(()), now)
+    borrowers = make_room(index, job, free(reclaim), passing, now)
+    if borrowers:
+        return borrowers
+    weighed = list(free(quota.victims(job.pending, models, lambda: outranked(job, order, policy, now), now)))
+    chosen = by_tiers(index, job, weighed, passing, now)
+    return chosen if chosen and worth_it(index, job, chosen, running, passing, now, overrun_end) else []
+
+
+def overrun_end(gang: RunningJob, now: datetime) -> datetime:
+    """When ``gang`` is expected to end: its expected end, or, once past it, as long again from now as it has run
+    in this attempt (run times are heavy-tailed: the longer a job has run, the longer it is likely to run on)."""
+    assert gang.expected_end is not None
+    if gang.expected_end > now:
+        return gang.expected_end
+    return now + (now - gang.started_at)
 
 
 def by_tiers(

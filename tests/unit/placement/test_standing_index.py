@@ -8,7 +8,7 @@ import pytest
 
 from shardyard.events import JobReady, NodeStatus
 from shardyard.placement.cycle import schedule
-from shardyard.placement.model import NodeView, PendingJob, Policy, RunningJob, Snapshot
+from shardyard.placement.model import NodeView, PendingJob, Policy, Preempt, RunningJob, Snapshot
 from shardyard.placement.snapshot import build_snapshot
 from shardyard.placement.standing import StandingIndex
 from shardyard.scheduler.book import SchedulerBook
@@ -158,3 +158,28 @@ def test_a_reservation_stays_on_its_nodes_from_cycle_to_cycle_while_they_can_sti
 
     assert placed_on(kept[1]) == ["n3"] * 6
     assert blocked(moved[1]).node_counts == {"reserved for a higher-priority job": 2, "fewer free GPUs than shards": 1}
+
+
+def test_the_gpus_a_preemption_frees_go_to_its_preemptor_not_to_a_job_decided_before_it() -> None:
+    """``ahead`` ranks first (ready earlier, same priority) but sits in a retry backoff while ``preemptor`` stops
+    the gang on n1. Once that gang released n1, ``ahead`` is free to go first again: without the claim it would take
+    n1 and leave ``preemptor`` to preempt once more."""
+    policy = Policy()
+    busy = node("n1", gpus=2, free_gpus=())
+    standing = StandingIndex([busy], policy)
+    victim = running("victim", ("n1", (0, 1)), priority=0)
+    ahead = replace(pending("ahead", ready=0.0, gpu_count=2, priority=5), not_before=at(5))
+    preemptor = pending("preemptor", ready=1.0, gpu_count=2, priority=5)
+
+    first = schedule(Snapshot((busy,), (victim,)), [ahead, preemptor], policy, now=at(2), index=standing)
+    assert Preempt("victim", "preemptor") in first
+
+    freed = node("n1", gpus=2)
+    standing.update(freed)
+    second = schedule(Snapshot((freed,)), [ahead, preemptor], policy, now=at(6), index=standing)
+    fresh = schedule(Snapshot((freed,)), [ahead, preemptor], policy, now=at(6))  # a fresh index claims nothing
+
+    by_job = {d.job_id: d for d in second}
+    assert placed_on(by_job["preemptor"]) == ["n1", "n1"]
+    assert blocked(by_job["ahead"]).node_counts == {"reserved for a higher-priority job": 1}
+    assert placed_on({d.job_id: d for d in fresh}["ahead"]) == ["n1", "n1"]
