@@ -88,6 +88,10 @@ def check_schedule_quality(out: dict[str, Any]) -> None:
     assert 0 < cases["teams-default"]["jain_index"] <= 1
     assert isinstance(out["all_targets_met"], bool)
     assert out["scale"]["jobs"] > 0 and out["scale"]["replay_s"] >= 0
+    elastic = {case["case"]: case for case in out["elastic"]}
+    assert set(elastic) == {f"elastic-{name}" for name in ("homogeneous", "heterogeneous", "wide", "wide-128")}
+    assert all(case["elastic_jobs"] > 0 and case["utilisation_vs_rigid"] > 0 for case in elastic.values())
+    assert isinstance(out["elastic_targets_met"], bool)
 
 
 def check_monitor(out: dict[str, Any]) -> None:

@@ -3,14 +3,19 @@
 shardyard simulate TRACE.csv [--cluster A100:8x8,V100:8x8,H100:8x4] [--policy NAME ...] [--json]
                    [--policy-option KEY=VALUE ...] [--round-gpus] [--queues-file QUEUES.yaml] [--plot DIR]
                    [--checkpoint-s 10] [--checkpoint-every-s 1800] [--notice-s 30] [--notice-share 1]
-                   [--restart-s 60]
+                   [--restart-s 60] [--elastic-share 0.5] [--resize-s 5]
 shardyard simulate --generate N [--shape default|philly|helios] [--seed S] [--load 0.95] [--cluster ...]
-                   [--queues team-a:2,team-b:1] [--out trace.csv]
+                   [--queues team-a:2,team-b:1] [--elastic-share 0.5] [--out trace.csv]
 
 Preempted gangs lose work (docs/simulation.md): a notice of --notice-s, on which --notice-share of the jobs write a
 checkpoint in --checkpoint-s; the others run on to the deadline and lose the work since their last periodic
 checkpoint (every --checkpoint-every-s); each restart costs --restart-s. The report gives the GPU-hours lost to
 preemption and the fleet's ETTR per policy.
+
+Elastic jobs (a trace's min_shards and max_shards columns, or --elastic-share of its rigid jobs, picked by a hash of
+the job id) start smaller when their preferred size does not fit, grow into GPUs no waiting job wants and give the
+surplus back when one waits, under the shardyard policies; each resize holds the gang --resize-s without progress.
+The report gives the resizes per policy beside the GPU utilisation.
 
 The table ends with a verdict: by how much the shardyard policy cut (or raised) the mean JCT against each other
 policy run, and their mean waits; it says so where shardyard did worse (--json: its "verdict" field).
@@ -39,12 +44,13 @@ from shardyard.sim.defaults import (
     DEFAULT_CHECKPOINT_S,
     DEFAULT_NOTICE_S,
     DEFAULT_NOTICE_SHARE,
+    DEFAULT_RESIZE_S,
     DEFAULT_RESTART_S,
     ONE_QUEUE,
     POLICY_NAMES,
 )
 from shardyard.sim.fit import fit_warnings
-from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate, parse_queue_mix
+from shardyard.sim.generate import DEFAULT_LOAD, SHAPES, generate, mark_elastic, parse_queue_mix
 from shardyard.sim.trace import TraceJob, read_trace, write_trace
 
 if TYPE_CHECKING:
@@ -100,6 +106,15 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="the teams' queues (see examples/queues.yaml): the shardyard policy applies their quotas, borrowing, "
         "fair share and reclaim, and the report gives each queue's JCT, wait and share of its entitlement",
     )
+    sim.add_argument(
+        "--elastic-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="make this share (0..1) of the rigid jobs elastic, picked by a hash of the job id: min_shards = "
+        "max(1, gpus // 2), max_shards = 2 x gpus at most the GPUs that can host it; with --generate, written into "
+        "the trace (default 0)",
+    )
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
     sim.add_argument(
         "--plot",
@@ -130,6 +145,7 @@ def _work_options(sim: argparse.ArgumentParser) -> None:
             "the work since their last periodic checkpoint",
         ),
         ("--restart-s", DEFAULT_RESTART_S, "seconds each restart after a preemption holds its GPUs without progress"),
+        ("--resize-s", DEFAULT_RESIZE_S, "seconds each resize of an elastic gang holds it without progress"),
     )
     for flag, default, text in options:
         work.add_argument(flag, type=float, default=default, help=f"{text} (default {default:g})")
@@ -180,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     from shardyard.sim.report import summarize
 
     path = Path(args.trace)
-    trace = read_trace(path, catalogue, round_gpus=args.round_gpus)
+    trace = _elastic(read_trace(path, catalogue, round_gpus=args.round_gpus), args.elastic_share, nodes)
     quotas = _queues(args.queues_file, trace)
     misfit = fit_warnings(trace, nodes) + ([] if quotas is None else _never_fit(quotas, trace))
     for warning in misfit:
@@ -222,6 +238,9 @@ def _report(
             "notice_s": args.notice_s,
             "notice_share": args.notice_share,
             "restart_s": args.restart_s,
+            "resize_s": args.resize_s,
+            "elastic_share": args.elastic_share,
+            "elastic_jobs": sum(job.min_shards is not None for job in trace),
             "queues_file": args.queues_file,
             "warnings": misfit,
             **({"plots": [str(path) for path in drawn]} if args.plot is not None else {}),
@@ -236,6 +255,9 @@ def _report(
         f"notice, on which {args.notice_share:.0%} of the jobs checkpoint in {args.checkpoint_s:g} s (the others "
         f"lose the work since their last checkpoint); {args.restart_s:g} s per restart"
     )
+    elastic = sum(job.min_shards is not None for job in trace)
+    if elastic:
+        print(f"elastic:  {elastic} jobs; each resize holds the gang {args.resize_s:g} s without progress")
     print(f"policies: {CORE_NOTE}")
     if drawn:
         print(f"plots:    {', '.join(str(path) for path in drawn)}")
@@ -255,6 +277,7 @@ def _work(args: argparse.Namespace) -> "WorkModel":
             notice_s=args.notice_s,
             notice_share=args.notice_share,
             restart_s=args.restart_s,
+            resize_s=args.resize_s,
         )
     except ValueError as exc:
         name, _, problem = str(exc).partition(": ")
@@ -297,6 +320,7 @@ def _generate(args: argparse.Namespace, nodes: tuple[NodeSpec, ...], catalogue: 
         jobs = generate(
             args.generate, args.seed, nodes, load=args.load, catalogue=catalogue, shape=args.shape, queues=mix
         )
+        jobs = _elastic(jobs, args.elastic_share, nodes)
     except ValueError as exc:
         raise ConfigError(f"--generate: {exc}") from exc
     if args.out == "-":
@@ -310,3 +334,13 @@ def _generate(args: argparse.Namespace, nodes: tuple[NodeSpec, ...], catalogue: 
         raise ConfigError(f"cannot write {out}: {exc.strerror or exc}") from exc
     print(f"wrote {len(jobs)} jobs for {describe(nodes)} to {out} (seed {args.seed}, load {args.load:g})")
     return 0
+
+
+def _elastic(jobs: list[TraceJob], share: float, nodes: Sequence[NodeSpec]) -> list[TraceJob]:
+    """``jobs`` with ``share`` of the rigid ones made elastic (``generate.mark_elastic``)."""
+    if share == 0:
+        return jobs
+    try:
+        return mark_elastic(jobs, share, nodes)
+    except ValueError as exc:
+        raise ConfigError(f"--elastic-share {share:g}: {exc}") from None

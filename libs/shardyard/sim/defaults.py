@@ -20,3 +20,5 @@ DEFAULT_NOTICE_SHARE = 1.0
 """The share of the jobs whose code checkpoints on a preemption notice."""
 DEFAULT_RESTART_S = 60.0
 """Simulated seconds each restart after a preemption holds the gang's GPUs without progress."""
+DEFAULT_RESIZE_S = 5.0
+"""Simulated seconds each resize of an elastic gang (a re-formation from live state) holds it without progress."""

@@ -10,6 +10,9 @@ event of one instant, one scheduling cycle asks the policy for actions on the cu
   since its last periodic checkpoint (``sim.lost_work``); then it releases its GPUs and is pending again with the
   work it kept. A gang that would finish before its release finishes instead.
 
+- ``Resize`` (elastic jobs, ``sim.gang``): the gang re-forms on its new set of GPUs, taking and giving back the
+  difference now; its work so far is kept, and its finish planned again at its new rate after the resize time.
+
 A degraded-wait expiry (``ready + max_wait_s`` of a job with ``min_match``) is an event of its own: the real
 scheduler cycles every second, so a job whose degraded floor starts to apply is seen then, not at the next arrival.
 """
@@ -19,22 +22,34 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from shardyard.errors import ShardyardError
 from shardyard.gpus import match_score
 from shardyard.quotas import DEFAULT_QUEUE
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.fairness import Entitlements, ShareLog
-from shardyard.sim.lost_work import US, Attempt, Spent, Stopping, WorkModel, finished, preempted, stop, to_us
+from shardyard.sim.gang import Gang, Shards, gpu_count
+from shardyard.sim.lost_work import US, Attempt, Spent, WorkModel, stop, to_us
+from shardyard.sim.state import GroupKey, SimulationError, State, Waiting
 from shardyard.sim.trace import TraceJob
 
-Shards = tuple[tuple[str, tuple[int, ...]], ...]
-"""(node id, GPU indices) per node of a gang."""
-GroupKey = tuple[str, float]
-"""(GPU model, TFLOPS): nodes that are interchangeable for every filter."""
-
-
-class SimulationError(ShardyardError):
-    """A policy asked for something the simulated cluster cannot do (a bug in the policy, not in the trace)."""
+__all__ = [
+    "US",
+    "Action",
+    "Gang",
+    "GroupKey",
+    "Outcome",
+    "PolicyFn",
+    "Resize",
+    "Shards",
+    "SimResult",
+    "Simulation",
+    "SimulationError",
+    "Start",
+    "State",
+    "Stop",
+    "Waiting",
+    "simulate",
+    "to_us",
+]
 
 
 @dataclass(frozen=True)
@@ -52,95 +67,15 @@ class Stop:
     by_job: str
 
 
-Action = Start | Stop
+@dataclass(frozen=True)
+class Resize:
+    """Re-form the running elastic gang of ``job_id`` on ``shards``, its whole new set of GPUs."""
 
-
-@dataclass
-class Waiting:
-    """A pending job."""
-
-    job: TraceJob
-    order: int
-    """Position in submission order (submit time, then trace order): FIFO order."""
-    ready_us: int
-    """Submission, or the end of the checkpoint after a preemption."""
-    remaining_s: float
-    """Work left, in seconds on full-match GPUs."""
-
-
-@dataclass
-class Gang:
-    """A job holding GPUs."""
-
-    job: TraceJob
+    job_id: str
     shards: Shards
-    started_us: int
-    speed: float
-    remaining_s: float
-    """Work left when it started."""
-    finish_us: int
-    attempt: int
-    times: Attempt
-    """Its restart and periodic checkpoints (``lost_work``)."""
-    preempted_by: str | None = None
-    """Set once a policy stopped it for that job."""
-    stopping: Stopping | None = None
-    """Its notice, release and the work it keeps (None: running, or finishing before its release would)."""
 
 
-class State:
-    """What a policy reads in a cycle. Policies must not change it: they return actions."""
-
-    def __init__(self, nodes: Sequence[NodeSpec], work: WorkModel | None = None) -> None:
-        self.nodes = tuple(nodes)
-        self.work = work or WorkModel()
-        """How gangs checkpoint, take notice and restart: a policy reads the restart cost of a preemption here."""
-        self.by_id = {node.node_id: node for node in self.nodes}
-        self.free: dict[str, tuple[int, ...]] = {node.node_id: tuple(range(node.gpus)) for node in self.nodes}
-        """Node id -> free GPU indices, ascending."""
-        self.group_free: dict[GroupKey, int] = {}
-        for node in self.nodes:
-            key = (node.gpu_model, node.tflops)
-            self.group_free[key] = self.group_free.get(key, 0) + node.gpus
-        self.pending: dict[str, Waiting] = {}
-        self.running: dict[str, Gang] = {}
-        self.changed: dict[str, None] = dict.fromkeys(node.node_id for node in self.nodes)
-        """Nodes whose free GPUs changed since a policy last emptied this (all, at first), in the order they
-        changed (a set's order would change from run to run): a policy that keeps its own index up to date reads
-        it instead of every node."""
-        self.gangs_changed: dict[str, None] = {}
-        """Jobs whose gang started, stopped or was told to stop since a policy last emptied this: a policy that
-        keeps its own view of the gangs reads it instead of every gang."""
-        self._eligible: dict[tuple[str | None, float], tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]] = {}
-
-    def eligible(self, job: TraceJob) -> tuple[tuple[GroupKey, ...], tuple[NodeSpec, ...], int]:
-        """The groups and nodes (declaration order) of a full match for ``job`` and their GPUs in all."""
-        key = (job.gpu_model, job.min_tflops)
-        known = self._eligible.get(key)
-        if known is None:
-            nodes = tuple(
-                node
-                for node in self.nodes
-                if (job.gpu_model is None or node.gpu_model == job.gpu_model) and node.tflops >= job.min_tflops
-            )
-            groups = tuple(dict.fromkeys((node.gpu_model, node.tflops) for node in nodes))
-            known = self._eligible[key] = (groups, nodes, sum(node.gpus for node in nodes))
-        return known
-
-    def take(self, node_id: str, gpus: tuple[int, ...]) -> None:
-        free = self.free[node_id]
-        if not set(gpus) <= set(free) or len(set(gpus)) != len(gpus):
-            raise SimulationError(f"GPUs {gpus} of {node_id} are not free (free: {free})")
-        self.free[node_id] = tuple(g for g in free if g not in gpus)
-        self.changed[node_id] = None
-        node = self.by_id[node_id]
-        self.group_free[(node.gpu_model, node.tflops)] -= len(gpus)
-
-    def give_back(self, node_id: str, gpus: tuple[int, ...]) -> None:
-        self.free[node_id] = tuple(sorted((*self.free[node_id], *gpus)))
-        self.changed[node_id] = None
-        node = self.by_id[node_id]
-        self.group_free[(node.gpu_model, node.tflops)] += len(gpus)
+Action = Start | Stop | Resize
 
 
 PolicyFn = Callable[[State, int], Sequence[Action]]
@@ -175,6 +110,13 @@ class SimResult:
     busy_gpus: tuple[tuple[int, int], ...] = ()
     """(simulated microseconds, GPUs held by gangs from then on) at each instant a gang took or gave back GPUs, in
     time order (checkpointing counts as held, as in ``busy_gpu_s``); none held before the first."""
+    resizes: int = 0
+    """Re-formations of elastic gangs at a new size (one per gang and instant)."""
+
+
+PLANS = 1 << 32
+"""An event's ``attempt`` is the gang's attempt x PLANS + its finish plan (``Gang.version``): one of an attempt
+stopped or of a plan replaced by a resize is stale."""
 
 
 class _Kind(IntEnum):
@@ -211,6 +153,7 @@ class Simulation:
         self._preemptions = 0
         self._degraded = 0
         self._cycles = 0
+        self._resizes = 0
         ordered = sorted(enumerate(trace), key=lambda item: (item[1].submit_s, item[0]))
         for order, (_position, job) in enumerate(ordered):
             if job.job_id in self._outcomes:
@@ -233,7 +176,7 @@ class Simulation:
             while events and events[0][0] == now:
                 _at, _seq, kind, job_id, attempt = heapq.heappop(events)
                 changed = self._apply(kind, job_id, attempt, now) or changed
-            if changed and self.state.pending:
+            if changed and (self.state.pending or self._growable()):
                 self._cycle(now)
         return SimResult(
             policy=name,
@@ -246,6 +189,7 @@ class Simulation:
             cycles=self._cycles,
             shares={} if self.shares is None else self.shares.shares(_queues(self._outcomes.values())),
             busy_gpus=tuple(self._busy_gpus),
+            resizes=self._resizes,
         )
 
     # --- facts: what happened at ``now`` -----------------------------------------------------------------------
@@ -260,30 +204,30 @@ class Simulation:
             waiting = state.pending.get(job_id)
             return waiting is not None and waiting.ready_us + to_us(waiting.job.max_wait_s) == now
         gang = state.running.get(job_id)
-        if gang is None or gang.attempt != attempt:
+        if gang is None or (gang.attempt, gang.version) != divmod(attempt, PLANS):
             return False
         outcome = self._outcomes[job_id]
         if kind is _Kind.FINISH:
             if gang.stopping is not None:
                 return False  # it was preempted: its release comes first
             self._free(gang, now)
-            self._account(outcome, finished(gang.times, now))
+            self._account(outcome, *gang.finished(now))
             outcome.finish_us = now
             return True
         # RELEASE: the gang stops and waits again with the work it kept.
         stopping = gang.stopping
         assert stopping is not None
         self._free(gang, now)
-        self._account(outcome, preempted(gang.times, stopping))
-        done = (stopping.kept_us - gang.times.progress_us) / US * gang.speed
+        self._account(outcome, *gang.preempted(stopping))
         outcome.preemptions += 1
         self._preemptions += 1
-        self._enqueue(gang.job, now, max(0.0, gang.remaining_s - done))
+        self._enqueue(gang.job, now, max(0.0, gang.spans[0].remaining_s - gang.work_s(stopping.kept_us)))
         return True
 
-    def _account(self, outcome: Outcome, spent: Spent) -> None:
-        outcome.productive_us += spent.productive
-        self._spent.add(spent, outcome.job.gpus)
+    def _account(self, outcome: Outcome, spent: Spent, productive_us: int) -> None:
+        """``spent``: GPU-weighted; ``productive_us``: the gang's productive run time."""
+        outcome.productive_us += productive_us
+        self._spent.add(spent)
 
     def _enqueue(self, job: TraceJob, now: int, remaining_s: float) -> None:
         self.state.pending[job.job_id] = Waiting(job, self._orders[job.job_id], now, remaining_s)
@@ -294,13 +238,14 @@ class Simulation:
 
     def _free(self, gang: Gang, now: int) -> None:
         del self.state.running[gang.job.job_id]
+        self.state.elastic.pop(gang.job.job_id, None)
         self.state.gangs_changed[gang.job.job_id] = None
         for node_id, gpus in gang.shards:
             self.state.give_back(node_id, gpus)
         if self.shares is not None:
             self._hold(gang.job, gang.shards, -1)
-        self._busy_us += (now - gang.started_us) * gang.job.gpus
-        self._hold_gpus(now, -gang.job.gpus)
+        self._busy_us += gang.gpu_us(gang.started_us, now)
+        self._hold_gpus(now, -gang.gpus)
 
     def _hold_gpus(self, now: int, gpus: int) -> None:
         """Count ``gpus`` more (fewer, below 0) GPUs held from ``now`` on: one sample per instant."""
@@ -312,13 +257,32 @@ class Simulation:
             samples.append((now, self._held))
 
     # --- decisions: one cycle -----------------------------------------------------------------------------------
+    def _growable(self) -> bool:
+        """Whether an elastic gang could grow (below its ``max_shards``, not stopping): a cycle may grow it."""
+        running = self.state.running
+        for job_id in self.state.elastic:
+            gang = running[job_id]
+            if gang.preempted_by is None and gang.gpus < (gang.job.max_shards or 0):
+                return True
+        return False
+
     def _cycle(self, now: int) -> None:
-        self._cycles += 1
-        for action in self.policy(self.state, now):
-            if isinstance(action, Start):
-                self._start(action, now)
-            else:
-                self._stop(action, now)
+        """Ask the policy and apply its actions; ask again at once (at most twice more) after a batch that shrank
+        a gang while jobs wait (the GPUs it gave back are free for them now), or that started an elastic gang with
+        nothing left waiting (it may grow into what is left)."""
+        for _ask in range(3):
+            self._cycles += 1
+            again = False
+            for action in self.policy(self.state, now):
+                if isinstance(action, Start):
+                    self._start(action, now)
+                    again = again or (action.job_id in self.state.elastic and not self.state.pending)
+                elif isinstance(action, Stop):
+                    self._stop(action, now)
+                else:
+                    again = self._resize(action, now) or again
+            if not again or not (self.state.pending or self._growable()):
+                return
 
     def _start(self, action: Start, now: int) -> None:
         state = self.state
@@ -326,19 +290,20 @@ class Simulation:
         if waiting is None:
             raise SimulationError(f"policy started {action.job_id!r}, which is not pending")
         job = waiting.job
-        if sum(len(gpus) for _node, gpus in action.shards) != job.gpus:
-            raise SimulationError(f"policy gave {action.job_id!r} {action.shards}, not {job.gpus} GPUs")
-        for node_id, gpus in action.shards:
-            if node_id not in state.by_id:
-                raise SimulationError(f"policy placed {action.job_id!r} on unknown node {node_id!r}")
-            state.take(node_id, gpus)
-        speed = min(match_score(state.by_id[node_id].tflops, job.min_tflops) for node_id, _gpus in action.shards)
+        gpus = gpu_count(action.shards)
+        low, high = (job.gpus, job.gpus) if job.min_shards is None else (job.min_shards, job.max_shards or job.gpus)
+        if not low <= gpus <= high:
+            sizes = f"{job.gpus}" if low == high else f"{low}..{high}"
+            raise SimulationError(f"policy gave {action.job_id!r} {action.shards}, not {sizes} GPUs")
+        self._take(action.job_id, action.shards)
         outcome = self._outcomes[job.job_id]
         attempt = outcome.preemptions + 1
         every = job.checkpoint_every_s or self.work.checkpoint_every_s
         times = Attempt(now, to_us(self.work.restart_s) if outcome.preemptions else 0, to_us(every))
-        finish = times.progress_us + to_us(waiting.remaining_s / speed)
-        state.running[job.job_id] = Gang(job, action.shards, now, speed, waiting.remaining_s, finish, attempt, times)
+        gang = Gang.start(job, action.shards, now, self._speed(job, action.shards), waiting.remaining_s, attempt, times)
+        state.running[job.job_id] = gang
+        if job.min_shards is not None:
+            state.elastic[job.job_id] = None
         if self.shares is not None:
             self.shares.ask(job.queue or DEFAULT_QUEUE, job.gpu_model, -job.gpus)
             self._hold(job, action.shards, 1)
@@ -346,8 +311,45 @@ class Simulation:
         if outcome.first_start_us is None:
             outcome.first_start_us = now
         self._degraded += action.degraded
-        self._hold_gpus(now, job.gpus)
-        self._push(finish, _Kind.FINISH, job.job_id, attempt)
+        self._hold_gpus(now, gpus)
+        self._push(gang.finish_us, _Kind.FINISH, job.job_id, attempt * PLANS)
+
+    def _take(self, job_id: str, shards: Shards) -> None:
+        for node_id, gpus in shards:
+            if node_id not in self.state.by_id:
+                raise SimulationError(f"policy placed {job_id!r} on unknown node {node_id!r}")
+            self.state.take(node_id, gpus)
+
+    def _speed(self, job: TraceJob, shards: Shards) -> float:
+        return min(match_score(self.state.by_id[node_id].tflops, job.min_tflops) for node_id, _gpus in shards)
+
+    def _resize(self, action: Resize, now: int) -> bool:
+        """Re-form an elastic gang on ``action.shards``; True when it gave GPUs back."""
+        state = self.state
+        gang = state.running.get(action.job_id)
+        job = None if gang is None else gang.job
+        if gang is None or job is None or job.min_shards is None or gang.preempted_by is not None:
+            raise SimulationError(f"policy resized {action.job_id!r}, which is no running elastic gang")
+        gpus = gpu_count(action.shards)
+        if not job.min_shards <= gpus <= (job.max_shards or job.gpus):
+            sizes = f"{job.min_shards}..{job.max_shards}"
+            raise SimulationError(f"policy resized {action.job_id!r} to {gpus} GPUs, not {sizes}")
+        before = {node_id: set(held) for node_id, held in gang.shards}
+        after = {node_id: set(held) for node_id, held in action.shards}
+        for node_id, held in before.items():
+            released = tuple(sorted(held - after.get(node_id, set())))
+            if released:
+                state.give_back(node_id, released)
+        self._take(action.job_id, tuple((n, tuple(sorted(h - before.get(n, set())))) for n, h in after.items()))
+        if self.shares is not None:
+            self._hold(job, gang.shards, -1)
+            self._hold(job, action.shards, 1)
+        held_before = gang.gpus
+        self._resizes += gang.resize(now, action.shards, self._speed(job, action.shards), to_us(self.work.resize_s))
+        state.gangs_changed[job.job_id] = None
+        self._hold_gpus(now, gpus - held_before)
+        self._push(gang.finish_us, _Kind.FINISH, job.job_id, gang.attempt * PLANS + gang.version)
+        return gpus < held_before
 
     def _hold(self, job: TraceJob, shards: Shards, sign: int) -> None:
         assert self.shares is not None
@@ -364,7 +366,7 @@ class Simulation:
         if gang.finish_us <= stopping.release_us:
             return  # it ends before it would give its GPUs back: it finishes
         gang.stopping = stopping
-        self._push(stopping.release_us, _Kind.RELEASE, action.job_id, gang.attempt)
+        self._push(stopping.release_us, _Kind.RELEASE, action.job_id, gang.attempt * PLANS + gang.version)
 
 
 def simulate(

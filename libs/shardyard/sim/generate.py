@@ -25,8 +25,13 @@ The shapes (``SHAPES``):
   job on average (1, 2, 4, 8, 16, 32 GPUs at 60, 10, 10, 12, 5, 3 %: mean 3.9). Priorities as ``default``.
 
 Same arguments, same seed -> the same trace.
+
+``mark_elastic`` makes a share of a trace's rigid jobs elastic (``shardyard simulate --elastic-share``, at generation
+or at replay): the jobs picked by a hash of their id, so the same jobs in every run, and a trace generated with a
+share is the trace generated without it, replayed with that share.
 """
 
+import hashlib
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -196,3 +201,30 @@ def window_for(load: float, gpus: int, jobs: Sequence[tuple[int, float]], shares
 
 USERS = 20
 """Submitting users, uniformly (duration estimates are learned per user first)."""
+
+
+def mark_elastic(jobs: Sequence[TraceJob], share: float, nodes: Sequence[NodeSpec]) -> list[TraceJob]:
+    """``jobs`` with ``share`` (0..1) of the rigid ones made elastic, picked by a hash of the job id: ``min_shards``
+    = max(1, gpus // 2), ``max_shards`` = 2 x gpus at most the GPUs of the nodes that can host the job (never
+    below ``gpus``). Jobs already elastic, and the others, are left as they are. Raises ValueError for a share out
+    of 0..1."""
+    if not 0 <= share <= 1:
+        raise ValueError("the elastic share must be within 0..1")
+    marked = []
+    for job in jobs:
+        if job.min_shards is None and _draw(job.job_id) < share:
+            room = sum(
+                node.gpus
+                for node in nodes
+                if (job.gpu_model is None or node.gpu_model == job.gpu_model) and node.tflops >= job.min_tflops
+            )
+            job = replace(job, min_shards=max(1, job.gpus // 2), max_shards=max(job.gpus, min(2 * job.gpus, room)))
+        marked.append(job)
+    return marked
+
+
+def _draw(job_id: str) -> float:
+    """A number in [0, 1) fixed by ``job_id`` (a hash, evenly spread over ids that differ in a digit; not Python's
+    ``hash``, which changes from run to run)."""
+    digest = hashlib.blake2b(job_id.encode(), digest_size=8, person=b"elastic").digest()
+    return int.from_bytes(digest) / 2**64

@@ -28,6 +28,7 @@ from shardyard.sim.defaults import (
     DEFAULT_CHECKPOINT_S,
     DEFAULT_NOTICE_S,
     DEFAULT_NOTICE_SHARE,
+    DEFAULT_RESIZE_S,
     DEFAULT_RESTART_S,
 )
 
@@ -49,10 +50,13 @@ class WorkModel:
     """The share of the jobs whose code checkpoints on notice (0..1)."""
     restart_s: float = DEFAULT_RESTART_S
     """Seconds every restart after a preemption holds the gang's GPUs without progress."""
+    resize_s: float = DEFAULT_RESIZE_S
+    """Seconds every resize of an elastic gang (a re-formation from live state, no work lost) holds its new GPUs
+    without progress (``sim.gang``)."""
 
     def __post_init__(self) -> None:
         """Raises ValueError ``"<field>: <problem>"`` for the first field out of range."""
-        for name in ("checkpoint_s", "notice_s", "restart_s"):
+        for name in ("checkpoint_s", "notice_s", "restart_s", "resize_s"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name}: must be a number of seconds, at least 0")
         if not 0 < self.checkpoint_every_s < math.inf:
@@ -126,6 +130,8 @@ class Spent:
     restart: int = 0
     recomputed: int = 0
     stopping: int = 0
+    resizing: int = 0
+    """Resize pauses of elastic gangs (``sim.gang``): no progress, but not lost to preemption either."""
 
     @property
     def lost(self) -> int:
@@ -137,6 +143,7 @@ class Spent:
         self.restart += gpus * other.restart
         self.recomputed += gpus * other.recomputed
         self.stopping += gpus * other.stopping
+        self.resizing += gpus * other.resizing
 
 
 def finished(attempt: Attempt, finish_us: int) -> Spent:

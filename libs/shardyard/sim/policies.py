@@ -14,6 +14,13 @@ The core chooses victims by what they would lose (``RunningJob.lost_gpu_s``): it
 checkpoint in its attempt and the restart cost of a preemption (``sim.lost_work``), as the scheduler hears of them;
 not whether a job's code checkpoints on notice.
 
+Elastic jobs (a trace's ``min_shards``/``max_shards``): every ``CorePolicy`` (``shardyard``, ``shardyard-order``,
+``shardyard-one-queue``) tells the core a job's sizes (``JobSpec.elasticity``), so it starts one smaller when its
+preferred size does not fit, and grows and shrinks the gangs beside the core (``sim.elastic``): a cycle with a
+surplus to give back while jobs wait returns only those shrinks (the engine applies them and asks again at the same
+instant, so the core sees those GPUs free before it weighs preemption), and one that leaves no job waiting grows
+the gangs into what is left. The baselines run every job rigid, at its preferred size.
+
 Every simulated node holds the jobs' model and dataset on a shared path, has ample memory and CPU for its GPUs and
 no CPU load, so GPUs are the binding resource.
 """
@@ -27,6 +34,7 @@ from types import MappingProxyType
 
 from shardyard.errors import ConfigError
 from shardyard.events import JobSpec, NodeStatus
+from shardyard.events.job import Elasticity
 from shardyard.placement.cycle import schedule
 from shardyard.placement.estimates import DurationEstimates, EstimateKey
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
@@ -35,6 +43,7 @@ from shardyard.quotas import DEFAULT_QUEUE, QueuesConfig
 from shardyard.sim.baselines import fifo, first_fit, priority_first, sjf_oracle
 from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.defaults import ONE_QUEUE, ORDER_VICTIMS, POLICY_NAMES
+from shardyard.sim.elastic import grows, shrinks
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
 from shardyard.sim.trace import TraceJob
 
@@ -76,8 +85,8 @@ class CorePolicy:
         self._specs: dict[str, JobSpec] = {}
         self._pending: dict[str, tuple[int, PendingJob]] = {}
         """Job id -> (ready time, the job as the core sees it)."""
-        self._running: dict[str, tuple[int, int | None, RunningJob]] = {}
-        """Job id -> (start time, last periodic checkpoint, the gang as the core sees it)."""
+        self._running: dict[str, tuple[int, int | None, int, RunningJob]] = {}
+        """Job id -> (start time, last periodic checkpoint, finish plan, the gang as the core sees it)."""
         self._due: list[tuple[int, str]] = []
         """(next periodic checkpoint, job id) of the running gangs: a heap, so a cycle looks again only at the gangs
         that wrote a checkpoint since the last."""
@@ -90,6 +99,14 @@ class CorePolicy:
         """Node id -> the gangs there, in the order they started (``Snapshot.gangs_on``)."""
 
     def __call__(self, state: State, now_us: int) -> list[Action]:
+        given_back = shrinks(state)
+        if given_back:
+            return list(given_back)  # the engine applies them and asks again: the core then sees those GPUs free
+        actions = self._decide(state, now_us) if state.pending else []
+        return [*actions, *grows(state, actions)]
+
+    def _decide(self, state: State, now_us: int) -> list[Action]:
+        """The core's decisions for this cycle, as actions."""
         changed = list(state.gangs_changed)
         state.gangs_changed.clear()
         self._learn(state, changed)
@@ -207,6 +224,9 @@ class CorePolicy:
                 min_match=job.min_match,
                 max_wait_s=job.max_wait_s,
                 queue=job.queue or DEFAULT_QUEUE,
+                elasticity=None
+                if job.min_shards is None
+                else Elasticity(min_shards=job.min_shards, max_shards=job.max_shards or job.gpus),
             )
         return spec
 
@@ -233,17 +253,17 @@ class CorePolicy:
         job, times = gang.job, gang.times
         checkpointed = times.checkpointed_us(now_us)
         known = self._running.get(job.job_id)
-        if known is None or known[:2] != (gang.started_us, checkpointed) or known[2].preempted_by != gang.preempted_by:
+        stamp = (gang.started_us, checkpointed, gang.version)
+        if known is None or known[:3] != stamp or known[3].preempted_by != gang.preempted_by:
             if gang.preempted_by is None:
                 heapq.heappush(self._due, (times.next_checkpoint_us(now_us), job.job_id))
             done_s = max(0.0, job.duration_s - gang.remaining_s)
             expected = self._expected_s(job)
             end = None
             if expected is not None:
-                end = at(times.progress_us) + timedelta(seconds=max(1.0, expected - done_s) / gang.speed)
+                end = at(gang.resumed_us) + timedelta(seconds=max(1.0, expected - done_s) / gang.rate)
             known = self._running[job.job_id] = (
-                gang.started_us,
-                checkpointed,
+                *stamp,
                 RunningJob(
                     job_id=job.job_id,
                     priority=job.priority,
@@ -260,7 +280,7 @@ class CorePolicy:
                     restart_s=restart_s,
                 ),
             )
-        return known[2]
+        return known[3]
 
 
 def _key(job: TraceJob) -> EstimateKey:

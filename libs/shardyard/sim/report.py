@@ -8,6 +8,11 @@
 - GPU-hours lost to preemption, and its parts (``sim.lost_work``): stopping (from the notice to the release: writing
   the checkpoint, or running on to the deadline), restart, and recomputed work (progress before the notice past the
   checkpoint kept).
+- GPU utilisation while jobs arrive (``gpu_utilisation_arrivals``, JSON only): GPU-seconds held within the window
+  of the arrivals (first to last submission) / (cluster GPUs x that window): the window in which the generator
+  counts the offered load, so that a tail of long jobs after the last arrival does not set it.
+- resizes: re-formations of elastic gangs at a new size (``sim.gang``), and the GPU-hours their pauses held
+  without progress (``resize_gpu_h``; not lost to preemption).
 - ETTR, the fleet's effective training time ratio, GPU-weighted over completed jobs: sum of GPUs x productive run
   time (run time that advanced work not done before) / sum of GPUs x JCT. Waiting, restarts, stopping and
   recomputed work all count against it; 1 only when every job ran from submission to end without a stop.
@@ -62,6 +67,12 @@ class Summary:
     and wait, and ``share_of_entitlement``."""
     jain_index: float | None = None
     """Jain's index over the queues' shares of their entitlement (None: no queues file)."""
+    resizes: int = 0
+    """Re-formations of elastic gangs at a new size."""
+    resize_gpu_h: float = 0.0
+    """GPU-hours of their pauses (no progress; not lost to preemption)."""
+    gpu_utilisation_arrivals: float = 0.0
+    """GPU utilisation within the window of the arrivals (see the module's doc); 0 when all arrive at once."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -136,7 +147,22 @@ def summarize(result: SimResult) -> Summary:
         ettr=ettr(done),
         queues=_per_queue(result),
         jain_index=jain(result.shares.values()) if result.shares else None,
+        resizes=result.resizes,
+        resize_gpu_h=spent.resizing / GPU_HOUR_US,
+        gpu_utilisation_arrivals=_busy_share(result, min(submits, default=0.0), max(submits, default=0.0)),
     )
+
+
+def _busy_share(result: SimResult, start_s: float, end_s: float) -> float:
+    """The share of the cluster's GPU-time within ``[start_s, end_s]`` held by gangs (0 for an empty window)."""
+    start, end = round(start_s * US), round(end_s * US)
+    samples = result.busy_gpus
+    if end <= start or result.total_gpus == 0 or not samples:
+        return 0.0
+    held = 0
+    for (at, gpus), (later, _next) in zip(samples, (*samples[1:], (end, 0)), strict=True):
+        held += gpus * max(0, min(later, end) - max(at, start))
+    return held / (result.total_gpus * (end - start))
 
 
 def ettr(done: Sequence[Outcome]) -> float:
@@ -163,6 +189,7 @@ def render_table(summaries: Sequence[Summary]) -> str:
             _seconds(s.p99_wait_s),
             _seconds(s.makespan_s),
             f"{s.gpu_utilisation:.1%}",
+            str(s.resizes),
             str(s.preemptions),
             f"{s.lost_gpu_h_preemption:,.1f}",
             f"{s.ettr:.3f}",
@@ -181,6 +208,7 @@ def render_table(summaries: Sequence[Summary]) -> str:
         "P99 WAIT s",
         "MAKESPAN s",
         "GPU UTIL",
+        "RESIZES",
         "PREEMPT",
         "LOST GPU-h",
         "ETTR",
@@ -282,7 +310,10 @@ def as_json(summaries: Sequence[Summary], **context: Any) -> dict[str, Any]:
         figures = asdict(summary)
         del figures["policy"]
         queues, jain_index = figures.pop("queues"), figures.pop("jain_index")
-        shown = {k: round(v, 6 if k in ("gpu_utilisation", "ettr") else 3) for k, v in figures.items()}
+        shown = {
+            k: round(v, 6 if k in ("gpu_utilisation", "gpu_utilisation_arrivals", "ettr") else 3)
+            for k, v in figures.items()
+        }
         if queues:
             shown["queues"] = {q: {k: round(v, 4) for k, v in row.items()} for q, row in queues.items()}
         if jain_index is not None:

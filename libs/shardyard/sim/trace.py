@@ -17,6 +17,8 @@ Columns (a header row names them, in any order):
 ``expected_duration_s``  optional  the run time the job declares (> 0); empty: estimated from history
 ``checkpoint_every_s``   optional  seconds of progress between its periodic checkpoints (> 0); empty: the
                                    simulation's (``--checkpoint-every-s``)
+``min_shards``, ``max_shards``  optional  an elastic job's range of sizes, both or neither: 1 <= ``min_shards`` <=
+                                   ``gpus`` (its preferred size) <= ``max_shards``; empty: rigid (``sim.gang``)
 =============  ========  ================================================================================
 
 ``gpus`` must be a whole number: a fractional GPU (0.5, as some traces record shared GPUs) is refused naming the
@@ -47,12 +49,16 @@ OPTIONAL = (
     "queue",
     "expected_duration_s",
     "checkpoint_every_s",
+    "min_shards",
+    "max_shards",
 )
 COLUMNS = ("job_id", *REQUIRED, *OPTIONAL[1:])
 """The order ``write_trace`` uses."""
 ANY = "ANY"
 MAX_GPUS = 64
 MAX_PRIORITY = 1000
+MAX_SHARDS = 4096
+"""The most shards an elastic job may grow to (as a submission's ``elasticity``)."""
 
 
 class TraceError(ShardyardError):
@@ -85,6 +91,10 @@ class TraceJob:
     """Declared by the job; None: the policy estimates it (the simulator never tells it ``duration_s``)."""
     checkpoint_every_s: float | None = None
     """Seconds of progress between its periodic checkpoints; None: the simulation's (``WorkModel``)."""
+    min_shards: int | None = None
+    """An elastic job's fewest GPUs (one shard each); None: rigid (then ``max_shards`` is None too)."""
+    max_shards: int | None = None
+    """An elastic job's most GPUs; ``min_shards <= gpus <= max_shards``."""
 
 
 class _Row:
@@ -162,6 +172,7 @@ def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
         raise row.fail("max_wait_s", "is set without min_match (it is the wait before min_match applies)")
     expected = row.number("expected_duration_s", low=0.0, open_low=True) if row.text("expected_duration_s") else None
     every = row.number("checkpoint_every_s", low=0.0, open_low=True) if row.text("checkpoint_every_s") else None
+    min_shards, max_shards = _sizes(row, gpus)
     return TraceJob(
         job_id,
         submit_s,
@@ -176,7 +187,25 @@ def _job(row: _Row, number: int, catalogue: Mapping[str, float]) -> TraceJob:
         queue=row.text("queue"),
         expected_duration_s=expected,
         checkpoint_every_s=every,
+        min_shards=min_shards,
+        max_shards=max_shards,
     )
+
+
+def _sizes(row: _Row, gpus: int) -> tuple[int | None, int | None]:
+    """An elastic job's ``min_shards`` and ``max_shards`` (both None: rigid)."""
+    given = [column for column in ("min_shards", "max_shards") if row.text(column)]
+    if not given:
+        return None, None
+    if len(given) == 1:
+        other = "max_shards" if given[0] == "min_shards" else "min_shards"
+        raise row.fail(given[0], f"is set without {other} (an elastic job gives both; neither: rigid)")
+    low = row.integer("min_shards", low=1, high=MAX_SHARDS)
+    high = row.integer("max_shards", low=1, high=MAX_SHARDS)
+    if not low <= gpus <= high:
+        problem = f"min_shards ({low}) <= gpus ({gpus}, the preferred size) <= max_shards ({high}) does not hold"
+        raise row.fail("min_shards" if low > gpus else "max_shards", problem)
+    return low, high
 
 
 def _gpus(row: _Row) -> int:
@@ -270,6 +299,8 @@ def write_trace(jobs: Iterable[TraceJob], stream: TextIO) -> None:
                 job.queue,
                 _cell(job.expected_duration_s),
                 _cell(job.checkpoint_every_s),
+                "" if job.min_shards is None else job.min_shards,
+                "" if job.max_shards is None else job.max_shards,
             ]
         )
 
