@@ -130,7 +130,7 @@ def one_cycle(nodes: tuple[NodeView, ...], jobs: list[PendingJob]) -> dict[str, 
         order: list[str] = []
         placing: list[float] = []
         placed_gpus = 0
-        for job in cycle.order(jobs):
+        for job in cycle.queue(jobs)[0]:
             t0 = time.perf_counter()
             decisions = cycle.decide(job)
             elapsed = time.perf_counter() - t0
@@ -196,7 +196,7 @@ def main() -> None:
     for _ in range(args.repeat):
         for size in sizes:
             all_runs[size].append(one_cycle(clusters[size], jobs))
-    head_jobs = PlacementCycle(Snapshot(()), Policy(), now=NOW).order(jobs)[: args.head]  # the same at every size
+    head_jobs = PlacementCycle(Snapshot(()), Policy(), now=NOW).queue(jobs)[0][: args.head]  # the same at every size
     trials: dict[int, list[list[float]]] = {size: [] for size in sizes}
     for _ in range(args.head_trials):
         for size in sizes:
