@@ -145,6 +145,14 @@ def check_cli_latency(out: dict[str, Any]) -> None:
     assert out["cpu_percent"]["hog"] > 0 and isinstance(out["all_under_target"], bool)
 
 
+def check_elastic(out: dict[str, Any]) -> None:
+    assert out["bench"] == "elastic"
+    scaled = out["autoscale"]
+    assert scaled["placed_on"] == ["auto-v100-0"] and scaled["node_alive_s"] > 0 and scaled["autoscale_up_s"] > 0
+    assert scaled["removed_s"] > 0 and scaled["adds_after_removal"] == 0 and scaled["cpu_s"]["watch"]
+    assert out["elastic_start"]["world_size"] == 1 and out["elastic_start"]["submit_to_running_s"] > 0
+
+
 SMOKES = [
     Smoke("training.py", check_training),
     Smoke("skeleton.py", check_skeleton),
@@ -157,6 +165,7 @@ SMOKES = [
     Smoke("broker_growth.py", check_broker_growth),
     Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
     Smoke("cli_latency.py", check_cli_latency, timeout_s=240.0),
+    Smoke("elastic.py", check_elastic, timeout_s=300.0),
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""
