@@ -14,7 +14,7 @@ idle, and an elastic job that starts smaller than it prefers (issue 35).
 
 ``elastic_start``: on the same cluster (its A100:1 node), a job preferring 4 shards with ``elasticity``
 ``{"min_shards": 1, "max_shards": 4}``: ``world_size`` (the shards it was placed with: 1, where a rigid job of 4
-would wait) and ``submit_to_running_s``.
+would wait), ``submit_to_running_s`` (every shard started) and ``submit_to_first_step_s``.
 
 CPU seconds per component over each phase (``cpu_s``: the processes' user + system time from ``/proc``, the
 broker's included) sit beside the latencies. Growing and shrinking a running elastic gang without a restart, and the
@@ -165,6 +165,7 @@ def elastic_start(run_dir: Path, info: ClusterInfo) -> dict[str, Any]:
         "preferred_shards": 4,
         "world_size": len(job["placements"]),
         "submit_to_running_s": round(_first(job, "running") - submitted_at, 2),
+        "submit_to_first_step_s": round(datetime.fromisoformat(job["first_step_at"]).timestamp() - submitted_at, 2),
         "cpu_s": _spent(cpu0, _cpu(_pids(run_dir))),
     }
 
