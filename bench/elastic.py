@@ -1,5 +1,6 @@
 """Elasticity on a local cluster (prints JSON): the autoscaler that adds a node for a waiting job and removes it once
-idle, and an elastic job that starts smaller than it prefers (issue 35).
+idle, an elastic job that starts smaller than it prefers, and a running elastic gang grown and shrunk without a
+restart (issue 35).
 
 ``autoscale``: ``shardyard up --autoscale`` with one A100:1 node; the autoscaler may add one V100:2 node (the
 ``local`` provider starts its agent). A job needing two V100s is submitted. Measured, from the job's first
@@ -17,11 +18,14 @@ idle, and an elastic job that starts smaller than it prefers (issue 35).
 would wait), ``submit_to_running_s`` (every shard started) and ``submit_to_first_step_s``.
 
 CPU seconds per component over each phase (``cpu_s``: the processes' user + system time from ``/proc``, the
-broker's included) sit beside the latencies. Growing and shrinking a running elastic gang without a restart, and the
-rows of the issue's table that measure them (``scale_up_s``, ``steps_lost``, ``shrink_s``, the final loss), are not
-built yet.
+broker's included) sit beside the latencies.
 
-    python bench/elastic.py [--watch-s 600] [--cooldown-s 5] [--lifetime-s 5] [--idle-s 5] [--smoke]
+``resize``: on a cluster of its own, a running elastic gang grown from 2 to 4 shards and shrunk back to 2 for a
+higher-priority job (``scale_up_s``, ``steps_lost``, ``shrink_s``, the final loss against a fixed-size run's): see
+``bench/elastic_resize.py``.
+
+    python bench/elastic.py [--only autoscale|resize] [--watch-s 600] [--cooldown-s 5] [--lifetime-s 5] [--idle-s 5]
+        [--steps 3000] [--resize-cooldown-s 5] [--vip-s 30] [--smoke]
 """
 
 import argparse
@@ -36,6 +40,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from elastic_resize import resize
 from shardyard.cli import client, cluster
 from shardyard.cli.children import alive
 from shardyard.cli.cluster_info import ClusterInfo, get_json
@@ -45,7 +50,7 @@ from smoke import parse_args
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 ADDED = "auto-v100-0"
 """The node the autoscaler adds: the local provider names its first V100 node so."""
-SMOKE = {"watch_s": 5.0}
+SMOKE = {"watch_s": 5.0, "steps": 300, "vip_s": 3.0}
 TICK = 1.0 / 3  # /proc's clock ticks are 1/100 s: CPU is read once per phase, not per poll
 
 
@@ -176,6 +181,10 @@ def main() -> None:
     parser.add_argument("--cooldown-s", type=float, default=5.0)
     parser.add_argument("--lifetime-s", type=float, default=5.0)
     parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--only", choices=("autoscale", "resize"), help="one part only")
+    parser.add_argument("--steps", type=int, default=3000, help="resize: the elastic and the fixed job's steps")
+    parser.add_argument("--resize-cooldown-s", type=float, default=5.0, help="resize: the scheduler's cooldown")
+    parser.add_argument("--vip-s", type=float, default=30.0, help="resize: how long the higher-priority job runs")
     args = parse_args(parser, SMOKE)
     scale = cluster.Autoscale(
         gpus=("V100:2",), max_nodes=1, cooldown_s=args.cooldown_s, min_lifetime_s=args.lifetime_s, idle_s=args.idle_s
@@ -183,14 +192,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shardyard-elastic-") as tmp:
         root = Path(tmp)
         create_demo_artifacts(root / "data")
-        run_dir = root / "run"
-        quiet = lambda _m: None  # noqa: E731
-        info = cluster.up(run_dir, nodes=("A100:1",), replicas=1, data_root=root / "data", autoscale=scale, say=quiet)
-        try:
-            figures = {"autoscale": autoscale(run_dir, info, args.watch_s)}
-            figures["elastic_start"] = elastic_start(run_dir, info)
-        finally:
-            cluster.down(run_dir, say=quiet)
+        figures: dict[str, Any] = {}
+        if args.only in (None, "autoscale"):
+            run_dir = root / "run"
+            quiet = lambda _m: None  # noqa: E731
+            info = cluster.up(
+                run_dir, nodes=("A100:1",), replicas=1, data_root=root / "data", autoscale=scale, say=quiet
+            )
+            try:
+                figures["autoscale"] = autoscale(run_dir, info, args.watch_s)
+                figures["elastic_start"] = elastic_start(run_dir, info)
+            finally:
+                cluster.down(run_dir, say=quiet)
+        if args.only in (None, "resize"):
+            figures["resize"] = resize(
+                root,
+                steps=args.steps,
+                cooldown_s=args.resize_cooldown_s,
+                vip_s=args.vip_s,
+                cpu=lambda run_dir: _cpu(_pids(run_dir)),
+                spent=_spent,
+            )
     settings = {"cooldown_s": args.cooldown_s, "lifetime_s": args.lifetime_s, "idle_s": args.idle_s}
     print(json.dumps({"bench": "elastic", "settings": settings, **figures}, indent=2))
 

@@ -14,6 +14,7 @@ from shardyard.events import (
     JobReady,
     JobRecovering,
     JobRejected,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSucceeded,
@@ -39,7 +40,8 @@ TRANSITIONS: Final = MappingProxyType(
         JobState.SCHEDULED: frozenset(
             {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.READY}
         ),
-        # Training; READY again when it is requeued (preemption, recovery by re-placement).
+        # Training; READY again when it is requeued (preemption, recovery by re-placement), or when its elastic gang
+        # is resized: the scheduler places its next attempt at once, at the new size, and no retry is used.
         JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.READY}),
         JobState.SUCCEEDED: frozenset(),
         JobState.FAILED: frozenset(),
@@ -55,7 +57,7 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return JobState.ACCEPTED
         case JobRejected():
             return JobState.REJECTED
-        case JobReady() | JobPreempted() | JobRecovering():
+        case JobReady() | JobPreempted() | JobRecovering() | JobResized():
             return JobState.READY
         case JobWaiting():
             return JobState.WAITING
@@ -74,7 +76,8 @@ def target_state(event: LifecycleFact) -> JobState | None:
 
 
 RELEASED_FROM: Final = frozenset({JobState.ACCEPTED, JobState.WAITING})
-"""The states a release (``JobReady``) moves a job from: a requeue is ``JobPreempted`` or ``JobRecovering``."""
+"""The states a release (``JobReady``) moves a job from: a requeue is ``JobPreempted``, ``JobRecovering`` or
+``JobResized``."""
 
 
 def moves(current: JobState | None, event: LifecycleFact) -> JobState | None:

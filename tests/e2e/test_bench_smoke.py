@@ -151,6 +151,12 @@ def check_elastic(out: dict[str, Any]) -> None:
     assert scaled["placed_on"] == ["auto-v100-0"] and scaled["node_alive_s"] > 0 and scaled["autoscale_up_s"] > 0
     assert scaled["removed_s"] > 0 and scaled["adds_after_removal"] == 0 and scaled["cpu_s"]["watch"]
     assert out["elastic_start"]["world_size"] == 1 and out["elastic_start"]["submit_to_running_s"] > 0
+    resized = out["resize"]
+    assert resized["started_at_shards"] == 2 and resized["resizes"][:2] == ["resized 2 -> 4", "resized 4 -> 2"]
+    assert (
+        resized["grow"]["scale_up_s"] > 0 and resized["shrink"]["shrink_s"] > 0 and not resized["shrink"]["preempted"]
+    )
+    assert resized["retries"] == 0 and resized["loss_ratio"] > 0 and resized["cpu_s"]
 
 
 SMOKES = [
@@ -165,7 +171,7 @@ SMOKES = [
     Smoke("broker_growth.py", check_broker_growth),
     Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
     Smoke("cli_latency.py", check_cli_latency, timeout_s=240.0),
-    Smoke("elastic.py", check_elastic, timeout_s=300.0),
+    Smoke("elastic.py", check_elastic, timeout_s=600.0),
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""

@@ -34,7 +34,6 @@ LIGHT_CLUSTERS = frozenset(
         "test_user_entrypoint",
         "test_follow_views",
         "test_up_in_a_row",
-        "test_elastic_e2e",
     )
 )
 """Chosen so that the two lanes end together: on a fresh clone here the serial lane ended 3 minutes before the other

@@ -1,6 +1,7 @@
 """Job lifecycle events, published on the lifecycle topic keyed by job id, and the normalised job spec."""
 
 import re
+from enum import StrEnum
 from typing import Annotated, Final, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
@@ -304,6 +305,33 @@ class JobPreempted(Event):
     checkpoint_step: int | None
 
 
+class ResizeReason(StrEnum):
+    """Why the scheduler re-formed an elastic job's gang at another size (``JobResized``)."""
+
+    GROW_INTO_IDLE = "GROW_INTO_IDLE"
+    """GPUs no waiting job can use were free: the gang grew towards its ``max_shards``."""
+    SHRINK_FOR_PREEMPTION = "SHRINK_FOR_PREEMPTION"
+    """A job that may preempt this one needed GPUs: the gang gave up shards above its ``min_shards`` instead of
+    being stopped whole."""
+    SHRINK_FOR_RECLAIM = "SHRINK_FOR_RECLAIM"
+    """A queue reclaimed quota this job's queue had borrowed: likewise, its shards above ``min_shards`` went."""
+
+
+class JobResized(Event):
+    """The scheduler re-forms a running elastic gang at another size: the attempt ``attempt`` stops and the next one
+    starts at once on its kept shards (and new ones when it grows), resuming from the members' live state. Not a
+    fault: no retry is used. ``by_job``: the job a shrink made room for."""
+
+    type: Literal["job.resized"] = "job.resized"
+    job_id: str
+    attempt: int = Field(description="the attempt the resize ends")
+    from_shards: int = Field(ge=1)
+    to_shards: int = Field(ge=1)
+    reason: ResizeReason
+    by_job: str | None = None
+    message: str = ""
+
+
 class JobRunning(Event):
     type: Literal["job.running"] = "job.running"
     job_id: str
@@ -356,6 +384,7 @@ LifecycleFact = (
     | JobRecovering
     | JobPreempting
     | JobPreempted
+    | JobResized
     | JobCancelRequested
     | JobCancelled
 )

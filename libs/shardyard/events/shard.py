@@ -24,6 +24,12 @@ class Workload(Model):
     seed: int
     resume_from: str | None = Field(default=None, description="checkpoint directory to resume from (job path)")
     entrypoint: Entrypoint | None = Field(default=None, description="the job's own command; None: the built-in runner")
+    global_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="samples per step for the whole gang, kept at every world size (an elastic job's: its preferred"
+        " shard count x batch_size); None: world_size x batch_size",
+    )
 
     @property
     def training(self) -> TrainingParams:
@@ -64,6 +70,9 @@ class RevocationReason(StrEnum):
     """Asked to checkpoint and stop for a higher-priority job, it had not stopped by the preemption deadline."""
     RECOVERING = "RECOVERING"
     """Its attempt failed: what is left of the gang stops before the gang re-forms."""
+    RESIZING = "RESIZING"
+    """Its elastic gang re-forms at another size (``JobResized``): every shard stops, keeping its live state, and the
+    next attempt resumes from it."""
     CANCELLED = "CANCELLED"
     """Its job was cancelled."""
     JOB_FAILED = "JOB_FAILED"

@@ -46,6 +46,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobRecovering,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSucceeded,
@@ -62,7 +63,14 @@ NOT_FAULTS = frozenset({FailureCause.REVOKED})
 class Close(Enum):
     FAULT = "fault"
     PREEMPTED = "preempted"
+    RESIZED = "resized"
+    """Re-formed at another size: its next attempt resumes from the live state (its start is restart time, not a
+    fault's)."""
     END = "end"
+
+
+RESTARTS = frozenset({Close.FAULT, Close.RESIZED})
+"""Closes after which the wait for the next attempt is recovery and restart, not queueing."""
 
 
 @dataclass
@@ -163,6 +171,8 @@ class GoodputFold:
                 self._close(event.attempt, event.occurred_at, Close.PREEMPTED)
             case JobRecovering():
                 self._close(event.attempt, event.occurred_at, Close.FAULT)
+            case JobResized():
+                self._close(event.attempt, event.occurred_at, Close.RESIZED)
             case JobFailed():
                 self._close(event.attempt, event.occurred_at, Close.FAULT)
             case JobSucceeded():
@@ -271,7 +281,7 @@ class _Walk:
             close = min((at for at in (marks.closed_at, following) if at is not None), default=self.end)
             cursor = self.clamp(close, begin, self.end)
             self.attempt(marks, begin, cursor)
-            after_fault = marks.closed_by is Close.FAULT
+            after_fault = marks.closed_by in RESTARTS
         self.add(Part.RECOVERY if after_fault else Part.QUEUED, cursor, self.end)
         return self.segments
 

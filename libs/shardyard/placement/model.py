@@ -132,6 +132,9 @@ class RunningJob:
     """When this attempt last wrote a durable checkpoint (None: none yet; its work since ``started_at`` is at stake)."""
     restart_s: float | None = None
     """Seconds its restart is expected to cost on each GPU (None: ``Policy.restart_s``)."""
+    live: bool = False
+    """Whether stopping it loses no work: an elastic gang's surplus shard (``placement.surplus``), given up by
+    re-forming the gang from its live state. Its loss is its restart alone."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Its GPUs, all shards together (worked out once: every cycle reads it)."""
     started_us: int = field(init=False, repr=False, compare=False)
@@ -144,8 +147,10 @@ class RunningJob:
     def lost_gpu_s(self, now: datetime, default_restart_s: float) -> float:
         """GPU-seconds lost were the gang stopped at ``now``: every GPU's time since the last durable checkpoint
         (since the start without one), plus the restart cost."""
-        since = self.checkpointed_at if self.checkpointed_at is not None else self.started_at
         restart = self.restart_s if self.restart_s is not None else default_restart_s
+        if self.live:
+            return self.gpu_count * restart
+        since = self.checkpointed_at if self.checkpointed_at is not None else self.started_at
         return self.gpu_count * (max(0.0, (now - since).total_seconds()) + restart)
 
 

@@ -3,18 +3,20 @@
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Protocol
 
-from shardyard.events import JobScheduled, JobSpec, NodeState
+from shardyard.events import JobScheduled, JobSpec, NodeState, ShardPlacement
 from shardyard.placement.model import NodeView, Policy, RunningJob, Snapshot
 from shardyard.placement.standing import StandingIndex
+from shardyard.placement.surplus import split, surplus_key
 
 RENDEZVOUS_PORT_CHOICES = 8
 
 
 class Placed(Protocol):
     """A placed gang as the snapshot reads it: its spec, its placement, whom it is being preempted for, its last
-    durable checkpoint and what its start cost (the scheduler's ``Gang``)."""
+    durable checkpoint, what its start cost and whether every shard runs (the scheduler's ``Gang``)."""
 
     @property
     def spec(self) -> JobSpec: ...
@@ -26,6 +28,8 @@ class Placed(Protocol):
     def checkpointed_at(self) -> datetime | None: ...
     @property
     def restart_s(self) -> float | None: ...
+    @property
+    def running(self) -> bool: ...
 
 
 @dataclass
@@ -52,31 +56,12 @@ class Usage:
         earlier = attained or {}
         runs = expected or {}
         for gang in gangs:
-            shards: dict[str, list[int]] = {}
             for shard in gang.scheduled.placements:
                 usage.gpus.setdefault(shard.node_id, set()).update(shard.gpu_indices)
                 usage.memory[shard.node_id] = usage.memory.get(shard.node_id, 0) + gang.spec.memory_per_shard
                 usage.cpu[shard.node_id] = usage.cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
-                shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
             usage.ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
-            ran = earlier.get(gang.spec.job_id, 0.0)
-            usage.running.append(
-                RunningJob(
-                    job_id=gang.spec.job_id,
-                    priority=gang.spec.priority,
-                    preemptible=gang.spec.preemptible,
-                    started_at=gang.scheduled.occurred_at,
-                    shards=tuple((node_id, tuple(gpus)) for node_id, gpus in shards.items()),
-                    memory_per_shard=gang.spec.memory_per_shard,
-                    cpu_per_shard=gang.spec.cpu_per_shard,
-                    preempted_by=gang.preempted_by,
-                    attained_gpu_s=ran,
-                    expected_end=expected_end(gang.spec, gang.scheduled.occurred_at, ran, runs.get(gang.spec.job_id)),
-                    queue=gang.spec.queue,
-                    checkpointed_at=gang.checkpointed_at,
-                    restart_s=gang.restart_s,
-                )
-            )
+            usage.running.extend(preemptable(gang, earlier.get(gang.spec.job_id, 0.0), runs.get(gang.spec.job_id)))
         return usage
 
     def nodes(self) -> set[str]:
@@ -90,6 +75,45 @@ class Usage:
             self.cpu.get(node_id, 0.0),
             frozenset(self.ports.get(node_id, ())),
         )
+
+
+def preemptable(gang: Placed, ran: float, expected_s: float | None) -> list[RunningJob]:
+    """``gang`` as the jobs preemption may stop: the whole gang; or, for a running elastic gang above its minimum
+    that nobody is preempting, its core and each surplus shard alone (``placement.surplus``). ``ran``: GPU-seconds
+    of its earlier attempts; ``expected_s``: its whole expected run time (None: its declaration, if any)."""
+    spec, scheduled = gang.spec, gang.scheduled
+    whole = partial(
+        RunningJob,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        started_at=scheduled.occurred_at,
+        memory_per_shard=spec.memory_per_shard,
+        cpu_per_shard=spec.cpu_per_shard,
+        preempted_by=gang.preempted_by,
+        attained_gpu_s=ran,
+        expected_end=expected_end(spec, scheduled.occurred_at, ran, expected_s),
+        queue=spec.queue,
+        checkpointed_at=gang.checkpointed_at,
+        restart_s=gang.restart_s,
+    )
+    core, surplus = split(spec, scheduled.placements) if gang.running and gang.preempted_by is None else ([], [])
+    if not surplus:
+        return [whole(job_id=spec.job_id, shards=_by_node(scheduled.placements))]
+    return [
+        whole(job_id=spec.job_id, shards=_by_node(core)),
+        *(
+            whole(job_id=surplus_key(spec.job_id, p.shard_index), shards=_by_node([p]), preemptible=True, live=True)
+            for p in surplus
+        ),
+    ]
+
+
+def _by_node(placements: Iterable[ShardPlacement]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(node id, GPU indices) of ``placements``, a node's GPUs together."""
+    shards: dict[str, list[int]] = {}
+    for shard in placements:
+        shards.setdefault(shard.node_id, []).extend(shard.gpu_indices)
+    return tuple((node_id, tuple(gpus)) for node_id, gpus in shards.items())
 
 
 def node_view(node: NodeState, usage: Usage) -> NodeView | None:

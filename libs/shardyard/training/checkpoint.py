@@ -213,15 +213,15 @@ class CheckpointWriter:
 
 def load_checkpoint(directory: str | os.PathLike[str], *, rank: int = 0) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint`, with ``rank``'s own optimizer state when the checkpoint
-    has it (else rank 0's); any problem is a :class:`CheckpointError`."""
+    has it, else that of rank ``rank mod W`` of the gang of ``W`` that wrote it (an elastic gang resumed at another
+    world size, with local SGD), else rank 0's; any problem is a :class:`CheckpointError`."""
     root = Path(directory)
     model = load_pretrained(root)
     state = _read_state(root / STATE_FILE)
     optimizer: dict[str, Any] | None = None
-    if rank and (root / rank_optimizer_file(rank)).is_file():
-        optimizer = _read_optimizer(root / rank_optimizer_file(rank))
-    elif (root / OPTIMIZER_FILE).is_file():
-        optimizer = _read_optimizer(root / OPTIMIZER_FILE)
+    candidates = (rank_optimizer_file(rank), rank_optimizer_file(rank % state.world_size), OPTIMIZER_FILE)
+    if (found := next((root / name for name in candidates if (root / name).is_file()), None)) is not None:
+        optimizer = _read_optimizer(found)
     elif (root / LEGACY_OPTIMIZER_FILE).is_file():
         optimizer = _read_legacy_optimizer(root / LEGACY_OPTIMIZER_FILE)
     if optimizer is not None and is_legacy_layout(root):

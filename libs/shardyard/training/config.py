@@ -25,6 +25,9 @@ SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
 SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
 DEVICE_ENV = "SHARDYARD_DEVICE"
 PEER_STATE_DIR_ENV = "SHARDYARD_PEER_STATE_DIR"
+GLOBAL_BATCH_ENV: Final = "SHARDYARD_GLOBAL_BATCH"
+"""Samples per step for the whole gang, kept at every world size an elastic gang is re-formed at (the node agent sets
+it from the workload's ``global_batch``). Unset: ``WORLD_SIZE`` x ``SHARDYARD_BATCH_SIZE``."""
 AGENT_STORE_ENV: Final = "TORCHELASTIC_USE_AGENT_STORE"
 """``True`` (torch reads exactly that string) when a launcher hosts the gang's store, as torchrun's elastic agent
 does and the node agent does for a job's own script (:mod:`shardyard.training.store`): every rank is then a client."""
@@ -42,6 +45,15 @@ TRAINING_ENV: Final = {
     "seed": "SHARDYARD_SEED",
 }
 """Where each training parameter (``shardyard.events.job.TrainingParams``) travels to the runner."""
+
+
+def rank_slice(rank: int, world_size: int, global_batch: int) -> tuple[int, int]:
+    """The samples ``[lo, hi)`` of a step's ``global_batch`` that ``rank`` of ``world_size`` trains on: consecutive
+    slices, as even as possible (the first ``global_batch % world_size`` ranks take one more). With ``global_batch``
+    a multiple of the world size, rank ``r`` takes ``[r * b, (r + 1) * b)``, as a rigid gang of batch ``b`` does."""
+    base, extra = divmod(global_batch, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
 
 
 def training_env(training: TrainingParams) -> dict[str, str]:
@@ -95,6 +107,9 @@ class RunConfig:
     attempt: int = 0
     """The gang's attempt (``SHARDYARD_ATTEMPT``, set by the agent): it tells the snapshots of one gang from
     another's."""
+    global_batch: int | None = None
+    """The samples of one step over the whole gang (``SHARDYARD_GLOBAL_BATCH``), kept when an elastic gang is
+    re-formed at another world size; None: ``world_size`` x ``batch_size``, a rigid gang's (see :attr:`step_batch`)."""
     agent_store: bool = False
     """Whether a launcher already serves the gang's store on MASTER_ADDR:MASTER_PORT (``TORCHELASTIC_USE_AGENT_STORE``
     exactly ``True``, as torchrun sets it and torch reads it), so that every rank, rank 0 included, is a client of it:
@@ -113,6 +128,25 @@ class RunConfig:
         if not self.averages_gradients or self.checkpoint_every == 0:
             return None
         return self.checkpoint_every * GRADIENT_CHECKPOINT_STEPS
+
+    @property
+    def step_batch(self) -> int:
+        """The samples of one step over the whole gang: :attr:`global_batch`, else ``world_size`` x ``batch_size``."""
+        return self.world_size * self.batch_size if self.global_batch is None else self.global_batch
+
+    @property
+    def batch_slice(self) -> tuple[int, int]:
+        """This rank's samples ``[lo, hi)`` of each step's :attr:`step_batch` (:func:`rank_slice`)."""
+        return rank_slice(self.rank, self.world_size, self.step_batch)
+
+    @property
+    def loss_weight(self) -> float:
+        """What this rank's mean loss is scaled by before the backward pass: with gradient averaging, its slice's
+        share of the step's batch times the world size, so that the averaged gradient is the gradient of the mean
+        loss over the whole batch however unevenly it is sliced (1 for even slices). With local SGD each rank steps
+        on its own slice's mean loss: 1."""
+        lo, hi = self.batch_slice
+        return (hi - lo) * self.world_size / self.step_batch if self.averages_gradients else 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RunConfig:
@@ -141,9 +175,8 @@ class RunConfig:
         peer_state_dir = p.optional(PEER_STATE_DIR_ENV, str, lambda v: v != "", "a directory path")
         attempt = p.optional("SHARDYARD_ATTEMPT", int, lambda v: v >= 0, "an integer >= 0")
         device = p.optional(DEVICE_ENV, str.lower, lambda v: v in DEVICES, " or ".join(DEVICES))
-        if rank is not None and world_size is not None and rank >= world_size:
-            p.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
-        p.raise_problems()
+        global_batch = p.optional(GLOBAL_BATCH_ENV, int, lambda v: v >= 1, "an integer >= 1")
+        p.finish(rank, world_size, global_batch)
         # After the checks above every required value is set; the asserts narrow the Optionals for mypy.
         assert rank is not None and world_size is not None and local_rank is not None and master_addr is not None
         assert master_port is not None and model_dir is not None and dataset_dir is not None
@@ -173,6 +206,7 @@ class RunConfig:
             device=cast(Device, device or "auto"),
             peer_state_dir=None if peer_state_dir is None else Path(peer_state_dir),
             attempt=attempt or 0,
+            global_batch=global_batch,
             agent_store=env.get(AGENT_STORE_ENV) == "True",
         )
 
@@ -186,6 +220,15 @@ class _Parser:
         """One ConfigError listing every problem found, if there is any."""
         if self.problems:
             raise ConfigError(self.problems)
+
+    def finish(self, rank: int | None, world_size: int | None, global_batch: int | None) -> None:
+        """The checks across variables (a rank within the world, at least one sample a rank each step), then one
+        ConfigError listing every problem found, if there is any."""
+        if world_size is not None and rank is not None and rank >= world_size:
+            self.problems.append(f"RANK={rank} must be < WORLD_SIZE={world_size}")
+        if world_size is not None and global_batch is not None and global_batch < world_size:
+            self.problems.append(f"{GLOBAL_BATCH_ENV}={global_batch} must be >= WORLD_SIZE={world_size}")
+        self.raise_problems()
 
     def required(self, name: str, conv: Callable[[str], _T], ok: Callable[[_T], bool], what: str) -> _T | None:
         if name not in self.env:

@@ -1,4 +1,9 @@
-"""Byte-level text dataset: every ``*.txt`` file under a directory, concatenated, sampled as random windows."""
+"""Byte-level text dataset: every ``*.txt`` file under a directory, concatenated, sampled as random windows.
+
+The sample stream is the gang's, not a rank's: each step draws the step's whole batch (``SHARDYARD_GLOBAL_BATCH``
+windows, else world size x batch size) from one seeded generator, and each rank trains on its slice. With a global
+batch kept, the windows of every step are the same whatever the world size, so an elastic gang re-formed at another
+size at step ``k`` trains on exactly the data a gang of fixed size would have from step ``k + 1`` on."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import numpy as np
 import torch
 
 from shardyard.errors import ShardyardError
+from shardyard.training.config import rank_slice
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -56,35 +62,47 @@ class ByteDataset:
             raise DatasetError(f"dataset {self.name} has {len(self)} bytes; seq_len={seq_len} needs >= {seq_len + 1}")
 
     def batches(
-        self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int, *, start_step: int = 0
+        self,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        *,
+        start_step: int = 0,
+        global_batch: int | None = None,
     ) -> Iterator[Batch]:
-        """Infinite stream of ``(inputs, targets)`` LongTensors ``[batch_size, seq_len]``, targets shifted by one.
+        """Infinite stream of ``(inputs, targets)`` LongTensors ``[n, seq_len]``, targets shifted by one.
 
-        Every rank seeds the same generator; each step it draws ``world_size * batch_size`` window starts and
-        rank ``r`` takes slice ``[r * batch_size, (r + 1) * batch_size)``. The ranks' draws are therefore
-        disjoint, and together they equal what one process drawing the combined batch would get.
+        Every rank seeds the same generator; each step it draws ``global_batch`` window starts (None:
+        ``world_size * batch_size``) and rank ``r`` takes its slice of them (:func:`rank_slice`: as even as possible,
+        ``[r * batch_size, (r + 1) * batch_size)`` when ``global_batch`` is ``world_size * batch_size``). The ranks'
+        draws are therefore disjoint, and together they equal what one process drawing the combined batch would get.
         ``start_step`` skips that many steps' draws: a run resumed at step ``k`` sees exactly the batches an
-        uninterrupted run would have seen from step ``k + 1`` on.
+        uninterrupted run would have seen from step ``k + 1`` on. The draws depend on the seed and ``global_batch``
+        only, so a gang re-formed at another world size with the same ``global_batch`` goes on with the same windows.
         """
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if global_batch is not None and global_batch < world_size:
+            raise ValueError(f"global_batch must be >= world_size={world_size}, got {global_batch}")
         if start_step < 0:
             raise ValueError(f"start_step must be >= 0, got {start_step}")
         self.check_seq_len(seq_len)  # raised here, not at the first next()
-        return self._stream(rank, world_size, batch_size, seq_len, seed, start_step)
+        draws = world_size * batch_size if global_batch is None else global_batch
+        lo, hi = rank_slice(rank, world_size, draws)
+        return self._stream(draws, lo, hi, seq_len, seed, start_step)
 
-    def _stream(
-        self, rank: int, world_size: int, batch_size: int, seq_len: int, seed: int, start_step: int
-    ) -> Iterator[Batch]:
+    def _stream(self, draws: int, lo: int, hi: int, seq_len: int, seed: int, start_step: int) -> Iterator[Batch]:
+        """Each step ``draws`` window starts from the seeded generator; samples ``[lo, hi)`` of them are this rank's."""
         gen = torch.Generator().manual_seed(seed)
         n_starts = len(self) - seq_len  # a start s uses bytes [s, s + seq_len]
         offsets = torch.arange(seq_len + 1)
-        lo, hi = rank * batch_size, (rank + 1) * batch_size
         for _ in range(start_step):  # the same draws as the steps being skipped, so the generator ends up alike
-            torch.randint(0, n_starts, (world_size * batch_size,), generator=gen)
+            torch.randint(0, n_starts, (draws,), generator=gen)
         while True:
-            starts = torch.randint(0, n_starts, (world_size * batch_size,), generator=gen)[lo:hi]
+            starts = torch.randint(0, n_starts, (draws,), generator=gen)[lo:hi]
             windows = self.data[starts.unsqueeze(1) + offsets].long()
             yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -23,11 +23,14 @@ when the training thread is waiting on the gang: the training thread holds the s
 (:meth:`PeerSnapshots.waiting_on_gang`), so what that thread writes is a state the training thread had completed.
 
 The re-formed gang agrees at its rendezvous (:func:`agree_on_resume`): every process offers the snapshots on its node
-(their step, attempt and the ranks whose state they hold) and the checkpoint step it read. The newest step whose
-snapshots, all of one attempt, hold every rank's state wins if it is past the checkpoint: each rank loads its state
-from its own node when a snapshot there holds it, else receives it from a peer that has it (:func:`transfer`, point
-to point, in rank order). Else the gang resumes from the checkpoint, as before. A snapshot is never deleted by the
-gang: a re-formed gang that fails again before its first sync finds the same snapshots again.
+(their step, attempt, world size and the ranks whose state they hold) and the checkpoint step it read. The newest
+step whose snapshots, all of one attempt, hold every state the new gang needs wins if it is past the checkpoint: each
+rank loads its state from its own node when a snapshot there holds it, else receives it from a peer that has it
+(:func:`transfer`, point to point, in rank order). Else the gang resumes from the checkpoint, as before. A snapshot
+is never deleted by the gang: a re-formed gang that fails again before its first sync finds the same snapshots again.
+
+An elastic gang re-formed at another world size resumes the same way, new rank ``r`` with the optimizer state of old
+rank ``r mod old world`` (all alike with gradient averaging). A single shard keeps its state too: it may grow.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class Offer:
     attempt: int
     ranks: tuple[int, ...]
     """The ranks whose optimizer state it holds (every rank with gradient averaging)."""
+    world_size: int
+    """The world size of the gang that wrote it (the ranks' numbering)."""
     directory: str
 
 
@@ -94,8 +99,14 @@ class Offer:
 class ResumePlan:
     step: int
     attempt: int
+    world_size: int
+    """The world size of the gang whose state it is (which may differ from the re-formed gang's)."""
     sources: dict[int, tuple[int, str]]
     """For each rank, the rank that holds its state and the snapshot directory on that rank's node."""
+
+    def old_rank(self, rank: int) -> int:
+        """The rank of the gang that wrote the state whose optimizer state ``rank`` continues with."""
+        return rank % self.world_size
 
 
 def _state_document(cfg: RunConfig, step: int, loss: float | None, ranks: list[int]) -> bytes:
@@ -107,52 +118,50 @@ def _state_document(cfg: RunConfig, step: int, loss: float | None, ranks: list[i
         "seed": cfg.seed,
         "sync_interval": cfg.sync_interval,
         "attempt": cfg.attempt,
-        "ranks": sorted(ranks),
+        "ranks": sorted(set(ranks)),
     }
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
 def read_offers(root: Path | None, cfg: RunConfig) -> list[Offer]:
-    """The snapshots under ``root`` that this gang can resume from: same world size, sync interval and seed, a step
-    within ``max_steps``; unreadable ones are left out."""
+    """The snapshots under ``root`` that this gang can resume from: same sync interval and seed (any world size: an
+    elastic gang is re-formed at another), a step within ``max_steps``; unreadable ones are left out."""
     if root is None or not root.is_dir():
         return []
     offers = []
     for directory in sorted(root.glob(f"{_SNAPSHOT_PREFIX}*")):
         try:
             raw = json.loads((directory / STATE_FILE).read_text())
-            fits = (raw["world_size"], raw["sync_interval"], raw["seed"]) == (
-                cfg.world_size,
-                cfg.sync_interval,
-                cfg.seed,
-            )
+            fits = (raw["sync_interval"], raw["seed"]) == (cfg.sync_interval, cfg.seed)
             step, attempt, ranks = int(raw["step"]), int(raw["attempt"]), tuple(int(r) for r in raw["ranks"])
+            world = int(raw["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if fits and 0 < step <= cfg.max_steps:
-            offers.append(Offer(step=step, attempt=attempt, ranks=ranks, directory=str(directory)))
+        if fits and 0 < step <= cfg.max_steps and all(0 <= r < world for r in ranks):
+            offers.append(Offer(step=step, attempt=attempt, ranks=ranks, world_size=world, directory=str(directory)))
     return offers
 
 
 def choose(checkpoint_step: int, offers: list[list[Offer]], world_size: int) -> ResumePlan | None:
     """The peers' state to resume from, given each rank's ``offers``: the newest (step, attempt) whose snapshots
-    hold every rank's state, if it is past ``checkpoint_step``; None to resume from the checkpoint. A rank takes its
-    state from its own node where it can, else from the lowest rank that has it."""
-    holders: dict[tuple[int, int], dict[int, list[tuple[int, str]]]] = {}
+    hold the state of every rank of the new gang of ``world_size`` (rank ``r``: the state of rank ``r mod W`` of the
+    gang of ``W`` that wrote them), if it is past ``checkpoint_step``; None to resume from the checkpoint. A rank takes
+    its state from its own node where it can, else from the lowest rank that has it."""
+    holders: dict[tuple[int, int, int], dict[int, list[tuple[int, str]]]] = {}
     for rank, mine in enumerate(offers):
         for offer in mine:
-            held = holders.setdefault((offer.step, offer.attempt), {})
+            held = holders.setdefault((offer.step, offer.attempt, offer.world_size), {})
             for covered in offer.ranks:
                 held.setdefault(covered, []).append((rank, offer.directory))
-    for (step, attempt), held in sorted(holders.items(), reverse=True):
+    for (step, attempt, was), held in sorted(holders.items(), reverse=True):
         if step <= checkpoint_step:
             return None
-        if all(rank in held for rank in range(world_size)):
+        if all(rank % was in held for rank in range(world_size)):
             sources = {}
             for rank in range(world_size):
-                local = [h for h in held[rank] if h[0] == rank]
-                sources[rank] = (local or sorted(held[rank]))[0]
-            return ResumePlan(step=step, attempt=attempt, sources=sources)
+                local = [h for h in held[rank % was] if h[0] == rank]
+                sources[rank] = (local or sorted(held[rank % was]))[0]
+            return ResumePlan(step=step, attempt=attempt, world_size=was, sources=sources)
     return None
 
 
@@ -160,9 +169,9 @@ def agree_on_resume(cfg: RunConfig, checkpoint_step: int, offers: list[Offer]) -
     """Every rank learns the others' offers and checkpoint step and reaches the same plan. Without one, every rank
     must have resumed from the same checkpoint step: a rank that read the checkpoint while the rank 0 of the broken
     gang was still putting a later one in place can differ, and the gang then fails (and is retried) instead of
-    diverging."""
+    diverging. A gang of one has nobody to hear from: its own node's snapshots decide."""
     if cfg.world_size == 1:
-        return None
+        return choose(checkpoint_step, [offers], 1)
     gathered: list[Any] = [None] * cfg.world_size
     with comm("resume agreement all_gather"):
         dist.all_gather_object(gathered, (checkpoint_step, [asdict(o) for o in offers]))
@@ -174,10 +183,10 @@ def agree_on_resume(cfg: RunConfig, checkpoint_step: int, offers: list[Offer]) -
     return plan
 
 
-def _files_for(directory: Path, rank: int) -> dict[str, bytes]:
-    """The files a rank resumes from: the model, the state, and its optimizer state under the checkpoint's name for
-    it (``load_checkpoint(rank=rank)`` reads it)."""
-    own = directory / rank_optimizer_file(rank)
+def _files_for(directory: Path, old_rank: int, rank: int) -> dict[str, bytes]:
+    """The files a rank resumes from: the model, the state, and the optimizer state of ``old_rank`` (of the gang that
+    wrote the snapshot) under the checkpoint's name for ``rank`` (``load_checkpoint(rank=rank)`` reads it)."""
+    own = directory / rank_optimizer_file(old_rank)
     optimizer = own if own.is_file() else directory / OPTIMIZER_FILE  # gradient averaging: one state for all
     names = [p.name for p in directory.iterdir() if p.is_file() and p.name.endswith((".json", ".safetensors"))]
     files = {n: (directory / n).read_bytes() for n in names if not n.startswith("optimizer")}
@@ -192,10 +201,10 @@ def transfer(cfg: RunConfig, plan: ResumePlan) -> Checkpoint:
     for rank in range(cfg.world_size):
         holder, directory = plan.sources[rank]
         if holder == rank == cfg.rank:
-            mine = _load(Path(directory), rank)
+            mine = _load(Path(directory), plan.old_rank(rank))  # the snapshot's own numbering
         elif holder == cfg.rank:
             with comm(f"rank {rank}'s state to it"):
-                dist.send_object_list([_files_for(Path(directory), rank)], dst=rank)
+                dist.send_object_list([_files_for(Path(directory), plan.old_rank(rank), rank)], dst=rank)
         elif rank == cfg.rank:
             received: list[Any] = [None]
             with comm(f"this rank's state from rank {holder}"):
@@ -222,7 +231,7 @@ class PeerSnapshots:
         self.cfg = cfg
         self.group = group
         self.device = device
-        self.root = cfg.peer_state_dir if cfg.world_size > 1 else None
+        self.root = cfg.peer_state_dir  # a single shard's too: an elastic gang of one may grow
         self.files: dict[str, bytes] | None = None
         self.step = 0
         self.loss: float | None = None
@@ -272,9 +281,10 @@ class PeerSnapshots:
             return
         cfg = self.cfg
         own = optimizer_bytes(optimizer)
-        with self.waiting_on_gang(), sync_comm(f"optimizer state ring exchange at step {step}", cfg.sync_timeout_s):
-            previous = _ring_exchange(own, cfg.rank, cfg.world_size, self.group, self.device)
-        before = (cfg.rank - 1) % cfg.world_size
+        before, previous = (cfg.rank - 1) % cfg.world_size, own  # a gang of one has no ring
+        if before != cfg.rank:
+            with self.waiting_on_gang(), sync_comm(f"optimizer state ring exchange at step {step}", cfg.sync_timeout_s):
+                previous = _ring_exchange(own, cfg.rank, cfg.world_size, self.group, self.device)
         self.files = {
             **pretrained_files(model),
             rank_optimizer_file(cfg.rank): own,
@@ -383,7 +393,8 @@ def _exchange(out: torch.Tensor, into: torch.Tensor, after: int, before: int, gr
         request.wait()
 
 
-def describe_plan(plan: ResumePlan, rank: int) -> str:
+def describe_plan(plan: ResumePlan, rank: int, world_size: int) -> str:
     holder, _ = plan.sources[rank]
     where = "this node" if holder == rank else f"rank {holder}"
-    return f"its peers' state of step {plan.step} (attempt {plan.attempt}; this rank's from {where})"
+    resized = "" if plan.world_size == world_size else f" of a gang of {plan.world_size}, rank {plan.old_rank(rank)}'s"
+    return f"its peers' state of step {plan.step} (attempt {plan.attempt}; this rank's from {where}{resized})"

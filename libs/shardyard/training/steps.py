@@ -1,6 +1,12 @@
 """The named steps of one shard's training run (:func:`shardyard.training.runner.train` reads as their sequence):
 joining the gang (inputs, device, rendezvous, resuming from a checkpoint or the survivors' state), one training
-step, keeping the gang's state when a step fails, and ending (the final model, or the checkpoint of a stop)."""
+step, keeping the gang's state when a step fails, and ending (the final model, or the checkpoint of a stop).
+
+A step is the gang's batch (``SHARDYARD_GLOBAL_BATCH``, else world size x batch size), each rank training on its
+slice (:mod:`shardyard.training.data`). An elastic gang re-formed at another world size keeps the global batch, the
+learning rate and the data order: with gradient averaging each rank's loss is weighted by its slice's share
+(:attr:`RunConfig.loss_weight`), so the update is the one of the mean loss over the whole batch, as at any other
+size; with local SGD each rank's local steps use its slice. Progress counts this rank's samples."""
 
 from __future__ import annotations
 
@@ -102,7 +108,9 @@ def join_gang(cfg: RunConfig, where: str) -> Joined:
             start = plan.step
             span.set_attribute("shardyard.resumed_from_peers", start)
     if plan is not None:
-        print(f"{PREFIX}[rank {cfg.rank}]: resuming from {describe_plan(plan, cfg.rank)}", file=sys.stderr)
+        print(
+            f"{PREFIX}[rank {cfg.rank}]: resuming from {describe_plan(plan, cfg.rank, cfg.world_size)}", file=sys.stderr
+        )
     elif resumed is not None:
         print(f"{PREFIX}[rank {cfg.rank}]: resuming from {cfg.resume_dir} at step {start}", file=sys.stderr)
     mode = "gradients every step" if cfg.averages_gradients else f"parameters every {cfg.sync_interval} steps"
@@ -158,8 +166,17 @@ class Steps:
         if resumed is not None and resumed.optimizer is not None:
             restore_optimizer(self.optimizer, resumed.optimizer, cfg.lr)
         self.stream = gang.dataset.batches(
-            cfg.rank, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.seed, start_step=gang.start
+            cfg.rank,
+            cfg.world_size,
+            cfg.batch_size,
+            cfg.seq_len,
+            cfg.seed,
+            start_step=gang.start,
+            global_batch=cfg.global_batch,
         )
+        lo, hi = cfg.batch_slice
+        self.samples = hi - lo
+        """This rank's samples a step: its slice of the gang's batch."""
         self.loss = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
         self.last, self.stopped = gang.start, False
         self.noticed_after: int | None = None
@@ -183,7 +200,8 @@ class Steps:
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
         self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
+        weight = self.cfg.loss_weight  # uneven slices: the averaged gradient is still the whole batch's mean loss's
+        torch.autograd.backward(loss if weight == 1.0 else loss * weight)
         with self.peers.waiting_on_gang():  # sync_interval 1: every rank, the same update
             synced = self.syncs.gradients(step, stop=stop.requested)
         self.optimizer.step()
@@ -227,7 +245,7 @@ class Steps:
         self.reporter.progress(
             step=step,
             loss=self.loss,
-            samples=(step - self.start) * self.cfg.batch_size,
+            samples=(step - self.start) * self.samples,
             allreduce_ms=syncs.stats.ms,
             allreduce_bytes=syncs.stats.bytes,
             syncs=syncs.count,

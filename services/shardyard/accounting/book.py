@@ -30,6 +30,7 @@ from shardyard.events import (
     JobFailed,
     JobPreempted,
     JobRecovering,
+    JobResized,
     JobScheduled,
     JobSpec,
     JobSucceeded,
@@ -96,7 +97,7 @@ class JobFold:
                 self.reason, self.message = event.cause.value, event.message
             case JobCancelled():
                 self.message = event.message
-            case JobRecovering() | JobPreempted():
+            case JobRecovering() | JobPreempted() | JobResized():
                 pass  # the attempt closed above; the job waits for its next placement
         if target in TERMINAL:
             self.ended_at = event.occurred_at

@@ -26,6 +26,7 @@ from shardyard.events import (
     JobPreempted,
     JobPreempting,
     JobRecovering,
+    JobResized,
     JobScheduled,
     JobSucceeded,
     NodeLost,
@@ -163,9 +164,9 @@ class FaultBook:
                     if not event.counted:
                         record.moves.add(event.attempt)
                     self._close(event.job_id, record, event.attempt)
-            case JobPreempting() | JobPreempted():
-                # The gang is being stopped on purpose: its shards' failures (REVOKED, the peers' COMM_ERRORs) are
-                # not faults, and its next attempt is placed by the scheduler.
+            case JobPreempting() | JobPreempted() | JobResized():
+                # The gang is being stopped on purpose (preempted, or re-formed at another size): its shards' failures
+                # (REVOKED, the peers' COMM_ERRORs) are not faults, and its next attempt is placed by the scheduler.
                 record = self._record(event.job_id)
                 if record is not None:
                     self._close(event.job_id, record, event.attempt)

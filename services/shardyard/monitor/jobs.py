@@ -21,6 +21,7 @@ from shardyard.events import (
     JobReady,
     JobRecovering,
     JobRejected,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSucceeded,
@@ -35,12 +36,13 @@ from shardyard.events import (
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, can_move, moves, target_state
 from shardyard.monitor.progress import SERIES_POINTS as SERIES_POINTS  # re-exported: its home was here
 from shardyard.monitor.progress import ProgressSeries, SeriesPoint, SyncPace
+from shardyard.monitor.public import REDACTED as REDACTED  # re-exported: its home was here
+from shardyard.monitor.public import public_spec
 from shardyard.monitor.timeline import MAX_NOTES, Timeline
 
 MAX_TIMELINE = MAX_NOTES
 MAX_SERIES = 2000
-ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})
-"""Shard states whose last throughput no longer counts towards the gang's."""
+ENDED_SHARD = frozenset({"COMPLETED", "FAILED"})  # shard states whose throughput no longer counts towards the gang's
 
 ShardFact = ShardStarted | ShardProgress | ShardCompleted | ShardFailed
 
@@ -74,6 +76,7 @@ class JobView:
     preempting: tuple[int, str] | None = None
     """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
     recoveries: int = 0
+    resizes: int = 0  # times its elastic gang was re-formed at another size (JobResized)
     last_checkpoint: dict[str, Any] | None = None
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
@@ -160,6 +163,8 @@ class JobView:
                 self._preempted(event)
             case JobRecovering():
                 self._recovering(event)
+            case JobResized():
+                self._resized(event)
             case JobCancelRequested():
                 if self.state is not None and self.state not in TERMINAL:
                     self.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
@@ -221,6 +226,13 @@ class JobView:
             f"{event.retries_left} left{excluded}",
         )
 
+    def _resized(self, event: JobResized) -> None:
+        self.resizes += 1
+        self.pending(None, f"resizing: {event.reason}", node_counts={}, waiting_for=[])
+        why = f"{event.reason} for {event.by_job}" if event.by_job else event.reason
+        detail = f"attempt {event.attempt} re-forms at {event.to_shards} shards ({why}); no retry used"
+        self.note(event.occurred_at, f"resized {event.from_shards} -> {event.to_shards}", detail)
+
     def _ended(self, event: JobCancelled | JobSucceeded | JobFailed) -> None:
         self.ended_at = event.occurred_at
         match event:
@@ -248,6 +260,8 @@ class JobView:
         self.preempting = None
         self.pending(None, "", node_counts={}, waiting_for=[])
         self.placements = [p.model_dump() for p in event.placements]
+        # The rows of this attempt's shards only (an earlier attempt's steps are no news of this one's).
+        self.shards = {i: row for i, row in self.shards.items() if row.get("attempt", 0) >= event.attempt}
         where = ", ".join(
             f"shard {p.shard_index} -> {p.node_id} GPU {p.gpu_indices}"
             + (f" degraded (match {p.match_score:.2f})" if p.degraded else "")
@@ -255,8 +269,7 @@ class JobView:
         )
         detail = f"attempt {event.attempt}{' (degraded)' if event.degraded else ''}: {where}; "
         detail += f"coordinator {event.coordinator_node}"
-        if event.resume_from:
-            detail += f"; resuming from {event.resume_from}"
+        detail += f"; resuming from {event.resume_from}" if event.resume_from else ""
         self.note(event.occurred_at, "scheduled", detail)
 
     def fold_shard(self, event: ShardFact) -> None:
@@ -357,10 +370,10 @@ class JobView:
         return self.loss[-1][1] if self.loss else None
 
     def detail(self) -> dict[str, Any]:
-        first = self.loss[0][1] if self.loss else None
         return {
             **self.summary(),
             "recoveries": self.recoveries,
+            "resizes": self.resizes,
             "last_checkpoint": self.last_checkpoint,
             "spec": self.spec,
             "errors": self.errors,
@@ -372,7 +385,7 @@ class JobView:
             "degraded": self.degraded,
             "resume_from": self.resume_from,
             "shards": {str(k): v for k, v in sorted(self.shards.items())},
-            "first_loss": first,
+            "first_loss": self.loss[0][1] if self.loss else None,
             "final_loss": self.final_loss,
             "checkpoint_dir": self.checkpoint_dir,
             "first_step_at": self.first_step_at.isoformat() if self.first_step_at else None,
@@ -385,15 +398,3 @@ class JobView:
         """The dashboard's curves, apart from ``detail()`` so that polling them does not resend the timeline."""
         max_steps = self.spec.get("max_steps") if self.spec else None
         return {"job_id": self.job_id, "state": self.state, "max_steps": max_steps, **self.series.columns()}
-
-
-REDACTED = "<redacted>"
-
-
-def public_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec as the status API and the dashboard show it: an entrypoint's environment keeps its names, but its
-    values (tokens, keys, passwords as often as not) stay between the bus and the agents."""
-    entrypoint = spec.get("entrypoint")
-    if not isinstance(entrypoint, dict) or not entrypoint.get("env"):
-        return spec
-    return {**spec, "entrypoint": {**entrypoint, "env": dict.fromkeys(entrypoint["env"], REDACTED)}}

@@ -18,6 +18,7 @@ from shardyard.training.config import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_SLOW_SYNC_FACTOR,
     DEFAULT_SYNC_TIMEOUT_S,
+    GLOBAL_BATCH_ENV,
     PEER_STATE_DIR_ENV,
     SLOW_SYNC_FACTOR_ENV,
     SYNC_TIMEOUT_ENV,
@@ -160,11 +161,19 @@ def shard_env(
             **notice_env(assignment.notice_s),
             **last,
         }
-        | ({RESUME_DIR_ENV: str(paths.resume)} if paths.resume is not None else {})
+        | continuation_env(assignment, paths)
         | peer_state_env(assignment, options)
     )
     env.pop(SECRET_ENV, None)  # the cluster secret is the agent's, never the job's
     return env
+
+
+def continuation_env(assignment: ShardAssignment, paths: ShardPaths) -> dict[str, str]:
+    """What carries a job over from its attempt before: the checkpoint it resumes from, and an elastic job's global
+    batch (the same at every world size it is re-formed at)."""
+    global_batch = assignment.workload.global_batch
+    resume = {} if paths.resume is None else {RESUME_DIR_ENV: str(paths.resume)}
+    return resume | ({} if global_batch is None else {GLOBAL_BATCH_ENV: str(global_batch)})
 
 
 def hosted_store(assignment: ShardAssignment) -> dict[str, str]:

@@ -32,6 +32,7 @@ from shardyard.events import (
     JobFailed,
     JobPreempted,
     JobRecovering,
+    JobResized,
     JobScheduled,
     JobSucceeded,
     ShardAssignment,
@@ -104,7 +105,7 @@ class Ledger:
                     return set()  # fenced: a deposed leader's placement, or an older attempt
                 self.placed[event.job_id] = newest = (event.term, event.attempt)
                 return self._release(event.job_id, lambda r, key: superseded(r.term, key[2], newest))
-            case JobRecovering() | JobPreempted():
+            case JobRecovering() | JobPreempted() | JobResized():
                 # The attempt is over; later attempts are not placed yet when this is read, or reserve anew.
                 last = event.attempt
                 return self._release(event.job_id, lambda _r, key: key[2] <= last)

@@ -63,6 +63,7 @@ def workload(spec: JobSpec, *, output_path: str, resume_from: str | None) -> Wor
         **spec.training.model_dump(),
         resume_from=resume_from,
         entrypoint=spec.entrypoint,
+        global_batch=spec.shard_count * spec.training.batch_size,
     )
 
 

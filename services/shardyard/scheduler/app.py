@@ -94,6 +94,12 @@ class SchedulerSettings(ReplicatedSettings):
         description="end a job FAILED UNSCHEDULABLE once no set of the cluster's nodes could hold it (NEVER_FITS) "
         "for this long; 0: such a job waits for capacity for ever",
     )
+    resize_cooldown_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="an elastic gang grows into free GPUs only once its attempt (its start, or its last resize or "
+        "recovery) is this old: no flapping",
+    )
     capacity_repeat_s: float = Field(default=30.0, gt=0, description="repeat an unchanged capacity request after")
     reclaim_after_s: float = Field(default=300.0, gt=0, description="idle time before a node is a reclaim candidate")
     queues_file: str | None = Field(
@@ -126,6 +132,7 @@ class SchedulerSettings(ReplicatedSettings):
             spare_grace_s=self.spare_grace_s,
             exclusion_heal_s=self.exclusion_heal_s,
             unschedulable_after_s=self.unschedulable_after_s,
+            resize_cooldown_s=self.resize_cooldown_s,
             elasticity=ElasticityTracker(repeat_s=self.capacity_repeat_s, reclaim_after_s=self.reclaim_after_s),
         )
 

@@ -4,8 +4,9 @@
 ``on_recovering``, ``on_cancel`` and ``revocations`` return the events that carry out decisions. The book decides under
 ``term``, the term its replica was elected under (``take_over``); the terms it reads are a fence (see ``fencing``),
 never its own. The book holds the state and takes the facts in; the rules live in its parts, pure: ``admission``
-(the events of a placement), ``preemption``, ``reform`` (re-forming a recovering gang), ``completion`` (what shard
-facts add up to), ``cancellation``, ``start_deadline`` and ``orphans``. Parts that keep state of their own own it:
+(the events of a placement), ``preemption``, ``reform`` (re-forming a recovering gang), ``resize`` (growing and
+shrinking elastic gangs), ``completion`` (what shard facts add up to), ``cancellation``, ``start_deadline`` and
+``orphans``. Parts that keep state of their own own it:
 the fence's record of placements (``fencing``), the cancel requests, the pending reasons, the orphan check's pace.
 """
 
@@ -19,12 +20,14 @@ from shardyard.events import (
     JobCancelRequested,
     JobFailed,
     JobRecovering,
+    ResizeReason,
     RevocationReason,
 )
 from shardyard.placement.cycle import schedule
 from shardyard.placement.filters import EXCLUDED
 from shardyard.placement.model import Invalid, NodeView, Place, Preempt, Snapshot, Unschedulable
-from shardyard.scheduler import preemption
+from shardyard.placement.surplus import surplus_of
+from shardyard.scheduler import preemption, resize
 from shardyard.scheduler.admission import admit, first_free, ports_in_use, waits_for_spares
 from shardyard.scheduler.cancellation import cancellation
 from shardyard.scheduler.completion import settle
@@ -34,12 +37,17 @@ from shardyard.scheduler.gang import Gang, revoke_unfinished
 from shardyard.scheduler.reform import Ground, reform
 from shardyard.scheduler.start_deadline import timed_out
 
+GROW_CHECK_S = 1.0
+"""Elastic gangs are looked at for growth at most this often (each look places their new shards on a snapshot)."""
+
 
 class SchedulerBook(BookFacts):
     """The scheduler's decisions over what ``BookFacts`` knows (see the module's doc)."""
 
     _cycle_ports: dict[str, set[int]] | None = None
     """During a cycle's decisions: node -> the rendezvous ports its gangs hold (``cycle``)."""
+    _grow_checked: datetime | None = None
+    """When the cycle last looked for elastic gangs to grow."""
 
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self, now: datetime | None = None) -> Snapshot:
@@ -65,10 +73,15 @@ class SchedulerBook(BookFacts):
             out.extend(self.on_cancel(request, now))
         out.extend(self._decided(self._overdue_starts(now)))
         out.extend(self._decided(self._orphans(now)))
-        # 2. Decide for every pending job on one snapshot, and carry the decisions out.
+        # 2. Decide for every pending job on one snapshot, and carry the decisions out; then elastic gangs grow into
+        #    what no waiting job can use.
         self.reasons.new_cycle()
-        if not self.pending:
-            return out
+        if self.pending:
+            out.extend(self._decide(now))
+        return out + self._grow(now)
+
+    def _decide(self, now: datetime) -> list[Event]:
+        out: list[Event] = []
         snapshot = self.snapshot(now)
         by_id = self._views.views  # the snapshot's views, by node id
         # The rendezvous ports in use, once a cycle (each admission adds its own): looked up per gang placed, a walk
@@ -79,16 +92,71 @@ class SchedulerBook(BookFacts):
             replace(job, spares=self._spares(job.spec), excluded_nodes=self.kept_off(job.spec.job_id, now))
             for job in self.pending.values()
         ]
+        shrinks: dict[str, dict[int, str]] = {}  # job -> its surplus shards the cycle took -> whom for
         try:
             for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
+                if isinstance(decision, Preempt) and (surplus := surplus_of(decision.job_id)) is not None:
+                    shrinks.setdefault(surplus[0], {})[surplus[1]] = decision.by_job
+                    continue  # carried out once the cycle is decided: one re-formation per gang
                 try:
                     out.extend(self._carry_out(decision, by_id, now))
                 except Exception as exc:  # one job's bad data fails that job, never the cycle
                     if not isinstance(decision, Preempt):  # a victim is a placed job: its preemption is just not made
                         out.extend(self._invalid(Invalid(decision.job_id, f"{type(exc).__name__}: {exc}"[:500]), now))
+            out.extend(self._shrink(shrinks, snapshot, now))
         finally:
             self._cycle_ports = None
         return out + self._unschedulable(now)
+
+    # --- resizing elastic gangs (see ``resize``) ----------------------------------------------------------------
+    def _shrink(self, shrinks: dict[str, dict[int, str]], snapshot: Snapshot, now: datetime) -> list[Event]:
+        """Re-form each gang the cycle took surplus shards of without them."""
+        out: list[Event] = []
+        for job_id, dropped in shrinks.items():
+            gang = self.gangs.get(job_id)
+            if gang is None or gang.preempted_by is not None:
+                continue  # placed no more, or stopping whole for another job
+            by_job = min(dropped.values())
+            reason = resize.shrink_reason(gang.spec, self.specs.get(by_job))
+            place = resize.shrunk(gang, set(dropped), self._ground(job_id, snapshot))
+            out.extend(self._resize(gang, place, reason, by_job, now))
+        return out
+
+    def _grow(self, now: datetime) -> list[Event]:
+        """Grow the elastic gangs that may (``resize.may_grow``) into free GPUs no waiting job could use; looked for
+        at most every ``GROW_CHECK_S``."""
+        if self._grow_checked is not None and (now - self._grow_checked).total_seconds() < GROW_CHECK_S:
+            return []
+        self._grow_checked = now
+        growing = [g for g in self.gangs.values() if resize.may_grow(g, now, self.resize_cooldown_s)]
+        if not growing:
+            return []
+        verdicts = {spec.job_id: reason for spec, reason, _since in self.reasons.blocked}
+        out: list[Event] = []
+        for gang in sorted(growing, key=lambda g: (-g.spec.priority, g.scheduled.occurred_at)):
+            waiting = [job.spec for job in self.pending.values()]
+            if any(resize.blocks_growth(spec, verdicts.get(spec.job_id), gang.spec) for spec in waiting):
+                continue
+            job_id = gang.spec.job_id
+            place = resize.grown(gang, self.kept_off(job_id, now), self._ground(job_id, self.snapshot(now)), now)
+            out.extend(self._resize(gang, place, ResizeReason.GROW_INTO_IDLE, None, now))
+        return out
+
+    def _ground(self, job_id: str, snapshot: Snapshot) -> Ground:
+        views = {view.node_id: view for view in snapshot.nodes}
+        return Ground(self.nodes, snapshot, views, lambda view: self._free_port(view, job_id), self.policy)
+
+    def _resize(
+        self, gang: Gang, place: Place | None, reason: ResizeReason, by_job: str | None, now: datetime
+    ) -> list[Event]:
+        """Re-form ``gang`` as ``place`` (None: it stays as it is): its shards stop, keeping their live state, and
+        the next attempt starts at once, resuming from it."""
+        if place is None:
+            return []
+        event = resize.resized(gang, place, reason, by_job, now)
+        revoked = revoke_unfinished(gang, RevocationReason.RESIZING, event.message, term=self.term, now=now)
+        announced = self._decided([event])  # the attempt ends; the job is pending for the next one
+        return [*revoked, *announced, *self._admit(place, self._views.views, now)]
 
     def _carry_out(
         self, decision: Place | Preempt | Unschedulable | Invalid, by_id: dict[str, NodeView], now: datetime

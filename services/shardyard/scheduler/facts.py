@@ -14,6 +14,7 @@ from shardyard.events import (
     JobPreempting,
     JobReady,
     JobRecovering,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSpec,
@@ -59,6 +60,7 @@ class BookFacts:
         elasticity: ElasticityTracker | None = None,
         exclusion_heal_s: float = DEFAULT_HEAL_S,
         unschedulable_after_s: float = 0.0,
+        resize_cooldown_s: float = 30.0,
     ) -> None:
         self.term = term
         """The term this book decides under: its replica's, once elected. Never raised by what it reads."""
@@ -67,10 +69,10 @@ class BookFacts:
         self.preempt_deadline_s, self.start_deadline_s = preempt_deadline_s, start_deadline_s
         self.reservation_grace_s, self.spare_grace_s = reservation_grace_s, spare_grace_s
         self.unschedulable_after_s = unschedulable_after_s  # NEVER_FITS this long: FAILED UNSCHEDULABLE (0: never)
+        self.resize_cooldown_s = resize_cooldown_s  # an elastic gang grows once its attempt is this old
         self.elasticity = elasticity or ElasticityTracker()
         self.nodes: dict[str, NodeState] = {}
-        self.running: dict[str, frozenset[ShardKey]] = {}
-        """Node -> the shards its agent reports running (its last state's)."""
+        self.running: dict[str, frozenset[ShardKey]] = {}  # node -> the shards its last state reports running
         self._views = SnapshotCache(self.policy)
         """The nodes' views for placement, kept between cycles (rebuilt only where a node or its gangs changed)."""
         self.specs: dict[str, JobSpec] = {}
@@ -79,8 +81,7 @@ class BookFacts:
         self.resume: dict[str, str] = {}
         """Job -> checkpoint (job path) its next attempt resumes from."""
         self.resume_step: dict[str, int] = {}
-        self.spare_ratio = 0.0
-        """The fault manager's redundancy ratio: new gangs get ceil(shards x ratio) spares."""
+        self.spare_ratio = 0.0  # the fault manager's redundancy ratio: new gangs get ceil(shards x ratio) spares
         self.exclusions = Exclusions(heal_s=exclusion_heal_s)
         """Nodes each job is kept off after a failure there, until the node has been healthy a while."""
         self.avoid: dict[str, frozenset[str]] = {}
@@ -130,6 +131,8 @@ class BookFacts:
                 self._checkpointed(event)
             case JobRecovering() if event.job_id not in self.finished:
                 self._requeue_recovering(event)
+            case JobResized() if event.job_id not in self.finished:
+                self._requeue_resized(event)
             case JobScheduled():
                 self._on_scheduled(event)
             case JobPreempted() if event.job_id not in self.finished:
@@ -170,6 +173,14 @@ class BookFacts:
         if spec is not None:
             self.pending[plan.job_id] = self._pending(spec, plan.occurred_at, not_before=plan.retry_at)
 
+    def _requeue_resized(self, event: JobResized) -> None:
+        """The resized attempt ends: the job is pending for the next one, which its scheduler places at once."""
+        gang = self.gangs.get(event.job_id)
+        if gang is None or gang.scheduled.attempt != event.attempt:
+            return  # an attempt already replaced, or a job this replica never saw placed
+        self._attempt_ended(self.gangs.pop(event.job_id), event.occurred_at)
+        self.pending[event.job_id] = self._pending(gang.spec, event.occurred_at, excluded=False)
+
     def _requeue_preempted(self, event: JobPreempted) -> None:
         ended = self.gangs.pop(event.job_id, None)
         self._attempt_ended(ended, event.occurred_at)
@@ -184,7 +195,7 @@ class BookFacts:
         if gang is not None:
             held_s = max(0.0, (at - gang.scheduled.occurred_at).total_seconds())
             job_id = gang.spec.job_id
-            self.attained[job_id] = self.attained.get(job_id, 0.0) + held_s * gang.spec.gpu_count
+            self.attained[job_id] = self.attained.get(job_id, 0.0) + held_s * gang.size
 
     def _learn(self, job_id: str, at: datetime) -> None:
         """A job succeeded at ``at``: its run time (all its attempts) teaches the estimates. A failed or cancelled

@@ -42,6 +42,7 @@ from shardyard.events import (
     JobReady,
     JobRecovering,
     JobRejected,
+    JobResized,
     JobRunning,
     JobSucceeded,
     JobUnschedulable,
@@ -56,6 +57,7 @@ from shardyard.events import (
     ReclaimCandidate,
     RedundancyChanged,
     RejectReason,
+    ResizeReason,
     RevocationReason,
     RunningShard,
     ServiceReady,
@@ -171,6 +173,19 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
     (
         JobPreempted(
             occurred_at=at(1), job_id="job-7", attempt=1, by_job="vip", checkpoint_dir="/c", checkpoint_step=100
+        ),
+        LIFECYCLE,
+        "job-7",
+    ),
+    (
+        JobResized(
+            occurred_at=at(1),
+            job_id="job-7",
+            attempt=1,
+            from_shards=4,
+            to_shards=2,
+            reason=ResizeReason.SHRINK_FOR_PREEMPTION,
+            by_job="vip",
         ),
         LIFECYCLE,
         "job-7",

@@ -14,10 +14,12 @@ from shardyard.events import (
     JobFailed,
     JobPreempting,
     JobRecovering,
+    JobResized,
     JobSucceeded,
     NodeLost,
     NodeState,
     NodeStatus,
+    ResizeReason,
     ShardCause,
     ShardPlacement,
 )
@@ -337,6 +339,20 @@ def test_a_gang_stopped_for_preemption_is_not_recovered() -> None:
     book = book_with(GANG, preempting)
 
     assert fail(book, 40, failed(cause=C.REVOKED), failed(shard_index=1, cause=C.COMM_ERROR)) == []
+
+
+def test_a_gang_re_formed_at_another_size_is_not_recovered_and_uses_no_retry() -> None:
+    resized = JobResized(
+        occurred_at=at(3),
+        job_id="job-1",
+        attempt=1,
+        from_shards=2,
+        to_shards=4,
+        reason=ResizeReason.GROW_INTO_IDLE,
+    )
+    book = book_with(GANG, resized)
+
+    assert fail(book, 40, failed(cause=C.KILLED), failed(shard_index=1, cause=C.COMM_ERROR)) == []
 
 
 def test_a_failure_before_the_gang_is_known_is_still_decided() -> None:

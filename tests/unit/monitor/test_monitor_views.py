@@ -18,6 +18,7 @@ from shardyard.events import (
     JobReady,
     JobRecovering,
     JobRejected,
+    JobResized,
     JobRunning,
     JobSucceeded,
     JobUnschedulable,
@@ -28,6 +29,7 @@ from shardyard.events import (
     PendingReason,
     RedundancyChanged,
     RejectReason,
+    ResizeReason,
     ShardCheckpointed,
     ShardPlacement,
 )
@@ -204,6 +206,27 @@ def test_shard_events_of_an_older_attempt_are_ignored() -> None:
     view.apply(progress(step=7, attempt=1))
 
     assert (view.jobs["job-1"].shards, view.jobs["job-1"].loss) == ({}, [])
+
+
+def test_a_new_attempt_shows_its_own_shards_only() -> None:
+    """A gang re-formed smaller (an elastic job's shrink): the earlier attempt's rows, and their steps, go."""
+    resized = JobResized(
+        occurred_at=at(5),
+        job_id="job-1",
+        attempt=1,
+        from_shards=2,
+        to_shards=1,
+        reason=ResizeReason.SHRINK_FOR_PREEMPTION,
+        by_job="vip",
+    )
+    view = view_of([*FULL_RUN[:10], resized, scheduled("job-1", "node-a", attempt=2, occurred_at=at(5))])
+    job = view.jobs["job-1"]
+    assert (job.shards, job.summary()["step"], job.resizes) == ({}, 0, 1)
+
+    view.apply(started(shard_index=0, attempt=2, occurred_at=at(6)))
+
+    assert list(job.shards) == [0] and (job.shards[0]["attempt"], job.shards[0]["step"]) == (2, 0)
+    assert "resized 2 -> 1" in [entry["event"] for entry in job.timeline.entries()]
 
 
 def test_resubmission_after_rejection_is_shown() -> None:

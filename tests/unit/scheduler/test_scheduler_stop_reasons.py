@@ -23,6 +23,7 @@ from shardyard.events import (
     ShardStopRequest,
     StopReason,
 )
+from shardyard.events.job import Elasticity
 from shardyard.scheduler import preemption
 from shardyard.scheduler.book import SchedulerBook
 from shardyard.scheduler.cancellation import cancellation
@@ -31,7 +32,7 @@ from shardyard.scheduler.fencing import stale_revocations
 from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.orphans import orphan_failure
 from shardyard.scheduler.start_deadline import start_timeout
-from tests.unit.builders import at, completed, gpus, job_spec, node_state, placement, scheduled
+from tests.unit.builders import at, completed, gpus, job_spec, node_state, placement, scheduled, started
 
 
 def gang(*, spare: bool = False) -> Gang:
@@ -84,6 +85,19 @@ def recovery() -> Sequence[Event]:
         retries_left=2,
     )
     return book.on_recovering(plan, at(5))
+
+
+def resizing() -> Sequence[Event]:
+    """An elastic job at 1 shard of its 2 grows into the second node's GPU: its shard stops to re-form."""
+    book = SchedulerBook(term=3, resize_cooldown_s=10)
+    for node_id in ("n1", "n2"):
+        book.apply(node_state(node_id, gpus=gpus(count=1)))
+    spec = job_spec(gpu_count=1, memory_bytes=0, cpu_cores=1.0, elasticity=Elasticity(min_shards=1, max_shards=2))
+    book.apply(JobReady(occurred_at=at(0), job_id="job-1", spec=spec))
+    (placed,) = [e for e in book.cycle(at(1)) if isinstance(e, JobScheduled)]
+    book.apply(started(shard_index=0, node_id=placed.placements[0].node_id))
+    book.on_shard_event(at(2))
+    return book.cycle(at(20))
 
 
 def cancel() -> Sequence[Event]:
@@ -139,6 +153,9 @@ def stop_for_preemption() -> Sequence[Event]:
             id="preemption-timeout",
         ),
         pytest.param(recovery, RevocationReason.RECOVERING, "recovering: KILLED", id="recovering"),
+        pytest.param(
+            resizing, RevocationReason.RESIZING, "1 -> 2 shards: free GPUs no waiting job can use", id="resizing"
+        ),
         pytest.param(cancel, RevocationReason.CANCELLED, "cancelled by alice", id="cancelled"),
         pytest.param(job_failed, RevocationReason.JOB_FAILED, "job failed: USER_ERROR", id="job-failed"),
         pytest.param(
@@ -159,7 +176,17 @@ def test_every_stopped_shard_carries_its_typed_reason_and_message(
 def test_every_revocation_reason_is_produced_by_some_path() -> None:
     produced = {
         e.reason
-        for path in (fenced, overdue_start, orphan, preemption_overdue, recovery, cancel, job_failed, job_succeeded)
+        for path in (
+            fenced,
+            overdue_start,
+            orphan,
+            preemption_overdue,
+            recovery,
+            resizing,
+            cancel,
+            job_failed,
+            job_succeeded,
+        )
         for e in path()
         if isinstance(e, ShardRevocation)
     }

@@ -15,9 +15,11 @@ from shardyard.events import (
     JobPreempting,
     JobReady,
     JobRecovering,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSucceeded,
+    ResizeReason,
     ShardCheckpointed,
     ShardFailed,
     ShardProgress,
@@ -176,6 +178,33 @@ def revoked_is_no_fault() -> list[object]:
     ]
 
 
+def resized() -> list[object]:
+    """An elastic gang re-formed at another size: its shards stopped (a peer by COMM_ERROR as they went), and the
+    next attempt, placed a second later, resumed from their live state. No fault, no recomputed step: the wait and
+    its start are restart time."""
+    grow = JobResized(
+        occurred_at=at(21),
+        job_id="job-1",
+        attempt=1,
+        from_shards=2,
+        to_shards=4,
+        reason=ResizeReason.GROW_INTO_IDLE,
+    )
+    return [
+        ACCEPTED,
+        READY,
+        placed(0),
+        step(4, 1),
+        step(20, 16),
+        grow,
+        failed(occurred_at=at(21.2), shard_index=1, cause=FailureCause.COMM_ERROR),
+        placed(22, attempt=2),
+        step(24, 17, attempt=2),
+        step(30, 22, attempt=2),
+        succeeded(30, attempt=2),
+    ]
+
+
 Story = tuple[Callable[[], list[object]], float, dict[Part, float]]
 STORIES: dict[str, Story] = {
     # story: (events, now (for an unended job), the parts by hand)
@@ -198,6 +227,7 @@ STORIES: dict[str, Story] = {
     "user error": (user_error, 200, {Part.RECOVERY: 2 + 2, Part.PRODUCTIVE: 6}),
     "cancelled after a fault": (cancelled_after_fault, 200, {Part.RECOVERY: 5 + 5 + 30, Part.PRODUCTIVE: 10}),
     "revoked is no fault": (revoked_is_no_fault, 200, {Part.RECOVERY: 4, Part.PRODUCTIVE: 6}),
+    "resized": (resized, 200, {Part.RECOVERY: 4 + 1 + 2, Part.PRODUCTIVE: 17 + 6}),
     "queued, not ended": (lambda: [ACCEPTED, READY], 42, {Part.QUEUED: 42}),
     "running, not ended": (
         lambda: [ACCEPTED, READY, placed(3), step(5, 1), step(9, 9)],

@@ -13,6 +13,7 @@ from shardyard.events import (
     JobReady,
     JobRecovering,
     JobRejected,
+    JobResized,
     JobRunning,
     JobScheduled,
     JobSucceeded,
@@ -20,6 +21,7 @@ from shardyard.events import (
     JobWaiting,
     PendingReason,
     RejectReason,
+    ResizeReason,
 )
 from shardyard.lifecycle import TERMINAL, TRANSITIONS, JobState, LifecycleFact, can_move, moves, target_state
 from tests.unit.builders import T0, job_spec, scheduled
@@ -150,6 +152,18 @@ _FAILED = JobFailed(occurred_at=T0, job_id="job-1", attempt=1, cause=FailureCaus
             S.READY,
             id="recovering-requeues",
         ),
+        pytest.param(
+            JobResized(
+                occurred_at=T0,
+                job_id="job-1",
+                attempt=1,
+                from_shards=2,
+                to_shards=4,
+                reason=ResizeReason.GROW_INTO_IDLE,
+            ),
+            S.READY,
+            id="resized-requeues-for-its-next-attempt",
+        ),
     ],
 )
 def test_target_state(event: LifecycleFact, state: JobState | None) -> None:
@@ -170,6 +184,7 @@ def test_target_state_table_covers_every_lifecycle_event_class() -> None:
         JobRecovering,
         JobPreempting,
         JobPreempted,
+        JobResized,
         JobCancelRequested,
         JobCancelled,
     }

@@ -14,6 +14,7 @@ from shardyard.training.checkpoint import (
     LEGACY_OPTIMIZER_FILE,
     OPTIMIZER_FILE,
     STATE_FILE,
+    Checkpoint,
     CheckpointWriter,
     TrainingState,
     checkpoint_files,
@@ -76,13 +77,70 @@ def test_each_rank_resumes_with_its_own_optimizer_state(tmp_path: Path) -> None:
         state["exp_avg"].add_(1.0)  # rank 1's moments differ from rank 0's (local SGD)
 
     target = save_checkpoint(tmp_path / "checkpoint", model, optimizer, STATE, {1: optimizer_bytes(other)})
-    rank0, rank1, rank5 = (load_checkpoint(target, rank=r) for r in (0, 1, 5))
+    rank0, rank1 = (load_checkpoint(target, rank=r) for r in (0, 1))
 
     assert (target / rank_optimizer_file(1)).is_file()
-    first = lambda c: next(iter(c.optimizer["state"].values()))["exp_avg"]  # noqa: E731
-    torch.testing.assert_close(first(rank1), next(iter(other.state.values()))["exp_avg"])
-    torch.testing.assert_close(first(rank0), next(iter(optimizer.state.values()))["exp_avg"])
-    torch.testing.assert_close(first(rank5), first(rank0))  # a rank the checkpoint lacks falls back to rank 0's
+    torch.testing.assert_close(_first_moment(rank1), next(iter(other.state.values()))["exp_avg"])
+    torch.testing.assert_close(_first_moment(rank0), next(iter(optimizer.state.values()))["exp_avg"])
+
+
+def _first_moment(checkpoint: Checkpoint) -> torch.Tensor:
+    assert checkpoint.optimizer is not None
+    moment: torch.Tensor = next(iter(checkpoint.optimizer["state"].values()))["exp_avg"]
+    return moment
+
+
+def _moments_by_rank(world_size: int) -> tuple[TinyGPT, torch.optim.Optimizer, dict[int, bytes]]:
+    """A model, rank 0's optimizer and every other rank's state, rank ``r``'s first moments all ``r``."""
+    model, optimizer = _trained()
+    ranks = {}
+    for rank in range(world_size):
+        for state in optimizer.state.values():
+            state["exp_avg"].fill_(rank)
+        ranks[rank] = optimizer_bytes(optimizer)
+    for state in optimizer.state.values():
+        state["exp_avg"].fill_(0)
+    return model, optimizer, ranks
+
+
+@pytest.mark.parametrize(
+    ("saved_world", "rank", "takes"),
+    [(2, 0, 0), (2, 1, 1), (2, 2, 0), (2, 3, 1), (2, 5, 1), (4, 1, 1), (1, 1, 0), (3, 4, 1)],
+    ids=lambda v: str(v),
+)
+def test_a_gang_of_another_world_size_resumes_rank_r_with_rank_r_mod_saved_worlds_optimizer_state(
+    tmp_path: Path, saved_world: int, rank: int, takes: int
+) -> None:
+    """Local SGD, an elastic gang resumed at another size: new rank ``r`` continues with the moments of rank
+    ``r mod W`` of the gang of ``W`` that checkpointed (grow 2 -> 4: 0, 1, 0, 1; shrink 4 -> 2: 0, 1)."""
+    model, optimizer, ranks = _moments_by_rank(saved_world)
+    state = TrainingState(step=40, loss=3.25, world_size=saved_world, seed=7, sync_interval=10)
+    target = save_checkpoint(tmp_path / "checkpoint", model, optimizer, state, ranks)
+
+    loaded = load_checkpoint(target, rank=rank)
+
+    assert bool((_first_moment(loaded) == takes).all())
+
+
+def test_a_shared_optimizer_file_serves_every_rank_at_any_world_size(tmp_path: Path) -> None:
+    model, optimizer = _trained()  # gradient averaging at world 2: one optimizer state, rank 0's file only
+    target = save_checkpoint(tmp_path / "checkpoint", model, optimizer, STATE)
+    expected = next(iter(optimizer.state.values()))["exp_avg"]
+    for rank in range(4):
+        torch.testing.assert_close(_first_moment(load_checkpoint(target, rank=rank)), expected)
+
+
+def test_a_rank_optimizer_file_of_its_own_wins_over_the_mapped_one(tmp_path: Path) -> None:
+    """A state a peer sent (:func:`shardyard.training.peer_state.transfer`) is stored under the new rank's name in a
+    directory whose ``state.json`` names the old world size: that file is the one read."""
+    model, optimizer, ranks = _moments_by_rank(2)
+    files = checkpoint_files(model, optimizer, STATE, {1: ranks[1]})
+    files[rank_optimizer_file(3)] = ranks[0]  # new rank 3 of a grown gang, sent old rank 0's state on purpose
+    (tmp_path / "sent").mkdir()
+    for name, data in files.items():
+        (tmp_path / "sent" / name).write_bytes(data)
+
+    assert bool((_first_moment(load_checkpoint(tmp_path / "sent", rank=3)) == 0).all())
 
 
 def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:

@@ -6,13 +6,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from shardyard.events.job import Entrypoint
+from shardyard.node_agent.environment import ShardPaths, shard_env
 from shardyard.training import exitcodes, runner
-from shardyard.training.config import DEFAULT_DIST_TIMEOUT_S, GRADIENT_CHECKPOINT_STEPS, ConfigError, RunConfig
+from shardyard.training.config import (
+    DEFAULT_DIST_TIMEOUT_S,
+    GLOBAL_BATCH_ENV,
+    GRADIENT_CHECKPOINT_STEPS,
+    ConfigError,
+    RunConfig,
+)
 from shardyard.training.errors import DeviceError
 from shardyard.training.preemption import StopFlag
 from shardyard.training.progress import ProgressReporter
 from shardyard.training.rendezvous import Placement, choose_placement
 from shardyard.training.runner import CommError, SyncTimeoutError, main
+from tests.unit.builders import assignment, workload
 
 GOOD_ENV: dict[str, str] = {
     "RANK": "1",
@@ -38,6 +47,7 @@ OPTIONAL = {
     "SHARDYARD_SYNC_TIMEOUT_S",
     "SHARDYARD_SLOW_SYNC_FACTOR",
     "SHARDYARD_DEVICE",
+    "SHARDYARD_GLOBAL_BATCH",
 }
 
 
@@ -265,3 +275,46 @@ def test_runner_exit_code_by_failure(
 
     assert main(GOOD_ENV, stop=StopFlag()) == code
     assert says in capsys.readouterr().err
+
+
+def test_without_a_global_batch_a_step_is_world_size_times_batch_size() -> None:
+    cfg = RunConfig.from_env(GOOD_ENV)
+    assert (cfg.global_batch, cfg.step_batch, cfg.batch_slice, cfg.loss_weight) == (None, 16, (8, 16), 1.0)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "interval", "slice_", "weight"),
+    [
+        pytest.param("0", "4", "1", (0, 2), 4 / 3, id="gradients-larger-slice"),
+        pytest.param("3", "4", "1", (5, 6), 2 / 3, id="gradients-smaller-slice"),
+        pytest.param("1", "2", "1", (3, 6), 1.0, id="gradients-even"),
+        pytest.param("3", "4", "10", (5, 6), 1.0, id="local-sgd-unweighted"),
+    ],
+)
+def test_a_global_batch_is_sliced_over_the_ranks_and_weights_their_losses(
+    rank: str, world: str, interval: str, slice_: tuple[int, int], weight: float
+) -> None:
+    env = {**GOOD_ENV, "RANK": rank, "WORLD_SIZE": world, "SHARDYARD_SYNC_INTERVAL": interval}
+    cfg = RunConfig.from_env({**env, "SHARDYARD_GLOBAL_BATCH": "6"})
+    assert (cfg.global_batch, cfg.step_batch, cfg.batch_slice) == (6, 6, slice_)
+    assert cfg.loss_weight == pytest.approx(weight)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("0", "is not an integer >= 1"), ("x", "is not an integer >= 1"), ("1", "must be >= WORLD_SIZE=2")],
+)
+def test_a_bad_global_batch_is_a_config_error(value: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"SHARDYARD_GLOBAL_BATCH='?{value}'?.* {says}"):
+        RunConfig.from_env({**GOOD_ENV, "SHARDYARD_GLOBAL_BATCH": value})
+
+
+@pytest.mark.parametrize(("given", "expected"), [(12, "12"), (None, None)])
+def test_the_agent_passes_the_workloads_global_batch_to_every_shard(given: int | None, expected: str | None) -> None:
+    paths = ShardPaths(model=Path("/m"), dataset=Path("/d"), output=Path("/o"))
+    for entrypoint in (None, Entrypoint(command=["python", "train.py"])):  # the built-in runner and a job's own script
+        shard = assignment(workload=workload(global_batch=given, entrypoint=entrypoint))
+        env = shard_env(shard, paths, base_env={})
+        assert env.get(GLOBAL_BATCH_ENV) == expected
+        if entrypoint is None:
+            assert RunConfig.from_env(env).step_batch == (given or 2 * 8)

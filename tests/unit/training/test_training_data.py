@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from shardyard.training.data import ByteDataset, DatasetError
+from shardyard.training.config import rank_slice
+from shardyard.training.data import Batch, ByteDataset, DatasetError
+
+Window = tuple[int, ...]
 
 
 def _random_dataset(n: int = 50_000) -> ByteDataset:
@@ -14,7 +18,7 @@ def _random_dataset(n: int = 50_000) -> ByteDataset:
     return ByteDataset(torch.tensor(list(raw), dtype=torch.uint8))
 
 
-def _windows(batch: tuple[torch.Tensor, torch.Tensor]) -> list[tuple[int, ...]]:
+def _windows(batch: tuple[torch.Tensor, torch.Tensor]) -> list[Window]:
     inputs, targets = batch
     return [(*row.tolist(), int(t[-1])) for row, t in zip(inputs, targets, strict=True)]
 
@@ -109,3 +113,81 @@ def test_a_stream_started_at_step_k_continues_the_uninterrupted_one(rank: int) -
 def test_negative_start_step_is_refused() -> None:
     with pytest.raises(ValueError, match="start_step"):
         _random_dataset().batches(0, 1, 4, 16, seed=0, start_step=-1)
+
+
+def _old_stream(ds: ByteDataset, rank: int, world: int, batch: int, seq: int, seed: int, start: int) -> Iterator[Batch]:
+    """The stream as it was before the global batch (a copy of the old ``ByteDataset._stream``): rigid jobs must see
+    it bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    n_starts = len(ds) - seq
+    offsets = torch.arange(seq + 1)
+    for _ in range(start):
+        torch.randint(0, n_starts, (world * batch,), generator=gen)
+    while True:
+        starts = torch.randint(0, n_starts, (world * batch,), generator=gen)[rank * batch : (rank + 1) * batch]
+        windows = ds.data[starts.unsqueeze(1) + offsets].long()
+        yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+@pytest.mark.parametrize(("world", "batch", "start"), [(1, 4, 0), (2, 4, 0), (3, 5, 7), (4, 1, 2)])
+@pytest.mark.parametrize("global_batch", ["unset", "world x batch"])
+def test_a_rigid_gangs_stream_is_bit_for_bit_the_one_before_the_global_batch(
+    world: int, batch: int, start: int, global_batch: str
+) -> None:
+    ds = _random_dataset()
+    for rank in range(world):
+        given = None if global_batch == "unset" else world * batch
+        new = ds.batches(rank, world, batch, 16, seed=9, start_step=start, global_batch=given)
+        old = _old_stream(ds, rank, world, batch, 16, 9, start)
+        for _ in range(4):
+            (inputs, targets), (old_inputs, old_targets) = next(new), next(old)
+            assert torch.equal(inputs, old_inputs) and torch.equal(targets, old_targets)
+
+
+def _step_windows(
+    ds: ByteDataset, world: int, global_batch: int, *, start: int = 0, steps: int = 3
+) -> list[list[Window]]:
+    """For each step, the windows of ranks 0, 1, ... of a gang of ``world`` in rank order: the step's batch."""
+    streams = [ds.batches(r, world, 1, 16, seed=4, start_step=start, global_batch=global_batch) for r in range(world)]
+    return [[w for s in streams for w in _windows(next(s))] for _ in range(steps)]
+
+
+def test_the_steps_windows_are_the_same_at_every_world_size_for_one_global_batch() -> None:
+    ds = _random_dataset()
+    at_2, at_4, at_8 = (_step_windows(ds, world, 8) for world in (2, 4, 8))
+    single = _step_windows(ds, 1, 8)
+    assert at_2 == at_4 == at_8 == single
+    assert all(len(set(step)) == 8 for step in at_4)  # disjoint slices: every window once
+
+
+def test_a_gang_resumed_at_another_world_size_goes_on_with_the_same_windows() -> None:
+    ds = _random_dataset()
+    fixed = _step_windows(ds, 4, 8, steps=9)
+    grown = _step_windows(ds, 2, 8, steps=5) + _step_windows(ds, 4, 8, start=5, steps=4)  # 2 -> 4 after step 5
+    shrunk = _step_windows(ds, 4, 8, steps=3) + _step_windows(ds, 2, 8, start=3, steps=6)  # 4 -> 2 after step 3
+    assert grown == fixed and shrunk == fixed
+
+
+def test_uneven_slices_cover_the_global_batch_exactly_once() -> None:
+    ds = _random_dataset()
+    streams = [ds.batches(r, 4, 1, 16, seed=2, global_batch=6) for r in range(4)]
+    single = ds.batches(0, 1, 6, 16, seed=2)
+    for _ in range(3):
+        per_rank = [_windows(next(s)) for s in streams]
+        assert [len(w) for w in per_rank] == [2, 2, 1, 1]  # the first 6 % 4 ranks take one more
+        assert [w for windows in per_rank for w in windows] == _windows(next(single))
+
+
+@pytest.mark.parametrize(
+    ("world", "global_batch", "slices"),
+    [(4, 6, [(0, 2), (2, 4), (4, 5), (5, 6)]), (2, 8, [(0, 4), (4, 8)]), (3, 3, [(0, 1), (1, 2), (2, 3)])],
+)
+def test_rank_slices_are_consecutive_and_as_even_as_possible(
+    world: int, global_batch: int, slices: list[tuple[int, int]]
+) -> None:
+    assert [rank_slice(r, world, global_batch) for r in range(world)] == slices
+
+
+def test_a_global_batch_below_the_world_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="global_batch"):
+        _random_dataset().batches(0, 4, 1, 16, seed=0, global_batch=3)

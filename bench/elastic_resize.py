@@ -1,0 +1,205 @@
+"""The resize rows of ``bench/elastic.py`` (issue 35): a running elastic gang grown and shrunk on a local cluster of
+two A100:2 nodes, the scheduler's resize cooldown at ``--resize-cooldown-s``.
+
+An elastic job (``min_shards`` 2, preferred 4, ``max_shards`` 4, gradient averaging, ``batch_size`` 2) starts at 2
+beside a job's own script that holds the other 2 GPUs. Once its attempt is past the cooldown the script is
+cancelled, and the gang grows; then a priority-9 script that needs 2 GPUs arrives, and the gang shrinks; once that
+script ends, the gang grows back and trains to ``--steps``. Then a rigid 4-shard job of the same seed, batch and steps
+trains over the same samples. Measured:
+
+- ``scale_up_s``: the GPUs free (the script's ``cancelled``) -> every shard of the grown gang reporting a step (the
+  job's detail, polled every 0.1 s); beside it, ``resized_s`` (-> ``job.resized``) and ``running_s`` (-> its shards
+  all started);
+- ``steps_lost`` of each resize: the last step the stopped gang's ranks completed (the state each kept, from their
+  logs) less the step the re-formed gang resumed from (its logs);
+- ``shrink_s``: the arrival (its submission) -> its placement on the GPUs the gang gave up;
+- ``final_loss`` of the elastic job against the fixed-size run's (``loss_ratio``: within 2 % is the target);
+- CPU seconds per component over the elastic job's life.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from shardyard.cli import client, cluster
+from shardyard.cli.cluster_info import ClusterInfo
+from shardyard.cli.rundir import shard_log_dir
+
+EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
+KEPT = re.compile(r"kept the gang's state of step (\d+)")
+RESUMED = re.compile(r"resuming from its peers' state of step (\d+)")
+COOLDOWN_ENV = "SHARDYARD_RESIZE_COOLDOWN_S"
+
+
+def _resources(count: int) -> dict[str, Any]:
+    return {"gpu": {"count": count, "model": "A100", "min_flops": 35}, "memory": f"{count}GiB", "cpu_cores": count}
+
+
+def training_job(task_id: str, *, steps: int, elastic: bool) -> bytes:
+    document = {**EXAMPLE, "task_id": task_id, "sync_interval": 1, "shard_count": 4, "priority": 1}
+    document["resource_requirements"] = _resources(4)
+    document["training"] = {"max_steps": steps, "batch_size": 2, "seed": 7}
+    if elastic:
+        document["elasticity"] = {"min_shards": 2, "max_shards": 4}
+    return json.dumps(document).encode()
+
+
+def holder(task_id: str, *, count: int, priority: int, seconds: float) -> bytes:
+    """A job's own script that holds ``count`` GPUs for ``seconds``."""
+    command = [sys.executable, "-c", f"import time; time.sleep({seconds})"]
+    document = {**EXAMPLE, "task_id": task_id, "shard_count": count, "priority": priority}
+    document["resource_requirements"] = _resources(count)
+    document["entrypoint"] = {"command": command}
+    return json.dumps(document).encode()
+
+
+def _until(check: Callable[[], Any], what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise SystemExit(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _at(job: dict[str, Any], event: str, nth: int = 0) -> float:
+    times = sorted(datetime.fromisoformat(e["at"]).timestamp() for e in job["timeline"] if e["event"] == event)
+    return times[nth]
+
+
+def _job(info: ClusterInfo, job_id: str) -> dict[str, Any]:
+    return client.job(info.monitor_url, job_id) or {}
+
+
+def _training_at(info: ClusterInfo, job_id: str, attempt: int, size: int) -> float:
+    """When every shard of ``attempt`` (of ``size``) first showed a step: polled."""
+
+    def trained() -> bool:
+        shards = _job(info, job_id).get("shards", {})
+        ours = [s for s in shards.values() if s.get("attempt") == attempt and s.get("step", 0) > 0]
+        return len(ours) == size
+
+    _until(trained, f"{job_id}'s attempt {attempt} training at {size}", 180)
+    return time.time()
+
+
+def steps_lost(run_dir: Path, job_id: str, attempt: int) -> int:
+    """The last step the ranks of ``attempt - 1`` completed (the state each kept when stopped) less the step
+    ``attempt`` resumed from."""
+
+    def text(number: int) -> str:
+        logs = client.shard_logs(shard_log_dir(run_dir, job_id), job_id, attempt=number)
+        return "".join(log.path.read_text(errors="replace") for log in logs)
+
+    kept = [int(s) for s in KEPT.findall(text(attempt - 1))]
+    resumed = {int(s) for s in RESUMED.findall(text(attempt))}
+    if not kept or len(resumed) != 1:
+        raise SystemExit(f"{job_id} attempt {attempt}: kept {kept}, resumed from {sorted(resumed)}")
+    return max(kept) - resumed.pop()
+
+
+@contextmanager
+def _cooldown(seconds: float) -> Iterator[None]:
+    """The services ``up`` starts read the scheduler's settings from the environment they inherit."""
+    before = os.environ.get(COOLDOWN_ENV)
+    os.environ[COOLDOWN_ENV] = str(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(COOLDOWN_ENV, None)
+        else:
+            os.environ[COOLDOWN_ENV] = before
+
+
+def resize(
+    root: Path,
+    *,
+    steps: int,
+    cooldown_s: float,
+    vip_s: float,
+    cpu: Callable[[Path], dict[str, float]],
+    spent: Callable[[dict[str, float], dict[str, float]], dict[str, float]],
+) -> dict[str, Any]:
+    run_dir, quiet = root / "resize-run", (lambda _m: None)
+    with _cooldown(cooldown_s):
+        info = cluster.up(run_dir, nodes=("A100:2", "A100:2"), replicas=1, data_root=root / "data", say=quiet)
+    try:
+        return _phases(run_dir, info, steps=steps, cooldown_s=cooldown_s, vip_s=vip_s, cpu=cpu, spent=spent)
+    finally:
+        cluster.down(run_dir, say=quiet)
+
+
+def _phases(
+    run_dir: Path,
+    info: ClusterInfo,
+    *,
+    steps: int,
+    cooldown_s: float,
+    vip_s: float,
+    cpu: Callable[[Path], dict[str, float]],
+    spent: Callable[[dict[str, float], dict[str, float]], dict[str, float]],
+) -> dict[str, Any]:
+    client.submit(info.bootstrap, holder("filler", count=2, priority=0, seconds=3600))
+    _until(lambda: _job(info, "filler").get("state") == "RUNNING", "the filler running", 120)
+    cpu0 = cpu(run_dir)
+    client.submit(info.bootstrap, training_job("elastic", steps=steps, elastic=True))
+    first = _until(lambda: (j := _job(info, "elastic")).get("state") == "RUNNING" and j, "the elastic job", 180)
+    started = len(first["placements"])
+    _until(lambda: time.time() - _at(first, "running") > cooldown_s + 1, "the cooldown", cooldown_s + 5)
+
+    client.request_cancel(info.bootstrap, "filler", requested_by="bench")
+    filler = _until(lambda: (j := _job(info, "filler")).get("state") == "CANCELLED" and j, "the cancel", 60)
+    freed = _at(filler, "cancelled")
+    at_4 = _training_at(info, "elastic", 2, 4)
+    grown = _job(info, "elastic")
+    grow = {
+        "resized_s": round(_at(grown, "resized 2 -> 4") - freed, 2),
+        "running_s": round(_at(grown, "running", 1) - freed, 2),
+        "scale_up_s": round(at_4 - freed, 2),
+        "steps_lost": steps_lost(run_dir, "elastic", 2),
+    }
+
+    arrived = time.time()
+    client.submit(info.bootstrap, holder("vip", count=2, priority=9, seconds=vip_s))
+    vip = _until(lambda: (j := _job(info, "vip")).get("state") == "RUNNING" and j, "the vip running", 120)
+    _training_at(info, "elastic", 3, 2)
+    shrunk = _job(info, "elastic")
+    shrink = {
+        "resized_s": round(_at(shrunk, "resized 4 -> 2") - arrived, 2),
+        "shrink_s": round(_at(vip, "scheduled") - arrived, 2),
+        "steps_lost": steps_lost(run_dir, "elastic", 3),
+        "preempted": any(e["event"] in ("preempting", "preempted") for e in shrunk["timeline"]),
+    }
+
+    elastic = client.wait(info.monitor_url, "elastic", timeout_s=3600, on_update=lambda _j: None)
+    elastic = _job(info, "elastic") or elastic
+    cpu1 = cpu(run_dir)
+    client.submit(info.bootstrap, training_job("fixed", steps=steps, elastic=False))
+    fixed = client.wait(info.monitor_url, "fixed", timeout_s=3600, on_update=lambda _j: None)
+    fixed = _job(info, "fixed") or fixed
+    if elastic.get("state") != "SUCCEEDED" or fixed.get("state") != "SUCCEEDED":
+        raise SystemExit(f"elastic {elastic.get('state')}, fixed {fixed.get('state')}")
+    sizes = [e["event"] for e in elastic["timeline"] if e["event"].startswith("resized")]
+    return {
+        "started_at_shards": started,
+        "grow": grow,
+        "shrink": shrink,
+        "resizes": sizes,
+        "retries": sum(1 for e in elastic["timeline"] if e["event"] == "recovering"),
+        "recomputed_s": elastic["goodput"]["recomputed_s"],
+        "final_loss": elastic["final_loss"],
+        "fixed_final_loss": fixed["final_loss"],
+        "loss_ratio": round(elastic["final_loss"] / fixed["final_loss"], 4),
+        "steps": steps,
+        "cooldown_s": cooldown_s,
+        "cpu_s": spent(cpu0, cpu1),
+    }
