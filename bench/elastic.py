@@ -25,7 +25,7 @@ higher-priority job (``scale_up_s``, ``steps_lost``, ``shrink_s``, the final los
 ``bench/elastic_resize.py``.
 
     python bench/elastic.py [--only autoscale|resize] [--watch-s 600] [--cooldown-s 5] [--lifetime-s 5] [--idle-s 5]
-        [--steps 3000] [--resize-cooldown-s 5] [--vip-s 30] [--smoke]
+        [--steps 3000] [--resize-cooldown-s 30] [--vip-s 30] [--smoke]
 """
 
 import argparse
@@ -50,7 +50,7 @@ from smoke import parse_args
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 ADDED = "auto-v100-0"
 """The node the autoscaler adds: the local provider names its first V100 node so."""
-SMOKE = {"watch_s": 5.0, "steps": 300, "vip_s": 3.0}
+SMOKE = {"watch_s": 5.0, "steps": 1500, "vip_s": 12.0, "resize_cooldown_s": 2.0}
 TICK = 1.0 / 3  # /proc's clock ticks are 1/100 s: CPU is read once per phase, not per poll
 
 
@@ -183,7 +183,9 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--only", choices=("autoscale", "resize"), help="one part only")
     parser.add_argument("--steps", type=int, default=3000, help="resize: the elastic and the fixed job's steps")
-    parser.add_argument("--resize-cooldown-s", type=float, default=5.0, help="resize: the scheduler's cooldown")
+    parser.add_argument(
+        "--resize-cooldown-s", type=float, default=30.0, help="resize: the scheduler's cooldown (its default)"
+    )
     parser.add_argument("--vip-s", type=float, default=30.0, help="resize: how long the higher-priority job runs")
     args = parse_args(parser, SMOKE)
     scale = cluster.Autoscale(

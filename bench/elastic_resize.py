@@ -13,7 +13,12 @@ trains over the same samples. Measured:
 - ``steps_lost`` of each resize: the last step the stopped gang's ranks completed (the state each kept, from their
   logs) less the step the re-formed gang resumed from (its logs);
 - ``shrink_s``: the arrival (its submission) -> its placement on the GPUs the gang gave up;
-- ``final_loss`` of the elastic job against the fixed-size run's (``loss_ratio``: within 2 % is the target);
+- the final loss: each job's final model evaluated on the same held-out windows (``eval_loss``, 256 windows drawn
+  with a seed of their own; ``loss_ratio`` elastic / fixed: within 2 % is the target), beside each run's last
+  step's loss (``last_step_loss``: one batch's, noisier). ``noise_ratio`` is the same comparison for fixed-size
+  runs that differ from the fixed one only in the order of their float sums (2 shards of 4 samples, 1 shard of 8,
+  against 4 of 2: the same global batch, samples and seed): how far apart runs that compute the same update drift
+  over ``--steps``;
 - CPU seconds per component over the elastic job's life.
 """
 
@@ -35,6 +40,8 @@ from shardyard.cli.rundir import shard_log_dir
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 KEPT = re.compile(r"kept the gang's state of step (\d+)")
 RESUMED = re.compile(r"resuming from its peers' state of step (\d+)")
+RESUMED_AT = re.compile(r"resuming from \S+ at step (\d+)")
+STEPPED = re.compile(r"\]: step (\d+)/")
 COOLDOWN_ENV = "SHARDYARD_RESIZE_COOLDOWN_S"
 
 
@@ -42,10 +49,11 @@ def _resources(count: int) -> dict[str, Any]:
     return {"gpu": {"count": count, "model": "A100", "min_flops": 35}, "memory": f"{count}GiB", "cpu_cores": count}
 
 
-def training_job(task_id: str, *, steps: int, elastic: bool) -> bytes:
-    document = {**EXAMPLE, "task_id": task_id, "sync_interval": 1, "shard_count": 4, "priority": 1}
-    document["resource_requirements"] = _resources(4)
-    document["training"] = {"max_steps": steps, "batch_size": 2, "seed": 7}
+def training_job(task_id: str, *, steps: int, elastic: bool, shards: int = 4) -> bytes:
+    """Gradient averaging over a global batch of 8 (``shards`` x ``8 // shards``), seed 7."""
+    document = {**EXAMPLE, "task_id": task_id, "sync_interval": 1, "shard_count": shards, "priority": 1}
+    document["resource_requirements"] = _resources(shards)
+    document["training"] = {"max_steps": steps, "batch_size": 8 // shards, "seed": 7}
     if elastic:
         document["elasticity"] = {"min_shards": 2, "max_shards": 4}
     return json.dumps(document).encode()
@@ -92,18 +100,19 @@ def _training_at(info: ClusterInfo, job_id: str, attempt: int, size: int) -> flo
 
 
 def steps_lost(run_dir: Path, job_id: str, attempt: int) -> int:
-    """The last step the ranks of ``attempt - 1`` completed (the state each kept when stopped) less the step
-    ``attempt`` resumed from."""
+    """The last step the ranks of ``attempt - 1`` completed (the state each kept when stopped, or a step logged)
+    less the step ``attempt`` resumed from (its peers' state, a checkpoint, or the start)."""
 
     def text(number: int) -> str:
         logs = client.shard_logs(shard_log_dir(run_dir, job_id), job_id, attempt=number)
         return "".join(log.path.read_text(errors="replace") for log in logs)
 
-    kept = [int(s) for s in KEPT.findall(text(attempt - 1))]
-    resumed = {int(s) for s in RESUMED.findall(text(attempt))}
-    if not kept or len(resumed) != 1:
-        raise SystemExit(f"{job_id} attempt {attempt}: kept {kept}, resumed from {sorted(resumed)}")
-    return max(kept) - resumed.pop()
+    before, after = text(attempt - 1), text(attempt)
+    done = [int(s) for s in (*KEPT.findall(before), *STEPPED.findall(before))]
+    resumed = {int(s) for s in (*RESUMED.findall(after), *RESUMED_AT.findall(after))} or {0}
+    if len(resumed) != 1:
+        raise SystemExit(f"{job_id} attempt {attempt}: the ranks resumed from {sorted(resumed)}\n{after[-3000:]}")
+    return max(done, default=0) - resumed.pop()
 
 
 @contextmanager
@@ -120,6 +129,21 @@ def _cooldown(seconds: float) -> Iterator[None]:
             os.environ[COOLDOWN_ENV] = before
 
 
+def eval_loss(model_dir: Path, dataset_dir: Path, *, seq_len: int, windows: int = 256, seed: int = 12345) -> float:
+    """The mean cross-entropy of the model in ``model_dir`` over ``windows`` windows of the dataset (seeded)."""
+    import torch
+    import torch.nn.functional as F
+
+    from shardyard.training.data import ByteDataset
+    from shardyard.training.model import load_pretrained
+
+    model = load_pretrained(model_dir).eval()
+    inputs, targets = next(ByteDataset.from_dir(dataset_dir).batches(0, 1, windows, seq_len, seed))
+    with torch.no_grad():
+        logits = model(inputs)
+        return float(F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1)))
+
+
 def resize(
     root: Path,
     *,
@@ -133,9 +157,20 @@ def resize(
     with _cooldown(cooldown_s):
         info = cluster.up(run_dir, nodes=("A100:2", "A100:2"), replicas=1, data_root=root / "data", say=quiet)
     try:
-        return _phases(run_dir, info, steps=steps, cooldown_s=cooldown_s, vip_s=vip_s, cpu=cpu, spent=spent)
+        figures = _phases(run_dir, info, steps=steps, cooldown_s=cooldown_s, vip_s=vip_s, cpu=cpu, spent=spent)
     finally:
         cluster.down(run_dir, say=quiet)
+    data, seq_len = root / "data", figures.pop("seq_len")
+    losses = {
+        job: eval_loss(data / "checkpoints" / job, data / "datasets" / "wikitext", seq_len=seq_len)
+        for job in ("elastic", "fixed", "fixed-2", "fixed-1")
+    }
+    return {
+        **figures,
+        "eval_loss": {job: round(loss, 5) for job, loss in losses.items()},
+        "loss_ratio": round(losses["elastic"] / losses["fixed"], 4),
+        "noise_ratio": {job: round(losses[job] / losses["fixed"], 4) for job in ("fixed-2", "fixed-1")},
+    }
 
 
 def _phases(
@@ -154,6 +189,7 @@ def _phases(
     client.submit(info.bootstrap, training_job("elastic", steps=steps, elastic=True))
     first = _until(lambda: (j := _job(info, "elastic")).get("state") == "RUNNING" and j, "the elastic job", 180)
     started = len(first["placements"])
+    _training_at(info, "elastic", 1, started)
     _until(lambda: time.time() - _at(first, "running") > cooldown_s + 1, "the cooldown", cooldown_s + 5)
 
     client.request_cancel(info.bootstrap, "filler", requested_by="bench")
@@ -183,11 +219,14 @@ def _phases(
     elastic = client.wait(info.monitor_url, "elastic", timeout_s=3600, on_update=lambda _j: None)
     elastic = _job(info, "elastic") or elastic
     cpu1 = cpu(run_dir)
-    client.submit(info.bootstrap, training_job("fixed", steps=steps, elastic=False))
-    fixed = client.wait(info.monitor_url, "fixed", timeout_s=3600, on_update=lambda _j: None)
-    fixed = _job(info, "fixed") or fixed
-    if elastic.get("state") != "SUCCEEDED" or fixed.get("state") != "SUCCEEDED":
-        raise SystemExit(f"elastic {elastic.get('state')}, fixed {fixed.get('state')}")
+    for name, shards in (("fixed", 4), ("fixed-2", 2), ("fixed-1", 1)):
+        client.submit(info.bootstrap, training_job(name, steps=steps, elastic=False, shards=shards))
+        done = client.wait(info.monitor_url, name, timeout_s=3600, on_update=lambda _j: None)
+        if done.get("state") != "SUCCEEDED":
+            raise SystemExit(f"{name} ended {done.get('state')}")
+    fixed = _job(info, "fixed")
+    if elastic.get("state") != "SUCCEEDED":
+        raise SystemExit(f"elastic {elastic.get('state')}")
     sizes = [e["event"] for e in elastic["timeline"] if e["event"].startswith("resized")]
     return {
         "started_at_shards": started,
@@ -196,9 +235,8 @@ def _phases(
         "resizes": sizes,
         "retries": sum(1 for e in elastic["timeline"] if e["event"] == "recovering"),
         "recomputed_s": elastic["goodput"]["recomputed_s"],
-        "final_loss": elastic["final_loss"],
-        "fixed_final_loss": fixed["final_loss"],
-        "loss_ratio": round(elastic["final_loss"] / fixed["final_loss"], 4),
+        "last_step_loss": {"elastic": elastic["final_loss"], "fixed": fixed["final_loss"]},
+        "seq_len": elastic["spec"]["seq_len"],
         "steps": steps,
         "cooldown_s": cooldown_s,
         "cpu_s": spent(cpu0, cpu1),

@@ -8,8 +8,8 @@
 The figures (GPUs free -> training at 4; the arrival -> the GPUs it needed placed) are printed: ``pytest -s``."""
 
 import re
-import time
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any

@@ -10,6 +10,8 @@ every cycle; the simulator (``shardyard.sim``) and the placement bench call the 
 - ``candidate``       a pending job as a decision reads it, and the queue order
 - ``gang_placement``  placing one gang on the index
 - ``contention``      when a job does not fit: why, whom to preempt, what to reserve
+- ``elastic``         an elastic job started below its preferred size
+- ``surplus``         a running elastic gang's shards above its minimum, offered to preemption one by one
 - ``cycle``           one cycle, in phases (``PlacementCycle``, ``schedule``)
 
 Round-trip times between nodes come from ``shardyard.topology``.

@@ -195,8 +195,12 @@ class SnapshotCache:
         gangs: Iterable[Placed],
         attained: Mapping[str, float] | None = None,
         expected: Mapping[str, float] | None = None,
+        stopping: Iterable[RunningJob] = (),
     ) -> Snapshot:
+        """The snapshot of ``nodes`` and ``gangs``; ``stopping``: shards no gang holds any more that still stop for a
+        job (an elastic gang's, given up), listed with the gangs so that the job waits for them."""
         usage = Usage.of(gangs, attained, expected)
+        usage.running.extend(stopping)
         for node_id in self._dirty | self._held.keys() | usage.nodes():
             held = usage.of_node(node_id)
             if node_id not in self._dirty and self._held.get(node_id) == held:

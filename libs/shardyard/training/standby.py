@@ -72,6 +72,9 @@ def warm_up() -> None:
     torch.set_num_threads(1)
     x = torch.ones(4, 4, requires_grad=True)
     F.cross_entropy(x @ x, torch.zeros(4, dtype=torch.long)).backward()
+    # The optimizer's first construction imports torch._dynamo: 1.5 s on an idle host, 2.5-4.5 s on a busy one, on
+    # the path of every re-formed gang (measured between the rendezvous and the first step).
+    torch.optim.AdamW([x], lr=1e-3).step()
 
 
 def redirect_output(log: str) -> None:

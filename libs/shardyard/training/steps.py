@@ -240,8 +240,10 @@ class Steps:
         return self.stopped
 
     def _report(self, step: int, *, force: bool, synced: bool) -> None:
-        """The agent's progress line (``force``: even within a second of the last), and the log's."""
+        """The agent's progress line (``force``: even within a second of the last; the attempt's first step always,
+        so that a re-formed gang is seen training at once), and the log's."""
         syncs = self.syncs
+        force = force or step == self.start + 1
         self.reporter.progress(
             step=step,
             loss=self.loss,

@@ -52,7 +52,8 @@ class SchedulerBook(BookFacts):
     # --- the snapshot ------------------------------------------------------------------------------------------
     def snapshot(self, now: datetime | None = None) -> Snapshot:
         """The nodes and gangs as the cycle decides on them; with ``now``, the measured links fresh at ``now`` too."""
-        snapshot = self._views.snapshot(self.nodes, self.gangs.values(), self.attained, self.expected)
+        stopping = self.shrinks.stopping(self.running, now, self.preempt_deadline_s)
+        snapshot = self._views.snapshot(self.nodes, self.gangs.values(), self.attained, self.expected, stopping)
         if self.queues is not None:
             snapshot = replace(snapshot, quotas=self.queues.config)
         if now is None:

@@ -42,6 +42,7 @@ from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.links import LinkView
 from shardyard.scheduler.orphans import OrphanCheck, ShardKey, running_keys
 from shardyard.scheduler.reasons import PendingReasons
+from shardyard.scheduler.resize import Shrinks
 
 
 class BookFacts:
@@ -90,8 +91,8 @@ class BookFacts:
         """Job -> (node, port) of its latest rendezvous: a new attempt takes another port."""
         self.fence = Fence()
         """The placements read so far, which judge the next ones (see ``fencing``) and number their attempts."""
-        self.orphan_check = OrphanCheck()
-        """Looks for orphaned shards, at most once a second (see ``orphans``)."""
+        self.orphan_check = OrphanCheck()  # looks for orphaned shards, at most once a second (see ``orphans``)
+        self.shrinks = Shrinks()  # the shards shrinks gave up, while they stop (see ``resize``)
         self.attained: dict[str, float] = {}
         """Job -> GPU-seconds its ended attempts held GPUs for (its least-attained-service queue)."""
         self.estimates = DurationEstimates()
@@ -179,6 +180,7 @@ class BookFacts:
         if gang is None or gang.scheduled.attempt != event.attempt:
             return  # an attempt already replaced, or a job this replica never saw placed
         self._attempt_ended(self.gangs.pop(event.job_id), event.occurred_at)
+        self.shrinks.shrunk(gang, event)
         self.pending[event.job_id] = self._pending(gang.spec, event.occurred_at, excluded=False)
 
     def _requeue_preempted(self, event: JobPreempted) -> None:
@@ -220,6 +222,7 @@ class BookFacts:
         self.specs.pop(job_id, None)
         self.attained.pop(job_id, None)
         self.expected.pop(job_id, None)
+        self.shrinks.forget(job_id)
         self.finished.add(job_id)
 
     def kept_off(self, job_id: str, now: datetime) -> frozenset[str]:
@@ -267,6 +270,7 @@ class BookFacts:
         spec = self.specs.get(job_id)
         if spec is not None:
             self.gangs[job_id] = Gang(spec, event)
+        self.shrinks.placed(event)
 
     @property
     def placed(self) -> Mapping[str, tuple[int, int]]:

@@ -5,22 +5,28 @@ attempt's shards stop, keeping their live state on their nodes, and the next att
 on the kept shards' GPUs (and new ones when it grows), resuming from that state (the runner's ``peer_state``): no
 step is lost. It is announced by ``JobResized`` with its typed reason; no retry is used.
 
-- **Grow** (``grown``): a running gang below its ``max_shards``, past the cooldown since its attempt started, takes
+- **Grow** (``grown``): a gang below its ``max_shards``, every shard of its attempt running for the cooldown, takes
   free GPUs for new shards when no waiting job could use them (``blocks_growth``). The new shards are placed alone,
   by the rules of any placement, never by preemption.
 - **Shrink** (``shrunk``): when a cycle takes some of its surplus shards (``placement.surplus``) for a job that may
   preempt it, the gang gives up those shards and keeps the rest; its core up to ``min_shards`` is protected as a
-  rigid gang is.
+  rigid gang is. The shards given up hold their GPUs until their processes end: until their node stops reporting
+  them (``Leaving``), they stand in the snapshot as stopping for that job, as a preempted gang does, so that it waits
+  for them instead of preempting anew.
 """
 
-from dataclasses import replace
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
-from shardyard.events import JobResized, JobSpec, PendingReason, ResizeReason
+from shardyard.events import JobResized, JobScheduled, JobSpec, NodeStatus, PendingReason, ResizeReason, ShardPlacement
 from shardyard.events.job import Elasticity
+from shardyard.gpus import canonical_model
 from shardyard.placement.cycle import schedule
-from shardyard.placement.model import PendingJob, Place
+from shardyard.placement.model import NodeView, PendingJob, Place, RunningJob
+from shardyard.placement.surplus import surplus_key
 from shardyard.scheduler.gang import Gang
+from shardyard.scheduler.orphans import ShardKey
 from shardyard.scheduler.reform import Ground, regroup
 
 NOT_FOR_THESE_GPUS = frozenset({PendingReason.NEVER_FITS})
@@ -28,18 +34,98 @@ NOT_FOR_THESE_GPUS = frozenset({PendingReason.NEVER_FITS})
 growing."""
 
 
+@dataclass(frozen=True)
+class Leaving:
+    """The shards a shrink gave up, while they stop."""
+
+    spec: JobSpec
+    by_job: str
+    attempt: int
+    """The attempt they were of."""
+    shards: tuple[ShardPlacement, ...]
+    since: datetime
+
+
+def leaving(old: Gang, event: JobResized, placed: JobScheduled) -> Leaving | None:
+    """What the shrink ``event`` of ``old`` gave up, now that its next attempt is ``placed``: the old attempt's
+    training shards on GPUs the new one does not hold. None for a grow."""
+    if event.by_job is None:
+        return None
+    held = {(p.node_id, p.gpu_indices) for p in placed.placements}
+    gone = tuple(p for p in old.scheduled.placements if not p.spare and (p.node_id, p.gpu_indices) not in held)
+    return Leaving(old.spec, event.by_job, event.attempt, gone, event.occurred_at) if gone else None
+
+
+def stopping(
+    left: Leaving, running: Mapping[str, frozenset[ShardKey]], now: datetime | None, bound_s: float
+) -> list[RunningJob]:
+    """``left``'s shards that their nodes still report running, as stopping for the job they made room for; none once
+    ``bound_s`` has passed since the shrink at ``now`` (None: not judged), for a node that stopped reporting: its
+    GPUs are then the pool's to judge."""
+    if now is not None and (now - left.since).total_seconds() > bound_s:
+        return []
+    spec = left.spec
+    return [
+        RunningJob(
+            job_id=surplus_key(spec.job_id, shard.shard_index),
+            priority=spec.priority,
+            preemptible=True,
+            started_at=left.since,
+            shards=((shard.node_id, shard.gpu_indices),),
+            preempted_by=left.by_job,
+            queue=spec.queue,
+            live=True,
+        )
+        for shard in left.shards
+        if (spec.job_id, shard.shard_index, left.attempt) in running.get(shard.node_id, frozenset())
+    ]
+
+
+@dataclass
+class Shrinks:
+    """The shards the book's shrinks gave up, from the shrink (``JobResized``) to their processes' end."""
+
+    resized: dict[str, tuple[Gang, JobResized]] = field(default_factory=dict)
+    """Job -> its gang before a shrink and the shrink, until its next attempt is placed."""
+    leaving: dict[str, Leaving] = field(default_factory=dict)
+
+    def shrunk(self, gang: Gang, event: JobResized) -> None:
+        if event.by_job is not None:
+            self.resized[event.job_id] = (gang, event)
+
+    def placed(self, event: JobScheduled) -> None:
+        before = self.resized.pop(event.job_id, None)
+        left = None if before is None else leaving(*before, event)
+        if left is not None:
+            self.leaving[event.job_id] = left
+
+    def forget(self, job_id: str) -> None:
+        self.resized.pop(job_id, None)
+        self.leaving.pop(job_id, None)
+
+    def stopping(
+        self, running: Mapping[str, frozenset[ShardKey]], now: datetime | None, bound_s: float
+    ) -> list[RunningJob]:
+        """Every shrink's shards still stopping (``stopping``); a shrink whose shards all stopped is forgotten."""
+        out: list[RunningJob] = []
+        for job_id, left in list(self.leaving.items()):
+            still = stopping(left, running, now, bound_s)
+            if not still:
+                del self.leaving[job_id]
+            out.extend(still)
+        return out
+
+
 def may_grow(gang: Gang, now: datetime, cooldown_s: float) -> bool:
-    """Whether ``gang`` may grow now: elastic, below its maximum, every shard running and none failed, not being
-    preempted, and its attempt at least ``cooldown_s`` old (a gang resized, recovered or placed just now waits)."""
+    """Whether ``gang`` may grow now: elastic, below its maximum, not being preempted, every shard running for at
+    least ``cooldown_s`` and none failed (a gang resized, recovered or placed just now first trains a while)."""
     elastic = gang.spec.elasticity
-    return (
-        elastic is not None
-        and gang.size < elastic.max_shards
-        and gang.running
-        and not gang.failed
-        and gang.preempted_by is None
-        and (now - gang.scheduled.occurred_at).total_seconds() >= cooldown_s
-    )
+    if elastic is None or gang.size >= elastic.max_shards or gang.failed or gang.preempted_by is not None:
+        return False
+    if not gang.running or gang.restart_s is None:
+        return False
+    running_since = gang.scheduled.occurred_at + timedelta(seconds=gang.restart_s)
+    return (now - running_since).total_seconds() >= cooldown_s
 
 
 def blocks_growth(waiting: JobSpec, reason: PendingReason | None, grower: JobSpec) -> bool:
@@ -50,12 +136,25 @@ def blocks_growth(waiting: JobSpec, reason: PendingReason | None, grower: JobSpe
     return not (waiting.gpu_model and grower.gpu_model and waiting.gpu_model != grower.gpu_model)
 
 
+def any_room(spec: JobSpec, views: Iterable[NodeView]) -> bool:
+    """Whether some ALIVE node that is not draining has a free GPU of ``spec``'s model and TFLOPS: a pass over the
+    views that spares a placement (``grown``) when nothing is free."""
+    return any(
+        view.free_gpus
+        and view.status is NodeStatus.ALIVE
+        and not view.draining
+        and view.tflops >= spec.min_tflops
+        and (spec.gpu_model is None or canonical_model(view.gpu_model) == spec.gpu_model)
+        for view in views
+    )
+
+
 def grown(gang: Gang, excluded: frozenset[str], ground: Ground, now: datetime) -> Place | None:
     """``gang`` with as many new shards as fit now, up to its ``max_shards``, on GPUs free on ``ground.before``
     (off ``excluded``, by the job's filters, without preemption): the new shards follow its training shards, its
     spares stay spares. None when not one more fits."""
     elastic = gang.spec.elasticity
-    if elastic is None or gang.size >= elastic.max_shards:
+    if elastic is None or gang.size >= elastic.max_shards or not any_room(gang.spec, ground.views.values()):
         return None
     extra, spec = elastic.max_shards - gang.size, gang.spec
     wanted = spec.model_copy(

@@ -9,8 +9,10 @@ from shardyard.events import (
     JobReady,
     JobResized,
     JobScheduled,
+    PendingReason,
     ResizeReason,
     RevocationReason,
+    RunningShard,
     ShardAssignment,
     ShardRevocation,
     ShardStopRequest,
@@ -96,6 +98,18 @@ def test_a_gang_grows_only_once_its_attempt_is_past_the_cooldown() -> None:
     assert len(of(book.cycle(at(32)), JobResized)) == 1
 
 
+def test_the_cooldown_counts_from_when_every_shard_runs_not_from_the_placement() -> None:
+    book = two_nodes(cooldown_s=10)
+    book.apply(elastic(1, 2, 4))
+    (placed,) = of(book.cycle(at(1)), JobScheduled)
+    for shard in placed.placements:  # a slow start: the shards run 24 s after their placement
+        book.apply(started("el", shard.shard_index, node_id=shard.node_id, occurred_at=at(25)))
+    book.on_shard_event(at(25))
+
+    assert of(book.cycle(at(30)), JobResized) == []
+    assert len(of(book.cycle(at(36)), JobResized)) == 1
+
+
 def test_a_gang_does_not_grow_while_a_job_that_could_use_the_gpus_waits() -> None:
     book = two_nodes()
     book.apply(elastic(2, 2, 4))
@@ -151,6 +165,27 @@ def test_a_higher_priority_job_shrinks_the_gang_to_make_room_instead_of_stopping
     assert {g for p in placed.placements for g in p.gpu_indices} == {
         g for _i, _n, gpus_ in training(first)[2:] for g in gpus_
     }
+
+
+def test_the_job_waits_for_the_shards_given_up_while_they_stop_and_preempts_nobody_meanwhile() -> None:
+    book, first = one_node_of_four()
+    book.apply(ready("vip", when=10, priority=9, gpu_count=2))
+    book.cycle(at(10))
+    gone = [p for p in first.placements if p.shard_index >= 2]
+    # The node still runs the shards given up (their processes are stopping) and holds their GPUs.
+    still = [RunningShard(job_id="el", shard_index=p.shard_index, attempt=1) for p in gone]
+    held = tuple(g for p in first.placements for g in p.gpu_indices)
+    book.apply(node_state("node-a", gpus=gpus(count=4), allocated_gpus=held, running=still, occurred_at=at(11)))
+
+    waiting = book.cycle(at(11))
+
+    assert of(waiting, JobPreempting) == [] and of(waiting, JobResized) == [] and of(waiting, JobScheduled) == []
+    assert [(spec.job_id, reason) for spec, reason, _ in book.reasons.blocked] == [("vip", PendingReason.PREEMPTING)]
+    kept = tuple(g for p in first.placements if p.shard_index < 2 for g in p.gpu_indices)
+    book.apply(node_state("node-a", gpus=gpus(count=4), allocated_gpus=kept, occurred_at=at(12)))
+
+    (placed,) = of(book.cycle(at(12)), JobScheduled)
+    assert placed.job_id == "vip" and {g for p in placed.placements for g in p.gpu_indices} == set(held) - set(kept)
 
 
 def test_the_core_up_to_min_shards_is_protected_even_when_the_job_is_not_preemptible() -> None:
