@@ -30,14 +30,8 @@ from shardyard.training.errors import UserError, comm
 from shardyard.training.gang_checkpoints import GangCheckpoints
 from shardyard.training.gang_sync import GangSync
 from shardyard.training.model import CheckpointError, TinyGPT, load_pretrained, save_pretrained
-from shardyard.training.peer_state import (
-    PeerSnapshots,
-    TermWatch,
-    agree_on_resume,
-    describe_plan,
-    read_offers,
-    transfer,
-)
+from shardyard.training.peer_resume import agree_on_resume, describe_plan, read_offers, transfer
+from shardyard.training.peer_state import PeerSnapshots, TermWatch
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
 from shardyard.training.progress import ProgressReporter, StepLog
 from shardyard.training.rendezvous import Placement, init_process_group, place

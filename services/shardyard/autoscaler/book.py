@@ -6,11 +6,14 @@ Facts come in through ``adopt`` (what the provider manages, at start and on each
 numbered phases, and records it (a node being drained or removed is not decided again):
 
 1. **Clean up**: a node that never came ALIVE within ``join_timeout_s``, or that was lost, is removed.
-2. **Finish drains**: a draining node that is idle is removed; a drain the pool has not shown yet is sent again.
-3. **Scale up** (outside the cooldown): for each allowed model, the GPUs fresh capacity requests ask for, less the
-   GPUs of its nodes still joining (pending capacity: a repeated request adds nothing while they join), in whole
-   nodes, within ``max_nodes``.
-4. **Scale down** (outside the cooldown): a node the scheduler reported idle (``ReclaimCandidate``), idle since,
+2. **Undrain**: a draining node of a model fresh requests ask for again is kept (undrained), cooldown or not:
+   demand that returns is served by the nodes still there before any is added. An undrain the pool does not show
+   yet is sent again.
+3. **Finish drains**: a draining node that is idle is removed; a drain the pool has not shown yet is sent again.
+4. **Scale up** (outside the cooldown, and not when a node was just undrained): for each allowed model, the GPUs
+   fresh capacity requests ask for, less the GPUs of its nodes still joining (pending capacity: a repeated request
+   adds nothing while they join), in whole nodes, within ``max_nodes``.
+5. **Scale down** (outside the cooldown): a node the scheduler reported idle (``ReclaimCandidate``), idle since,
    older than ``min_lifetime_s``, of a model nothing waits for, is drained, never below ``min_nodes``.
 
 Node lifecycle (``TRANSITIONS``): JOINING -> ALIVE -> DRAINING -> REMOVING -> gone; JOINING and ALIVE may go to
@@ -43,8 +46,8 @@ TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
     Phase.JOINING: frozenset({Phase.ALIVE, Phase.REMOVING}),
     # drained once idle past its lifetime; removed at once when lost
     Phase.ALIVE: frozenset({Phase.DRAINING, Phase.REMOVING}),
-    # removed once the pool shows it draining and idle
-    Phase.DRAINING: frozenset({Phase.REMOVING}),
+    # removed once the pool shows it draining and idle; ALIVE again (undrained) when demand for its model returns
+    Phase.DRAINING: frozenset({Phase.REMOVING, Phase.ALIVE}),
     # a removal that failed is tried again from where it was
     Phase.REMOVING: frozenset({Phase.JOINING, Phase.ALIVE, Phase.DRAINING}),
 }
@@ -86,12 +89,17 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class Undrain:
+    node_id: str
+
+
+@dataclass(frozen=True)
 class Remove:
     node_id: str
     reason: RemoveReason
 
 
-Action = Add | Drain | Remove
+Action = Add | Drain | Undrain | Remove
 
 
 @dataclass
@@ -111,6 +119,7 @@ class Managed:
     lost: bool = False
     draining_seen: bool = False
     drain_sent_at: datetime | None = None
+    undrain_sent_at: datetime | None = None
     retry_at: datetime | None = None
     """A failed removal is tried again from then."""
 
@@ -191,9 +200,11 @@ class AutoscaleBook:
     def decide(self, now: datetime) -> list[Action]:
         actions: list[Action] = []
         actions += self._clean_up(now)  # 1
-        actions += self._finish_drains(now)  # 2
-        if not self._cooling(now):
-            scaled = self._scale_up(now) or self._scale_down(now)  # 3, 4: one scale action per cooldown
+        undrained = self._undrain(now)  # 2
+        actions += undrained
+        actions += self._finish_drains(now)  # 3
+        if not self._cooling(now) and not undrained:
+            scaled = self._scale_up(now) or self._scale_down(now)  # 4, 5: one scale action per cooldown
             if scaled:
                 self.last_action_at = now
             actions += scaled
@@ -206,6 +217,22 @@ class AutoscaleBook:
             if late or (node.lost and node.phase in (Phase.ALIVE, Phase.DRAINING)):
                 node.move(Phase.REMOVING)
                 out.append(Remove(node.node_id, RemoveReason.JOIN_TIMEOUT if late else RemoveReason.LOST))
+        return out
+
+    def _undrain(self, now: datetime) -> list[Action]:
+        wanted, retry = self.wanted(now), timedelta(seconds=self.policy.drain_retry_s)
+        out: list[Action] = []
+        for node in self._settled(now):
+            kept = node.phase is Phase.DRAINING and node.gpu_model in wanted
+            sent = node.undrain_sent_at
+            unseen = sent is not None and node.phase is Phase.ALIVE and node.draining_seen and now - sent >= retry
+            if kept:  # like a node that came ALIVE: the requests until now are being answered by it
+                node.move(Phase.ALIVE)
+                last = self.joined_at.get(node.gpu_model)
+                self.joined_at[node.gpu_model] = now if last is None else max(last, now)
+            if kept or unseen:
+                node.drain_sent_at, node.undrain_sent_at = None, now
+                out.append(Undrain(node.node_id))
         return out
 
     def _finish_drains(self, now: datetime) -> list[Action]:
@@ -255,7 +282,7 @@ class AutoscaleBook:
                 and (node.retry_at is None or now >= node.retry_at)
             ):
                 node.move(Phase.DRAINING)
-                node.drain_sent_at = now
+                node.drain_sent_at, node.undrain_sent_at = now, None
                 staying -= 1
                 out.append(Drain(node.node_id))
         return out

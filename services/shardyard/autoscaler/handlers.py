@@ -13,7 +13,7 @@ from typing import Any
 
 from shardyard.autoscale.provider import NodeProvider, ProviderError
 from shardyard.autoscaler import metrics
-from shardyard.autoscaler.book import Action, Add, AutoscaleBook, Drain, Phase, Remove
+from shardyard.autoscaler.book import Action, Add, AutoscaleBook, Drain, Phase, Remove, Undrain
 from shardyard.bus.kafka import Bus
 from shardyard.bus.topics import ELASTICITY, NODE_STATE, Topic
 from shardyard.clock import Clock
@@ -79,6 +79,9 @@ class AutoscalerHandlers:
                 log.info("adding %s (%s:%d each) for %s", ", ".join(added), model, gpus, ", ".join(jobs))
             case Drain(node_id=node_id):
                 await self._drain(node_id, draining=True)
+            case Undrain(node_id=node_id):
+                log.info("keeping %s: demand for its model returned while it drained", node_id)
+                await self._drain(node_id, draining=False)
             case Remove(node_id=node_id, reason=reason):
                 try:
                     await asyncio.to_thread(self.provider.remove, node_id)

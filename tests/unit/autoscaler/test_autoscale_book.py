@@ -15,6 +15,7 @@ from shardyard.autoscaler.book import (
     Phase,
     Remove,
     RemoveReason,
+    Undrain,
 )
 from shardyard.events import CapacityRequested, NodeStatus, ReclaimCandidate
 from tests.unit.builders import T0, at, gpus, node_state
@@ -155,6 +156,25 @@ def test_a_draining_node_still_busy_is_removed_only_once_idle() -> None:
     assert scaler.decide(at(33)) == []
     scaler.on_node_state(state("auto-v100-0", 40, draining=True))
     assert scaler.decide(at(41)) == [Remove("auto-v100-0", RemoveReason.IDLE)]
+
+
+def test_a_draining_node_is_kept_when_demand_for_its_model_returns_and_nothing_is_added_for_it() -> None:
+    scaler = book()
+    alive_node(scaler)
+    scaler.on_reclaim(reclaim("auto-v100-0", 31))
+    assert scaler.decide(at(31)) == [Drain("auto-v100-0")]
+    scaler.on_node_state(state("auto-v100-0", 32, draining=True, allocated_gpus=(0,)))
+    scaler.on_capacity(capacity("V100", 2, 33))
+
+    assert scaler.decide(at(34)) == [Undrain("auto-v100-0")]  # inside the cooldown too: no removal is under way
+    assert scaler.nodes["auto-v100-0"].phase is Phase.ALIVE
+    scaler.on_node_state(state("auto-v100-0", 36, draining=True))  # the pool does not show the undrain yet
+    assert scaler.decide(at(43)) == []  # the request it answers adds nothing; the undrain waits for its retry
+    assert scaler.decide(at(44)) == [Undrain("auto-v100-0")]
+    scaler.on_node_state(state("auto-v100-0", 47))
+    assert scaler.decide(at(60)) == []
+    scaler.on_capacity(capacity("V100", 2, 61))  # a later request: the scheduler still waits, so more are added
+    assert scaler.decide(at(62)) == [Add("V100", 2, 1, ("job-1",))]
 
 
 def test_a_drain_the_pool_does_not_show_is_sent_again() -> None:

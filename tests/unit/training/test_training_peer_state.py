@@ -12,9 +12,8 @@ import torch
 from shardyard.training.checkpoint import TrainingState, checkpoint_files, load_checkpoint, optimizer_bytes
 from shardyard.training.config import RunConfig
 from shardyard.training.model import TinyGPT, TinyGPTConfig
-from shardyard.training.peer_state import (
+from shardyard.training.peer_resume import (
     Offer,
-    PeerSnapshots,
     ResumePlan,
     _files_for,
     agree_on_resume,
@@ -22,6 +21,7 @@ from shardyard.training.peer_state import (
     read_offers,
     transfer,
 )
+from shardyard.training.peer_state import PeerSnapshots
 
 
 def offer(step: int, ranks: tuple[int, ...], *, attempt: int = 1, where: str = "", world: int = 2) -> Offer:
