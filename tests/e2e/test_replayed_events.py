@@ -5,10 +5,12 @@ their seals, and appends them again later, as a plain Kafka client could.
 - A node whose agent is frozen (SIGSTOP: a hung host) is not kept ALIVE by its last lease played back once a second:
   it goes SUSPECT and then LOST on time, and the replays are dead-lettered ``REPLAYED``.
 - After drain, undrain, drain, the captured undrain played back leaves the node drained, and is dead-lettered
-  ``REPLAYED``.
+  ``REPLAYED``; also when the resource pool was restarted in between (its group resumes past the undrain it believed:
+  it reads the last minute back first).
 """
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -26,7 +28,7 @@ from shardyard.bus.topics import DEADLETTER, HEARTBEATS
 from shardyard.bus.transport import client_options
 from shardyard.cli.client import node
 from shardyard.cli.cluster import ClusterInfo
-from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
+from shardyard.cli.cluster_info import ADMIN_PRINCIPAL, get_json
 from shardyard.events import Event, NodeDrain, NodeLease
 from tests.support import wait
 from tests.support.cluster import ONE_REPLICA, cli, speaking_as
@@ -157,9 +159,8 @@ def test_a_frozen_nodes_last_lease_played_back_does_not_keep_it_alive(cluster: t
     wait.until(lambda: status(info, victim)["status"] == "ALIVE", f"{victim} ALIVE again once it runs", 60)
 
 
-@pytest.mark.timeout(300)
-def test_a_captured_undrain_played_back_leaves_the_node_drained(cluster: tuple[Path, ClusterInfo]) -> None:
-    (run_dir, info), target = cluster, "node-1"
+def drained_twice_and_the_undrain_captured(run_dir: Path, info: ClusterInfo, target: str) -> Captured:
+    """Drain ``target``, undrain it, drain it again; the operator's undrain as an eavesdropper captured it."""
     for args in (("drain", target, "--wait"), ("drain", target, "--undo"), ("drain", target, "--wait")):
         done = cli(*args, run_dir=run_dir, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -168,6 +169,11 @@ def test_a_captured_undrain_played_back_leaves_the_node_drained(cluster: tuple[P
     )
     assert undrain is not None, "the operator's undrain is in the log"
     assert FORGED_HEADER not in dict(undrain.headers)
+    return undrain
+
+
+def refused_and_still_drained(info: ClusterInfo, undrain: Captured, target: str) -> None:
+    """Play ``undrain`` back once: the pool dead-letters it ``REPLAYED`` and ``target`` stays drained."""
     (copy,) = asyncio.run(play_back(info.bootstrap, undrain, times=1, every_s=0.0))
     wait.until(
         lambda: "resource-pool" in replays_refused(info.bootstrap).get(copy, set()),
@@ -180,3 +186,44 @@ def test_a_captured_undrain_played_back_leaves_the_node_drained(cluster: tuple[P
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         assert status(info, target)["draining"] is True, f"{target} undrained by a replay"
+
+
+@pytest.mark.timeout(300)
+def test_a_captured_undrain_played_back_leaves_the_node_drained(cluster: tuple[Path, ClusterInfo]) -> None:
+    (run_dir, info), target = cluster, "node-1"
+    undrain = drained_twice_and_the_undrain_captured(run_dir, info, target)
+    refused_and_still_drained(info, undrain, target)
+
+
+def ps(run_dir: Path) -> dict[str, dict[str, Any]]:
+    shown = cli("ps", "-o", "json", run_dir=run_dir)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    return {row["name"]: row for row in json.loads(shown.stdout)}
+
+
+def restarted_and_ready(run_dir: Path, info: ClusterInfo, name: str) -> None:
+    """SIGKILL ``name``; wait until the supervisor started it again and it announced itself."""
+    before = ps(run_dir)[name]
+    os.kill(before["pid"], signal.SIGKILL)
+    again = wait.until(
+        lambda: (row := ps(run_dir)[name])["running"] and row["pid"] != before["pid"] and row,
+        f"{name} started again",
+        60,
+        every_s=0.5,
+    )
+
+    def announced() -> bool:
+        services = get_json(f"{info.live().monitor_url}/api/services", timeout_s=2)["services"]
+        return any(s["instance"] == name and s["pid"] == again["pid"] for s in services)
+
+    wait.until(announced, f"{name} ready again", 60, every_s=0.5)
+
+
+@pytest.mark.timeout(300)
+def test_a_captured_undrain_played_back_after_the_pool_restarted_leaves_the_node_drained(
+    cluster: tuple[Path, ClusterInfo],
+) -> None:
+    (run_dir, info), target = cluster, "node-0"
+    undrain = drained_twice_and_the_undrain_captured(run_dir, info, target)
+    restarted_and_ready(run_dir, info, "resource-pool-0")  # within the undrain's minute: its memory is gone
+    refused_and_still_drained(info, undrain, target)

@@ -1,6 +1,8 @@
-"""Rebuild a service's state from the log: read topics from their beginning up to the end they had at start."""
+"""Rebuild a service's state from the log: read topics from their beginning up to the end they had at start; and
+teach a consumer's replay memory the recent records it must believe once only (:func:`remember_recent`)."""
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -9,7 +11,7 @@ from aiokafka import TopicPartition
 from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.quirks import fetch_wait_ms
-from shardyard.bus.seal import checker, refused, screen_read
+from shardyard.bus.seal import FRESH_S, FROM_HEADER, Seal, believed_once, checker, refused, remember, screen_read
 from shardyard.bus.topics import Topic
 from shardyard.errors import EventDecodeError
 
@@ -54,3 +56,53 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     finally:
         await consumer.stop()
     return applied
+
+
+CLOCK_SKEW_S = 5.0
+"""Read back this much more than ``FRESH_S``: a sealer's clock ahead of the broker's."""
+
+
+async def remember_recent(bootstrap: str, seal: Seal | None, topics: Iterable[Topic], *, window_s: float = 0.0) -> int:
+    """Teach ``seal``'s replay memory the beats and commands appended to ``topics`` in the last ``FRESH_S`` (plus
+    skew; ``window_s`` where given), before this process's group consumer resumes from its committed offsets: those
+    it believed before a restart stay believed once (``bus.seal.remember``). Returns how many were remembered.
+
+    Read without a group, positioned by time (``ListOffsets`` by timestamp). Nothing to do without a seal."""
+    if seal is None:
+        return 0
+    by_name = {topic.name: topic for topic in topics}
+    consumer, partitions = await assigned_consumer(bootstrap, by_name.values(), fetch_max_wait_ms=fetch_wait_ms())
+    remembered = 0
+    try:
+        since_ms = int((time.time() - (window_s or FRESH_S + CLOCK_SKEW_S)) * 1000)
+        starts = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
+        pending = set()
+        for tp, start in starts.items():
+            if start is not None and start.offset < ends[tp]:  # None: nothing appended since
+                consumer.seek(tp, start.offset)
+                pending.add(tp)
+        while pending:
+            for tp, records in (await consumer.getmany(*pending, timeout_ms=500)).items():
+                for record in records:
+                    if record.offset >= ends[tp]:
+                        break
+                    remembered += _remembered(seal, by_name[tp.topic], record)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return remembered
+
+
+def _remembered(seal: Seal, topic: Topic, record: Any) -> int:
+    """1 where ``record`` was remembered: only a beat's or a command's is decoded (the sealer's header says whose)."""
+    sealer = next((value for name, value in record.headers or () if name == FROM_HEADER), b"")
+    if not believed_once(sealer.decode(errors="replace")):
+        return 0
+    try:
+        event = decode(topic, record.value)
+    except EventDecodeError:
+        return 0
+    return int(remember(seal, topic.name, record, record.value or b"", event))

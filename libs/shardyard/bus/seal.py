@@ -31,7 +31,9 @@ a recorded one played back reaches it later. On Apache Kafka the internal topics
 own clock (``message.timestamp.type=LogAppendTime``, in the catalogue), so no client can choose it. Within that time:
 beats carry a strictly increasing number per agent (the pool believes each once), an operator's command is believed
 once per event id (its nonce: :class:`Replays`, kept long past ``FRESH_S``), and every other consumer is idempotent
-on event ids, attempts and terms. A refused replay is dead-lettered like a forged event, with ``REPLAYED``.
+on event ids, attempts and terms. A refused replay is dead-lettered like a forged event, with ``REPLAYED``. A
+consumer that resumes from committed offsets (the resource pool's heartbeats) first reads back the last ``FRESH_S``
+of its topic into that memory (:func:`remember`), so a restart does not make a captured command or beat new again.
 
 What it does not do: every component holds the cluster secret (as every Slurm node holds the MUNGE key), so a
 compromised agent host can derive any key; on the embedded broker (Tansu) a record's timestamp is the producer's, so
@@ -315,6 +317,27 @@ def screen_read(seal: Seal | None, topic: str, record: Read, body: bytes, event:
         appended_ms=record.timestamp,
         where=(record.partition, record.offset),
     )
+
+
+def believed_once(sealer: str) -> bool:
+    """Whether what ``sealer`` publishes may be believed once only (:func:`_believed`): an agent's beats, an
+    operator's commands. A consumer's memory of them is taught again after a restart
+    (``bus.replay.remember_recent``)."""
+    return sealer.startswith((AGENT + "/", ADMIN + "/"))
+
+
+def remember(seal: Seal, topic: str, record: Read, body: bytes, event: Event) -> bool:
+    """Teach ``seal``'s replay memory a record read before this process's consumers resume (as if they had
+    believed it): a fresh, sealed, permitted beat or command. Nothing is counted or refused here; whether it was
+    remembered is returned."""
+    sealer, sealed_at, why = seal.verify(topic, record.key, body, record.headers)
+    if why is not None or not believed_once(sealer) or not permitted(sealer, event):
+        return False
+    if sealed_at is not None and record.timestamp > 0 and abs(record.timestamp - sealed_at) > FRESH_S * 1000:
+        return False  # refused by its time whenever it is read: nothing to remember
+    where = (topic, record.partition, record.offset)
+    _believed(seal.replays, sealer, event, where)
+    return True
 
 
 def _believed(replays: Replays, sealer: str, event: Event, where: tuple[str, int, int]) -> bool:
