@@ -25,7 +25,7 @@ higher-priority job (``scale_up_s``, ``steps_lost``, ``shrink_s``, the final los
 ``bench/elastic_resize.py``.
 
     python bench/elastic.py [--only autoscale|resize] [--watch-s 600] [--cooldown-s 5] [--lifetime-s 5] [--idle-s 5]
-        [--steps 3000] [--resize-cooldown-s 30] [--vip-s 30] [--smoke]
+        [--steps 3000] [--resize-cooldown-s 30] [--vip-s 30] [--no-noise] [--smoke]
 """
 
 import argparse
@@ -50,7 +50,7 @@ from smoke import parse_args
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 ADDED = "auto-v100-0"
 """The node the autoscaler adds: the local provider names its first V100 node so."""
-SMOKE = {"watch_s": 5.0, "steps": 1500, "vip_s": 12.0, "resize_cooldown_s": 2.0}
+SMOKE = {"watch_s": 5.0, "steps": 1500, "vip_s": 12.0, "resize_cooldown_s": 2.0, "noise": False}
 TICK = 1.0 / 3  # /proc's clock ticks are 1/100 s: CPU is read once per phase, not per poll
 
 
@@ -187,6 +187,12 @@ def main() -> None:
         "--resize-cooldown-s", type=float, default=30.0, help="resize: the scheduler's cooldown (its default)"
     )
     parser.add_argument("--vip-s", type=float, default=30.0, help="resize: how long the higher-priority job runs")
+    parser.add_argument(
+        "--no-noise",
+        dest="noise",
+        action="store_false",
+        help="resize: skip the 2- and 1-shard references (the noise between fixed sizes' losses)",
+    )
     args = parse_args(parser, SMOKE)
     scale = cluster.Autoscale(
         gpus=("V100:2",), max_nodes=1, cooldown_s=args.cooldown_s, min_lifetime_s=args.lifetime_s, idle_s=args.idle_s
@@ -214,6 +220,7 @@ def main() -> None:
                 vip_s=args.vip_s,
                 cpu=lambda run_dir: _cpu(_pids(run_dir)),
                 spent=_spent,
+                noise=args.noise,
             )
     settings = {"cooldown_s": args.cooldown_s, "lifetime_s": args.lifetime_s, "idle_s": args.idle_s}
     print(json.dumps({"bench": "elastic", "settings": settings, **figures}, indent=2))

@@ -152,24 +152,29 @@ def resize(
     vip_s: float,
     cpu: Callable[[Path], dict[str, float]],
     spent: Callable[[dict[str, float], dict[str, float]], dict[str, float]],
+    noise: bool = True,
 ) -> dict[str, Any]:
+    """``noise``: also train the 2- and 1-shard references (how far fixed sizes' losses differ among themselves)."""
     run_dir, quiet = root / "resize-run", (lambda _m: None)
+    references = ("fixed", "fixed-2", "fixed-1") if noise else ("fixed",)
     with _cooldown(cooldown_s):
         info = cluster.up(run_dir, nodes=("A100:2", "A100:2"), replicas=1, data_root=root / "data", say=quiet)
     try:
-        figures = _phases(run_dir, info, steps=steps, cooldown_s=cooldown_s, vip_s=vip_s, cpu=cpu, spent=spent)
+        figures = _phases(
+            run_dir, info, steps=steps, cooldown_s=cooldown_s, vip_s=vip_s, cpu=cpu, spent=spent, references=references
+        )
     finally:
         cluster.down(run_dir, say=quiet)
     data, seq_len = root / "data", figures.pop("seq_len")
     losses = {
         job: eval_loss(data / "checkpoints" / job, data / "datasets" / "wikitext", seq_len=seq_len)
-        for job in ("elastic", "fixed", "fixed-2", "fixed-1")
+        for job in ("elastic", *references)
     }
     return {
         **figures,
         "eval_loss": {job: round(loss, 5) for job, loss in losses.items()},
         "loss_ratio": round(losses["elastic"] / losses["fixed"], 4),
-        "noise_ratio": {job: round(losses[job] / losses["fixed"], 4) for job in ("fixed-2", "fixed-1")},
+        "noise_ratio": {job: round(losses[job] / losses["fixed"], 4) for job in references[1:]},
     }
 
 
@@ -182,6 +187,7 @@ def _phases(
     vip_s: float,
     cpu: Callable[[Path], dict[str, float]],
     spent: Callable[[dict[str, float], dict[str, float]], dict[str, float]],
+    references: tuple[str, ...],
 ) -> dict[str, Any]:
     client.submit(info.bootstrap, holder("filler", count=2, priority=0, seconds=3600))
     _until(lambda: _job(info, "filler").get("state") == "RUNNING", "the filler running", 120)
@@ -219,7 +225,8 @@ def _phases(
     elastic = client.wait(info.monitor_url, "elastic", timeout_s=3600, on_update=lambda _j: None)
     elastic = _job(info, "elastic") or elastic
     cpu1 = cpu(run_dir)
-    for name, shards in (("fixed", 4), ("fixed-2", 2), ("fixed-1", 1)):
+    for name in references:
+        shards = int(name.removeprefix("fixed").removeprefix("-") or 4)
         client.submit(info.bootstrap, training_job(name, steps=steps, elastic=False, shards=shards))
         done = client.wait(info.monitor_url, name, timeout_s=3600, on_update=lambda _j: None)
         if done.get("state") != "SUCCEEDED":

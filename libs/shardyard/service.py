@@ -20,7 +20,7 @@ from shardyard.bus.follow import Follower, FollowHandler
 from shardyard.bus.kafka import Bus, make_broker
 from shardyard.bus.ownership import Assign, Ownership
 from shardyard.bus.replay import remember_recent
-from shardyard.bus.topics import HEARTBEATS, LIFECYCLE, Topic
+from shardyard.bus.topics import Topic
 from shardyard.clock import Clock, SystemClock
 from shardyard.errors import ShardyardError
 from shardyard.events import ServiceReady
@@ -167,11 +167,6 @@ class Split:
     """Whether the group's topic is on the job's path (its fetches wait less: ``bus.quirks``)."""
 
 
-BELIEVED_ONCE_ON = frozenset({HEARTBEATS, LIFECYCLE})
-"""The topics that carry what is believed once only (agents' beats and drains; cancels): a group reading one of
-them first reads back its recent records (``bus.replay.remember_recent``)."""
-
-
 def replica_bus(service: str, settings: ReplicatedSettings) -> Bus:
     """The bus of one replica of ``service``; its broker's client names the service and the instance."""
     return Bus(make_broker(settings.bootstrap, client_id=f"{service}-{settings.instance}"), service=service)
@@ -218,8 +213,7 @@ def partitioned_app(
     @app.on_startup
     async def rebuild() -> None:
         await ensure_topics(settings.bootstrap)
-        if split.topic in BELIEVED_ONCE_ON:  # the group resumes past what it believed before a restart
-            await remember_recent(settings.bootstrap, bus.seal, [split.topic])
+        await remember_recent(settings.bootstrap, bus.seal, [split.topic])  # the group resumes past what it believed
         await follower.start()
         await follower.caught_up()
         if on_caught_up is not None:

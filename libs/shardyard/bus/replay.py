@@ -12,7 +12,7 @@ from shardyard.bus.assigned import assigned_consumer
 from shardyard.bus.codec import decode
 from shardyard.bus.quirks import fetch_wait_ms
 from shardyard.bus.seal import FRESH_S, FROM_HEADER, Seal, believed_once, checker, refused, remember, screen_read
-from shardyard.bus.topics import Topic
+from shardyard.bus.topics import HEARTBEATS, LIFECYCLE, Topic
 from shardyard.errors import EventDecodeError
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ async def replay(bootstrap: str, topics: Iterable[Topic], apply: Callable[[Topic
     return applied
 
 
+BELIEVED_ONCE_ON = frozenset({HEARTBEATS.name, LIFECYCLE.name})
+"""The topics that carry what is believed once only (agents' beats and operators' drains; cancels)."""
 CLOCK_SKEW_S = 5.0
 """Read back this much more than ``FRESH_S``: a sealer's clock ahead of the broker's."""
 
@@ -67,10 +69,11 @@ async def remember_recent(bootstrap: str, seal: Seal | None, topics: Iterable[To
     skew; ``window_s`` where given), before this process's group consumer resumes from its committed offsets: those
     it believed before a restart stay believed once (``bus.seal.remember``). Returns how many were remembered.
 
-    Read without a group, positioned by time (``ListOffsets`` by timestamp). Nothing to do without a seal."""
-    if seal is None:
+    Read without a group, positioned by time (``ListOffsets`` by timestamp). Only the topics of
+    :data:`BELIEVED_ONCE_ON` are read; nothing without a seal."""
+    by_name = {topic.name: topic for topic in topics if topic.name in BELIEVED_ONCE_ON}
+    if seal is None or not by_name:
         return 0
-    by_name = {topic.name: topic for topic in topics}
     consumer, partitions = await assigned_consumer(bootstrap, by_name.values(), fetch_max_wait_ms=fetch_wait_ms())
     remembered = 0
     try:
