@@ -17,6 +17,7 @@ from shardyard.events import (
     JobResized,
     JobRunning,
     JobScheduled,
+    JobStraggling,
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
@@ -71,7 +72,7 @@ def target_state(event: LifecycleFact) -> JobState | None:
             return JobState.SUCCEEDED
         case JobFailed():
             return JobState.FAILED
-        case JobUnschedulable() | JobPreempting() | JobCancelRequested():
+        case JobUnschedulable() | JobPreempting() | JobCancelRequested() | JobStraggling():
             return None
 
 

@@ -10,10 +10,11 @@ training), while processes are killed and paused:
 - ``SIGSTOP`` of an agent with running shards for 10 s and until its NODE_SUSPECT alert fired, then ``SIGCONT``.
 
 Then: every job ends SUCCEEDED, none is lost, the spare ratio rose after the failures, no two attempts of one shard
-ran at the same time, and every process killed came back (``shardyard up``'s supervisor restarts it; a service
-replica announces itself again). The last is checked from the outside: a thread samples the process table every 0.1 s
-and records, per runner process, its job, rank and attempt (from its environment) and when it was first and last
-seen alive.
+ran at the same time, each job's goodput ledger holds within 2 % of what the test saw from outside
+(``tests.support.ledger_truth``), and every process killed came back (``shardyard up``'s supervisor restarts it; a
+service replica announces itself again). The last is checked from the outside: a thread samples the process table
+every 0.1 s and records, per runner process, its job, rank and attempt (from its environment) and when it was first
+and last seen alive.
 """
 
 import asyncio
@@ -40,11 +41,13 @@ from shardyard.cli import client
 from shardyard.cli.children import alive
 from shardyard.cli.cluster import ClusterInfo, get_json
 from shardyard.cli.cluster_info import ADMIN_PRINCIPAL
+from shardyard.cli.rundir import shard_log_dir
 from shardyard.errors import ClusterError
 from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyChanged
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support import wait
 from tests.support.cluster import cli, speaking_as, user_submit
+from tests.support.ledger_truth import Truth, deviations, misjudged, trained_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
@@ -93,6 +96,8 @@ class ProcessWatch:
 
     seen: dict[tuple[str, int, int, int], Seen] = field(default_factory=dict)
     """(job, rank, attempt, pid) -> when the process was first and last seen alive, and its agent."""
+    wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
+    """Added to a monotonic time seen here: its wall time."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -146,6 +151,20 @@ class ProcessWatch:
         horizon = time.monotonic() - 0.5
         return [key for key, s in self.seen.items() if s.agent_pid == agent_pid and s.last >= horizon]
 
+    def truth(self, job: str, submitted: float, log_dir: Path) -> Truth:
+        """What was seen of ``job``'s attempts, in wall time, for its goodput ledger
+        (``tests.support.ledger_truth``)."""
+        truth = Truth(submitted)
+        for (name, _rank, attempt, _pid), entry in self.seen.items():
+            if name == job:
+                first, last = truth.spans.get(attempt, (entry.first, entry.last))
+                truth.spans[attempt] = (min(first, entry.first), max(last, entry.last))
+        truth.spans = {a: (f + self.wall_offset, last + self.wall_offset) for a, (f, last) in truth.spans.items()}
+        for attempt in truth.spans:
+            if (seconds := trained_s(log_dir, attempt)) is not None:
+                truth.trained_s[attempt] = seconds
+        return truth
+
     def overlaps(self) -> list[str]:
         """Attempts of one shard (job, rank) that were alive at the same time."""
         by_shard: dict[tuple[str, int], list[tuple[int, Seen]]] = {}
@@ -185,6 +204,25 @@ def ended(info: ClusterInfo) -> dict[str, dict[str, Any]] | None:
     current = jobs(info)
     done = len(current) == JOBS and all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") for j in current.values())
     return current if done else None
+
+
+def ledgers_against_the_truth(
+    info: ClusterInfo, run_dir: Path, watch: ProcessWatch, submitted: dict[str, float]
+) -> dict[str, float]:
+    """Every job's goodput ledger within 2 % of what the test saw (``tests.support.ledger_truth``); the worst
+    distance from the truth per part, as a share of the job's life, for the report."""
+    off: dict[str, Any] = {}
+    worst: dict[str, float] = {}
+    for job_id, at in sorted(submitted.items()):
+        job = client.job(info.live().monitor_url, job_id)
+        assert job is not None and job.get("goodput"), job_id
+        truth = watch.truth(job_id, at, shard_log_dir(run_dir, job_id) / job_id)
+        if wrong := misjudged(job["goodput"], truth):
+            off[job_id] = {"off": wrong, "ledger": job["goodput"], "attempts": sorted(truth.spans)}
+        for part, share in deviations(job["goodput"], truth).items():
+            worst[part] = round(max(worst.get(part, 0.0), share), 4)
+    assert not off, json.dumps(off, indent=1)
+    return worst
 
 
 def agent_with_shards(watch: ProcessWatch, agents: dict[str, int]) -> str | None:
@@ -236,7 +274,9 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
     watch = ProcessWatch()
     watch.start()
     try:
+        submitted: dict[str, float] = {}
         for index in range(JOBS - LATE):
+            submitted[f"chaos-{index:02d}"] = time.time()
             user_submit(info, json.dumps(job_document(index)).encode())
 
         def training() -> int:
@@ -268,6 +308,7 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
         os.kill(info.pids["fault-manager-0"], signal.SIGKILL)
         os.kill(info.pids["monitor-0"], signal.SIGKILL)
         for index in range(JOBS - LATE, JOBS):
+            submitted[f"chaos-{index:02d}"] = time.time()
             user_submit(info, json.dumps(job_document(index)).encode())
 
         # 5. An agent with running shards is paused for 10 s, and on until its suspicion fired: its shards fence
@@ -296,6 +337,7 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
     assert not failed, json.dumps({k: (v or {}).get("errors") for k, v in failed.items()})[:4000]
     assert watch.overlaps() == []
     assert any(attempt > 1 for (_job, _rank, attempt, _pid) in watch.seen), "no fault reached a running gang"
+    ledgers = ledgers_against_the_truth(info, cluster, watch, submitted)
 
     ratios: list[RedundancyChanged] = []
     asyncio.run(replay(info.bootstrap, [REDUNDANCY], lambda _topic, event: ratios.append(event)))
@@ -342,6 +384,7 @@ def test_every_job_survives_the_chaos(cluster: Path) -> None:
                 "later_attempts": len({key[:3] for key in watch.seen if key[2] > 1}),
                 "spare_ratio": {"before": before[-1] if before else 0.0, "max_after": max(after)},
                 "paused_node_suspicion": suspicion,
+                "ledger_worst_share_of_life": ledgers,
             }
         )
     )

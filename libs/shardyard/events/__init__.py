@@ -69,6 +69,7 @@ from shardyard.events.shard import (
     StopReason,
     Workload,
 )
+from shardyard.events.straggler import JobStraggling, StragglerAction, StragglerKind
 from shardyard.events.submission import JobSubmission
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "JobRunning",
     "JobScheduled",
     "JobSpec",
+    "JobStraggling",
     "JobSubmission",
     "JobSucceeded",
     "JobUnschedulable",
@@ -144,6 +146,8 @@ __all__ = [
     "ShardStarted",
     "ShardStopRequest",
     "StopReason",
+    "StragglerAction",
+    "StragglerKind",
     "UsedSignature",
     "Workload",
     "inventory_of",

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from shardyard.events.base import AwareDatetime, Event, Model
 from shardyard.events.node import MissingArtifact
 from shardyard.events.reasons import FailureCause, PendingReason, RejectReason
+from shardyard.events.straggler import JobStraggling
 
 RESERVED_ENV: Final = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 """Variables of the torchrun environment the runtime sets for a user's command; a job's ``env`` cannot set them."""
@@ -385,6 +386,7 @@ LifecycleFact = (
     | JobPreempting
     | JobPreempted
     | JobResized
+    | JobStraggling
     | JobCancelRequested
     | JobCancelled
 )

@@ -106,3 +106,6 @@ class FailureCause(StrEnum):
     BROKER_LOG_LOST = "BROKER_LOG_LOST"
     """Reported by accounting, not an agent: the broker lost the log that held the job (an embedded broker
     restarted, a cluster started afresh), so nothing is left to run or end it; its record ends with this cause."""
+    STRAGGLER = "STRAGGLER"
+    """Decided by the fault manager, not reported: one rank held its gang back (``JobStraggling``); the gang is
+    re-formed without it, from the members' live state, and no retry is spent."""

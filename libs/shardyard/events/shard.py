@@ -138,6 +138,12 @@ class ShardProgress(Event):
     allreduce_bytes: int
     syncs: int
     cpu_percent: float
+    step_ms: float = 0.0
+    """Mean wall time of a step since the previous report (0: not reported, a shard of an earlier version)."""
+    compute_ms: float = 0.0
+    """Mean time of a step since the previous report that was this rank's own: its wait on the gang's collectives
+    left out. The ranks of a synchronous gang share ``step_ms``; the straggler is the one whose ``compute_ms`` is the
+    longest (``shardyard.stragglers``)."""
 
 
 class ShardCompleted(Event):

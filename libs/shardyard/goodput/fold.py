@@ -30,7 +30,11 @@ cut, so the parts add up to ``E - A`` exactly.
   - ``notice`` from ``N`` until ``S``, whatever the gang did meanwhile (it checkpoints and stops at its next sync).
 
 A preempted gang resumes from the checkpoint it wrote on notice, past the highest step it had reported: its ledger
-shows the notice, the queue wait and the restart, and no recomputed work. ``straggler`` is not measured yet (0).
+shows the notice, the queue wait and the restart, and no recomputed work. A **straggler** the fault manager found
+(``JobStraggling``: since when one rank held the gang back, and how much slower it was, ``ratio``) turns the share
+``1 - 1/ratio`` of the attempt's productive (or degraded) time from then on into ``straggler``: the gang advanced at
+``1/ratio`` of its pace, and the rest is what the straggler cost, until the swap closed the attempt (or, not swapped,
+until its end).
 """
 
 from collections.abc import Iterable
@@ -49,6 +53,7 @@ from shardyard.events import (
     JobResized,
     JobRunning,
     JobScheduled,
+    JobStraggling,
     JobSucceeded,
     ShardFailed,
     ShardProgress,
@@ -92,6 +97,8 @@ class AttemptMarks:
     last_step: tuple[datetime, int] | None = None
     """The latest report's time and the highest step of the attempt so far."""
     caught_up_at: datetime | None = None
+    straggling: tuple[datetime, float] | None = None
+    """Since when a straggler held the gang back, and how much slower it was (the first ``JobStraggling``)."""
 
     def progress(self, at: datetime, step: int) -> None:
         if self.first_step_at is None or self.last_step is None:
@@ -153,6 +160,12 @@ class GoodputFold:
             return True
         if isinstance(event, JobPreempting):
             return self._notice(event)
+        if isinstance(event, JobStraggling):
+            marks = self.attempt(event.attempt)
+            if marks.straggling is not None or event.ratio <= 1.0:
+                return False
+            marks.straggling = (event.since, event.ratio)
+            return True
         target = moves(self.state, event)
         if target is None:
             return False
@@ -303,9 +316,21 @@ class _Walk:
             fault = self.clamp(tail_from, first, run_end)
         self.add(Part.RECOVERY, begin, first)
         self.add(Part.RECOMPUTED, first, min(caught, fault))
-        self.add(Part.DEGRADED if marks.degraded else Part.PRODUCTIVE, caught, fault)
+        self.training(marks, caught, fault)
         self.add(Part.RECOVERY, fault, run_end)
         self.add(Part.NOTICE, run_end, close)
+
+    def training(self, marks: AttemptMarks, begin: datetime, end: datetime) -> None:
+        """Productive (or degraded) time from ``begin`` to ``end``, less what a straggler cost from its start on."""
+        part = Part.DEGRADED if marks.degraded else Part.PRODUCTIVE
+        if marks.straggling is None or end <= begin:
+            self.add(part, begin, end)
+            return
+        since, ratio = marks.straggling
+        slowed_from = self.clamp(since, begin, end)
+        lost = (end - slowed_from) * (1.0 - 1.0 / ratio)
+        self.add(part, begin, end - lost)
+        self.add(Part.STRAGGLER, end - lost, end)
 
 
 def ledger_of_events(accepted: JobAccepted, events: Iterable[object], now: datetime) -> Ledger:

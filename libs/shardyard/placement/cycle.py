@@ -80,7 +80,7 @@ class PlacementCycle:
         else:
             self.index = ClusterIndex(snapshot.nodes, self.policy)
             topology = measured or any(view.zone or view.rack for view in snapshot.nodes)
-        self.links = Links(snapshot.rtt_ms, snapshot.mean_rtt_ms, snapshot.slow_nodes, topology)
+        self.links = Links(snapshot.rtt_ms, snapshot.mean_rtt_ms, snapshot.slow_nodes, topology, snapshot.degraded)
         self.waiting_on: dict[str, list[RunningJob]] = {}
         for gang in snapshot.running:
             if gang.preempted_by is not None:

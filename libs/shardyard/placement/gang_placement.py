@@ -82,14 +82,17 @@ class Links:
     mean: Mapping[str, float] = field(default_factory=dict)
     slow: frozenset[str] = frozenset()
     topology: bool = False
+    degraded: frozenset[str] = frozenset()
+    """Nodes that rank last: passed over while the gang fits without them (``Snapshot.degraded``)."""
 
 
 def place_gang(index: ClusterIndex, job: Candidate, links: Links) -> Place | None:
     """Place ``job``'s gang whole on the best-ranked nodes, or nothing (None) when the gang filters fail. A gang
-    spread over several nodes is placed off the nodes with slow links when it fits without them."""
-    keys, members = gather(index, job, links.topology, links.slow)
-    if links.slow and gang_failing(members, job) is not None:
-        keys, members = gather(index, job, links.topology, frozenset())
+    spread over several nodes is placed off the nodes with slow links when it fits without them; every gang off the
+    degraded nodes likewise."""
+    keys, members = gather(index, job, links.topology, links.slow, links.degraded)
+    if (links.slow or links.degraded) and gang_failing(members, job) is not None:
+        keys, members = gather(index, job, links.topology, frozenset(), frozenset())
     if gang_failing(members, job) is not None:
         return None
     rtt = links.rtt
@@ -132,11 +135,12 @@ def degraded_on(slot: Slot, job: Candidate) -> bool:
 
 
 def gather(
-    index: ClusterIndex, job: Candidate, topology: bool, avoid: frozenset[str]
+    index: ClusterIndex, job: Candidate, topology: bool, avoid: frozenset[str], degraded: frozenset[str] = frozenset()
 ) -> tuple[list[RankKey], list[tuple[Slot, int]]]:
     """The walk's nodes until they hold the gang, plus (with topology) up to ``latency_window`` more of the last
     rank to weigh mutual latency among: their rank keys, and each node with the shards it can take. A node in
-    ``avoid`` is passed over unless it alone takes the whole gang (its links are then not used)."""
+    ``avoid`` is passed over unless it alone takes the whole gang (its links are then not used); one in
+    ``degraded`` always."""
     k = job.k
     keys: list[RankKey] = []
     members: list[tuple[Slot, int]] = []
@@ -146,6 +150,8 @@ def gather(
     coordinates = False  # whether a member so far has a free rendezvous port: the gang needs one to meet
     for key, slot, capacity in walk(index, job):
         if avoid and slot.node_id in avoid and (members or capacity < k or not slot.ports):
+            continue
+        if degraded and slot.node_id in degraded:
             continue
         if total >= k and coordinates:
             if not topology or key != boundary or extra >= index.policy.latency_window:

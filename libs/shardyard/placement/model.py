@@ -173,6 +173,9 @@ class Snapshot:
     slow_nodes: frozenset[str] = frozenset()
     """Nodes whose measured links are mostly out of line with the cluster's (``shardyard.links``): a gang spread
     over several nodes is placed off them when it fits elsewhere."""
+    degraded: frozenset[str] = frozenset()
+    """Nodes a straggler was swapped off lately (``JobStraggling``): every gang is placed off them when it fits
+    elsewhere; they rank last."""
     gangs_on: Mapping[str, Sequence[RunningJob]] | None = None
     """Node id -> the ``running`` gangs holding GPUs there, when the caller keeps this map up to date across cycles
     (the simulator does); None: the cycle builds it from ``running`` when a reservation needs it."""

@@ -74,6 +74,10 @@ class ProgressReporter:
         self._window_t0 = clock()
         self._window_cpu0 = cpu_clock()
         self._window_samples0 = 0
+        self._window_step0: int | None = None
+        """The step before the window's; None before the first line (the attempt's first step, always reported, whose
+        window is that step and the start before it)."""
+        self._window_compute0 = 0.0
         self._loss_sum = 0.0
         self._loss_n = 0
         self._lock = threading.Lock()
@@ -96,12 +100,15 @@ class ProgressReporter:
         syncs: int,
         sync_interval: int | None = None,
         slow_syncs: int = 0,
+        compute_s: float = 0.0,
         force: bool = False,
     ) -> bool:
         """Record one step (``samples``: cumulative samples so far); returns whether a line was written.
 
         ``allreduce_ms`` is the last sync's time; ``sync_interval`` the current one (it widens after slow syncs,
-        ``slow_syncs`` of them so far)."""
+        ``slow_syncs`` of them so far); ``compute_s`` the rank's own time in its steps so far, its waits on the gang
+        left out. A line's ``step_ms`` and ``compute_ms`` are the window's means per step: wall time, and own time
+        (the stragglers' detector, ``shardyard.stragglers``, compares the latter across the gang)."""
         if self._fd is None:
             return False
         self._loss_sum += loss
@@ -111,6 +118,7 @@ class ProgressReporter:
             return False
         cpu_now = self._cpu_clock()
         wall = now - self._window_t0
+        steps = step - (step - 1 if self._window_step0 is None else self._window_step0)
         record = {
             "kind": "progress",
             "step": step,
@@ -121,12 +129,15 @@ class ProgressReporter:
             "syncs": syncs,
             "cpu_percent": 100.0 * (cpu_now - self._window_cpu0) / wall if wall > 0 else 0.0,
             "slow_syncs": slow_syncs,
+            "step_ms": 1000.0 * wall / steps if steps > 0 else 0.0,
+            "compute_ms": 1000.0 * (compute_s - self._window_compute0) / steps if steps > 0 else 0.0,
         }
         if sync_interval is not None:
             record["sync_interval"] = sync_interval
         self._last_line_t = self._window_t0 = now
         self._window_cpu0 = cpu_now
         self._window_samples0 = samples
+        self._window_step0, self._window_compute0 = step, compute_s
         self._loss_sum, self._loss_n = 0.0, 0
         self._emit(record)
         return self._fd is not None

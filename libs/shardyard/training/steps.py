@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -176,6 +177,8 @@ class Steps:
         self.noticed_after: int | None = None
         """The step after which this rank first saw the notice (logged: what a preemption lost is measured from)."""
         self.rate = Rate()
+        self.compute_s, self._waited_s = 0.0, 0.0
+        """This rank's own time in its steps so far, without its waits on the gang (a straggler's is the longest)."""
         self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps)
         self.checkpoints = GangCheckpoints(cfg, reporter)
         self.peers = PeerSnapshots(cfg, gang.group, self.device)
@@ -190,18 +193,19 @@ class Steps:
         that filled under the last checkpoint fails the step first (``GangCheckpoints.check``)."""
         self.checkpoints.check()
         self.last = step
+        began, self._waited_s = time.perf_counter(), 0.0
         inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.stream))
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
         self.optimizer.zero_grad(set_to_none=True)
         weight = self.cfg.loss_weight  # uneven slices: the averaged gradient is still the whole batch's mean loss's
         torch.autograd.backward(loss if weight == 1.0 else loss * weight)
-        with self.peers.waiting_on_gang():  # sync_interval 1: every rank, the same update
+        with self._on_gang():  # sync_interval 1: every rank, the same update
             synced = self.syncs.gradients(step, stop=stop.requested)
         self.optimizer.step()
         self.loss = float(loss.item())
         if synced is None:
-            with self.peers.waiting_on_gang():  # local SGD: every sync_interval steps
+            with self._on_gang():  # local SGD: every sync_interval steps
                 synced = self.syncs.parameters(step, stop=stop.requested)
             if synced is False and step < self.cfg.max_steps:
                 self.peers.synced(step, self.loss, self.model, self.optimizer)
@@ -213,11 +217,23 @@ class Steps:
         if checkpointed:
             self.checkpoints.submit(step, self.loss, self.model, self.optimizer)  # the weights just averaged
         parameters_synced = synced is not None and not self.syncs.averages_gradients
+        self.compute_s += time.perf_counter() - began - self._waited_s
         self._report(step, force=checkpointed or parameters_synced, synced=parameters_synced)
         self.rate.stepped(step)
         if self.stopped:
             self.checkpoints.write_now(step, self.loss, self.model, self.optimizer)
         return self.stopped
+
+    @contextlib.contextmanager
+    def _on_gang(self) -> Iterator[None]:
+        """Around a collective: the peers' snapshot may be written meanwhile, and the wait is not this rank's own
+        compute (``compute_s``)."""
+        began = time.perf_counter()
+        try:
+            with self.peers.waiting_on_gang():
+                yield
+        finally:
+            self._waited_s += time.perf_counter() - began
 
     def stop_on_notice(self, step: int, stop: StopFlag) -> bool:
         """After ``step``, with local SGD: True when the gang stops here on a notice, between two syncs
@@ -247,6 +263,7 @@ class Steps:
             syncs=syncs.count,
             sync_interval=syncs.pacer.interval,
             slow_syncs=syncs.pacer.slow_syncs,
+            compute_s=self.compute_s,
             force=force,
         )
         self.log.step(step, self.loss, syncs.count, synced=synced)

@@ -5,7 +5,7 @@ from typing import Self
 from faststream import FastStream
 from pydantic import Field, model_validator
 
-from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, NODE_STATE, REDUNDANCY, SHARD_EVENTS
+from shardyard.bus.topics import ASSIGNMENTS, FAILURES, LIFECYCLE, LINKS, NODE_STATE, REDUNDANCY, SHARD_EVENTS
 from shardyard.clock import Clock
 from shardyard.fault_manager.book import FaultBook
 from shardyard.fault_manager.handlers import FaultHandlers
@@ -26,7 +26,6 @@ UNREAD = frozenset(
         "job.unschedulable",
         "job.waiting",
         "job.running",
-        "shard.progress",
         "shard.checkpointed",
         "shard.stop_request",
         "shard.revocation",
@@ -99,7 +98,9 @@ def build_app(settings: FaultSettings, *, clock: Clock) -> FastStream:
     redundancy = RedundancyTracker(policy=settings.redundancy_policy())
     handlers = FaultHandlers(book, redundancy, bus, clock)
     follow = Follow(
-        [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY], handlers.on_followed, unread=UNREAD
+        [LIFECYCLE, ASSIGNMENTS, SHARD_EVENTS, NODE_STATE, FAILURES, REDUNDANCY, LINKS],  # links: stragglers
+        handlers.on_followed,
+        unread=UNREAD,
     )
     # The group's members own the shard-events partitions; the member that reads a bad shard event or node loss
     # dead-letters it (the follower only skips it).

@@ -49,6 +49,7 @@ from shardyard.fault_manager.recovery import (
     is_due,
     outcome,
 )
+from shardyard.fault_manager.stragglers import GangView, StragglerWatch
 
 
 @dataclass
@@ -126,6 +127,8 @@ class FaultBook:
     owned: frozenset[int] | None = None
     """The shard-events partitions (keyed by job) whose jobs this replica decides; None: every job (one replica).
     Every replica keeps every job's facts, so that it can take a partition over."""
+    stragglers: StragglerWatch = field(default_factory=StragglerWatch)
+    """Stragglers found in the running gangs, and the swaps decided for them (``fault_manager.stragglers``)."""
 
     def owns(self, job_id: str) -> bool:
         return self.owned is None or partition_of(job_id, SHARD_EVENTS) in self.owned
@@ -133,6 +136,7 @@ class FaultBook:
     # -- facts ---------------------------------------------------------------------------------------------------
 
     def apply(self, event: object) -> None:
+        self.stragglers.apply(event)
         match event:
             case JobScheduled():
                 for p in event.placements:
@@ -161,7 +165,7 @@ class FaultBook:
                     record.retries_used = max(record.retries_used, event.retries_used)
                     record.history[event.attempt] = event.causes
                     record.excluded.update(event.exclude_nodes)
-                    if not event.counted:
+                    if not event.counted and event.cause is not FailureCause.STRAGGLER:  # a swap is no disk move
                         record.moves.add(event.attempt)
                     self._close(event.job_id, record, event.attempt)
             case JobPreempting() | JobPreempted() | JobResized():
@@ -295,7 +299,24 @@ class FaultBook:
             )
             self.apply(decision)
             out.append(decision)
+        for swap in self.stragglers.decide(self._running(), now):
+            self.apply(swap)
+            out.append(swap)
         return out
+
+    def _running(self) -> dict[str, GangView]:
+        """The current attempts of the jobs this replica decides, as the straggler watch sees them."""
+        return {
+            job_id: GangView(
+                gang.attempt,
+                dict(gang.shards),
+                dict(gang.spares),
+                record.retries_used,
+                max(0, self.policy.max_retries - record.retries_used),
+            )
+            for job_id, record in self.jobs.items()
+            if (gang := record.gang) is not None and gang.attempt > record.closed_through and self.owns(job_id)
+        }
 
     def _hit_by_bad_nodes(self) -> None:
         """A node that went SUSPECT or LOST fails the training shards of the running gangs on it, even if no shard

@@ -69,6 +69,9 @@ DISPOSITION: Final[Mapping[FailureCause, Disposition]] = MappingProxyType(
         FailureCause.BROKER_LOG_LOST: Disposition.FAIL,
         # The scheduler's end of a job no set of the cluster's nodes could hold for its bound: it ran nowhere.
         FailureCause.UNSCHEDULABLE: Disposition.FAIL,
+        # The fault manager's own swap of a straggler (``fault_manager.stragglers``): no shard reports it; the gang is
+        # re-formed without the slow rank, outside the retry budget.
+        FailureCause.STRAGGLER: Disposition.RETRY,
     }
 )
 

@@ -24,6 +24,7 @@ from shardyard.events import (
     JobResized,
     JobRunning,
     JobScheduled,
+    JobStraggling,
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
@@ -38,6 +39,7 @@ from shardyard.monitor.progress import SERIES_POINTS as SERIES_POINTS  # re-expo
 from shardyard.monitor.progress import ProgressSeries, SeriesPoint, SyncPace
 from shardyard.monitor.public import REDACTED as REDACTED  # re-exported: its home was here
 from shardyard.monitor.public import public_spec
+from shardyard.monitor.requeues import Requeues
 from shardyard.monitor.timeline import MAX_NOTES, Timeline
 
 MAX_TIMELINE = MAX_NOTES
@@ -48,7 +50,7 @@ ShardFact = ShardStarted | ShardProgress | ShardCompleted | ShardFailed
 
 
 @dataclass
-class JobView:
+class JobView(Requeues):
     job_id: str
     state: JobState | None = None
     reason: str | None = None
@@ -77,6 +79,8 @@ class JobView:
     """(attempt, by job) of the preemption under way, so a redelivered JobPreempting is noted once."""
     recoveries: int = 0
     resizes: int = 0  # times its elastic gang was re-formed at another size (JobResized)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    """The stragglers the fault manager found in its gangs, and what it did (``JobStraggling``)."""
     last_checkpoint: dict[str, Any] | None = None
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
     loss: list[tuple[int, float]] = field(default_factory=list)
@@ -165,6 +169,8 @@ class JobView:
                 self._recovering(event)
             case JobResized():
                 self._resized(event)
+            case JobStraggling():
+                self._straggling(event)
             case JobCancelRequested():
                 if self.state is not None and self.state not in TERMINAL:
                     self.note(event.occurred_at, "cancel requested", f"by {event.requested_by}")
@@ -190,48 +196,6 @@ class JobView:
         )
         self.estimated_start = event.estimated_start
         self.note(event.occurred_at, "unschedulable", event.message)
-
-    def _preempting(self, event: JobPreempting) -> None:
-        if self.preempting == (event.attempt, event.by_job):
-            return  # redelivered: the preemption under way is noted once
-        self.preempting = (event.attempt, event.by_job)
-        self.note(
-            event.occurred_at,
-            "preempting",
-            f"attempt {event.attempt} yields to {event.by_job}: checkpoint and stop within {event.deadline_s:g}s",
-        )
-
-    def _preempted(self, event: JobPreempted) -> None:
-        self.preempting = None
-        self.pending(None, f"preempted by {event.by_job}; requeued", node_counts={}, waiting_for=[])
-        at_step = "" if event.checkpoint_step is None else f" at step {event.checkpoint_step}"  # a script's: unsaid
-        kept = (
-            f"checkpoint {event.checkpoint_dir}{at_step}"
-            if event.checkpoint_dir
-            else "no checkpoint: the next attempt starts over"
-        )
-        self.note(event.occurred_at, "preempted", f"attempt {event.attempt} stopped for {event.by_job}; {kept}")
-
-    def _recovering(self, event: JobRecovering) -> None:
-        self.recoveries += 1
-        self.preempting = None
-        avoided = (*event.exclude_nodes, *event.avoid_nodes)
-        excluded = f"; avoiding {', '.join(avoided)}" if avoided else ""
-        self.pending(None, f"recovering from {event.cause}{excluded}", node_counts={}, waiting_for=[])
-        retry = f"retry {event.retries_used}" if event.counted else "moved off a full disk, no retry used"
-        self.note(
-            event.occurred_at,
-            "recovering",
-            f"attempt {event.attempt} failed ({event.cause}: {event.message}); {retry}, "
-            f"{event.retries_left} left{excluded}",
-        )
-
-    def _resized(self, event: JobResized) -> None:
-        self.resizes += 1
-        self.pending(None, f"resizing: {event.reason}", node_counts={}, waiting_for=[])
-        why = f"{event.reason} for {event.by_job}" if event.by_job else event.reason
-        detail = f"attempt {event.attempt} re-forms at {event.to_shards} shards ({why}); no retry used"
-        self.note(event.occurred_at, f"resized {event.from_shards} -> {event.to_shards}", detail)
 
     def _ended(self, event: JobCancelled | JobSucceeded | JobFailed) -> None:
         self.ended_at = event.occurred_at
@@ -306,6 +270,8 @@ class JobView:
             allreduce_bytes=event.allreduce_bytes,
             syncs=event.syncs,
             cpu_percent=event.cpu_percent,
+            step_ms=event.step_ms,
+            compute_ms=event.compute_ms,
             updated_at=event.occurred_at.isoformat(),
         )
         if self.first_step_at is None:
@@ -374,6 +340,7 @@ class JobView:
             **self.summary(),
             "recoveries": self.recoveries,
             "resizes": self.resizes,
+            "stragglers": self.stragglers,
             "last_checkpoint": self.last_checkpoint,
             "spec": self.spec,
             "errors": self.errors,

@@ -73,6 +73,8 @@ def progress(node_id: str, key: ShardKey, report: Mapping[str, object], *, now: 
         allreduce_bytes=int(number(report, "allreduce_bytes")),
         syncs=int(number(report, "syncs")),
         cpu_percent=number(report, "cpu_percent"),
+        step_ms=number(report, "step_ms"),
+        compute_ms=number(report, "compute_ms"),
     )
 
 

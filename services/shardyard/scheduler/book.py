@@ -36,6 +36,7 @@ from shardyard.scheduler.fencing import stale_revocations
 from shardyard.scheduler.gang import Gang, revoke_unfinished
 from shardyard.scheduler.reform import Ground, reform
 from shardyard.scheduler.start_deadline import timed_out
+from shardyard.stragglers import health
 
 GROW_CHECK_S = 1.0
 """Elastic gangs are looked at for growth at most this often (each look places their new shards on a snapshot)."""
@@ -58,8 +59,9 @@ class SchedulerBook(BookFacts):
             snapshot = replace(snapshot, quotas=self.queues.config)
         if now is None:
             return snapshot
-        links = self.links.figures(now)
-        return replace(snapshot, rtt_ms=links.rtt_ms, mean_rtt_ms=links.mean_rtt_ms, slow_nodes=links.slow_nodes)
+        links, degraded = self.links.figures(now), health.degraded_now(self.degraded, now)
+        snapshot = replace(snapshot, rtt_ms=links.rtt_ms, mean_rtt_ms=links.mean_rtt_ms, slow_nodes=links.slow_nodes)
+        return replace(snapshot, degraded=degraded)
 
     # --- decisions ---------------------------------------------------------------------------------------------
     def cycle(self, now: datetime) -> list[Event]:

@@ -18,6 +18,7 @@ from shardyard.events import (
     JobRunning,
     JobScheduled,
     JobSpec,
+    JobStraggling,
     JobSucceeded,
     LinkMeasured,
     NodeState,
@@ -43,6 +44,7 @@ from shardyard.scheduler.links import LinkView
 from shardyard.scheduler.orphans import OrphanCheck, ShardKey, running_keys
 from shardyard.scheduler.reasons import PendingReasons
 from shardyard.scheduler.resize import Shrinks
+from shardyard.stragglers import health
 
 
 class BookFacts:
@@ -87,8 +89,7 @@ class BookFacts:
         """Nodes each job is kept off after a failure there, until the node has been healthy a while."""
         self.avoid: dict[str, frozenset[str]] = {}
         """Job -> nodes its next attempt only avoids (a disk that filled)."""
-        self.last_port: dict[str, tuple[str, int]] = {}
-        """Job -> (node, port) of its latest rendezvous: a new attempt takes another port."""
+        self.last_port: dict[str, tuple[str, int]] = {}  # job -> (node, port) of its latest rendezvous: not reused
         self.fence = Fence()
         """The placements read so far, which judge the next ones (see ``fencing``) and number their attempts."""
         self.orphan_check = OrphanCheck()  # looks for orphaned shards, at most once a second (see ``orphans``)
@@ -108,6 +109,7 @@ class BookFacts:
         """The agents' link measurements: the placement's RTTs, and the nodes with slow links."""
         self.queues: QueuesConfigured | None = None
         """The queues configuration in force (the queues topic's latest): quotas, borrowing, fair share, reclaim."""
+        self.degraded: dict[str, datetime] = {}  # node -> until when it ranks last: a straggler was swapped off it
 
     # --- facts -------------------------------------------------------------------------------------------------
     def apply(self, event: object) -> None:
@@ -134,6 +136,8 @@ class BookFacts:
                 self._requeue_recovering(event)
             case JobResized() if event.job_id not in self.finished:
                 self._requeue_resized(event)
+            case JobStraggling():
+                health.note(self.degraded, event)
             case JobScheduled():
                 self._on_scheduled(event)
             case JobPreempted() if event.job_id not in self.finished:

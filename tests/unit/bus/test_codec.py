@@ -44,6 +44,7 @@ from shardyard.events import (
     JobRejected,
     JobResized,
     JobRunning,
+    JobStraggling,
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
@@ -67,6 +68,8 @@ from shardyard.events import (
     ShardRevocation,
     ShardStopRequest,
     StopReason,
+    StragglerAction,
+    StragglerKind,
     lease_of,
 )
 from shardyard.quotas import parse_queues
@@ -186,6 +189,21 @@ SAMPLES: list[tuple[Event, Topic, str]] = [
             to_shards=2,
             reason=ResizeReason.SHRINK_FOR_PREEMPTION,
             by_job="vip",
+        ),
+        LIFECYCLE,
+        "job-7",
+    ),
+    (
+        JobStraggling(
+            occurred_at=at(1),
+            job_id="job-7",
+            attempt=1,
+            kind=StragglerKind.SLOW_NODE,
+            action=StragglerAction.SWAP,
+            shard_index=2,
+            node_id="node-b",
+            ratio=2.0,
+            since=at(0),
         ),
         LIFECYCLE,
         "job-7",

@@ -100,3 +100,20 @@ def test_shards_on_one_node_get_distinct_gpus_in_rank_order() -> None:
 
     assert [p.gpu_indices for p in decision.placements] == [(1,), (3,), (4,)]  # type: ignore[union-attr]
     assert [p.shard_index for p in decision.placements] == [0, 1, 2]  # type: ignore[union-attr]
+
+
+def test_a_degraded_node_ranks_last_for_every_gang() -> None:
+    from shardyard.placement.cycle import schedule
+    from shardyard.placement.model import Place, Snapshot
+    from tests.unit.builders import at
+
+    nodes = (node("a1", cpu_load=0.0), node("a2", cpu_load=0.3))
+
+    def on(snapshot: Snapshot, gpus: int) -> list[str]:
+        (decision,) = schedule(snapshot, [pending(gpu_count=gpus)], None, now=at(1))
+        assert isinstance(decision, Place), decision
+        return sorted({p.node_id for p in decision.placements})
+
+    assert on(Snapshot(nodes), 2) == ["a1"]  # the least loaded takes the gang whole
+    assert on(Snapshot(nodes, degraded=frozenset({"a1"})), 2) == ["a2"]  # even alone: unlike a slow link's node
+    assert on(Snapshot(nodes, degraded=frozenset({"a1"})), 4) == ["a1", "a2"]  # used when nothing else fits

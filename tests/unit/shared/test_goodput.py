@@ -18,11 +18,14 @@ from shardyard.events import (
     JobResized,
     JobRunning,
     JobScheduled,
+    JobStraggling,
     JobSucceeded,
     ResizeReason,
     ShardCheckpointed,
     ShardFailed,
     ShardProgress,
+    StragglerAction,
+    StragglerKind,
 )
 from shardyard.goodput import PARTS, GoodputFold, Ledger, Part, ledger_of, ledger_of_events
 from shardyard.lifecycle import LifecycleFact
@@ -205,6 +208,28 @@ def resized() -> list[object]:
     ]
 
 
+def straggler(action: StragglerAction = StragglerAction.SWAP) -> list[object]:
+    """Placed at 0, first step at 4; from 20 one rank runs at half speed (found at 50: since 20, ratio 2). Swapped
+    (``action`` SWAP): the attempt is recovered at 50 without it, the next one placed at 52, stepping from 55, ends at
+    70. Not swapped: the attempt goes on, slowed, to its end at 70."""
+    found = JobStraggling(
+        occurred_at=at(50),
+        job_id="job-1",
+        attempt=1,
+        kind=StragglerKind.SLOW_NODE,
+        action=action,
+        shard_index=1,
+        node_id="node-a",
+        ratio=2.0,
+        since=at(20),
+    )
+    begin = [ACCEPTED, READY, placed(0), step(4, 1), step(20, 17), found, step(49, 31)]
+    if action is not StragglerAction.SWAP:
+        return [*begin, step(69, 41), succeeded(70)]
+    swap = recovering(50).model_copy(update={"cause": FailureCause.STRAGGLER, "counted": False, "retries_used": 0})
+    return [*begin, swap, placed(52, attempt=2), step(55, 32, attempt=2), step(69, 46, attempt=2), succeeded(70, 2)]
+
+
 Story = tuple[Callable[[], list[object]], float, dict[Part, float]]
 STORIES: dict[str, Story] = {
     # story: (events, now (for an unended job), the parts by hand)
@@ -228,6 +253,20 @@ STORIES: dict[str, Story] = {
     "cancelled after a fault": (cancelled_after_fault, 200, {Part.RECOVERY: 5 + 5 + 30, Part.PRODUCTIVE: 10}),
     "revoked is no fault": (revoked_is_no_fault, 200, {Part.RECOVERY: 4, Part.PRODUCTIVE: 6}),
     "resized": (resized, 200, {Part.RECOVERY: 4 + 1 + 2, Part.PRODUCTIVE: 17 + 6}),
+    # attempt 1: recovery 0-4, productive 4-20, then 20-49 (after the last step the swap's tail is recovery) at half
+    # pace: 14.5 productive, 14.5 straggler; recovery 49-50 and the wait 50-52; attempt 2: recovery 52-55, productive
+    # 55-70 (its steps pass the highest step at once: no recomputed work).
+    "straggler swapped": (
+        straggler,
+        200,
+        {Part.RECOVERY: 4 + 1 + 2 + 3, Part.PRODUCTIVE: 16 + 14.5 + 15, Part.STRAGGLER: 14.5},
+    ),
+    # not swapped: 20-70 at half pace: 25 productive, 25 straggler.
+    "straggler not swapped": (
+        lambda: straggler(StragglerAction.NO_BETTER_PLACE),
+        200,
+        {Part.RECOVERY: 4, Part.PRODUCTIVE: 16 + 25, Part.STRAGGLER: 25},
+    ),
     "queued, not ended": (lambda: [ACCEPTED, READY], 42, {Part.QUEUED: 42}),
     "running, not ended": (
         lambda: [ACCEPTED, READY, placed(3), step(5, 1), step(9, 9)],

@@ -16,6 +16,7 @@ from shardyard.events import (
     JobResized,
     JobRunning,
     JobScheduled,
+    JobStraggling,
     JobSucceeded,
     JobUnschedulable,
     JobWaiting,
@@ -185,6 +186,7 @@ def test_target_state_table_covers_every_lifecycle_event_class() -> None:
         JobPreempting,
         JobPreempted,
         JobResized,
+        JobStraggling,
         JobCancelRequested,
         JobCancelled,
     }

@@ -70,6 +70,8 @@ def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
         "syncs",
         "cpu_percent",
         "slow_syncs",
+        "step_ms",
+        "compute_ms",
     }
     assert (first["step"], first["loss"]) == (1, 5.0)
     assert first["samples_per_s"] == pytest.approx(8 / 1.0)  # since construction at t=100
@@ -80,6 +82,25 @@ def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
     assert second["cpu_percent"] == pytest.approx(50.0)
     assert (forced["step"], forced["syncs"], forced["allreduce_bytes"]) == (10, 1, 1024)
     assert lines[4] == {"kind": "finished", "final_loss": 1.0, "steps": 10, "checkpoint_dir": "/out/ckpt"}
+
+
+def test_a_line_gives_the_windows_wall_and_own_time_per_step(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    wall = FakeClock(mono=100.0)
+    reporter = ProgressReporter(w, min_interval_s=1.0, clock=wall)
+    compute = 0.0
+    for step in range(1, 12):  # 0.2 s a step, of which 0.05 s its own (the rest a wait on the gang)
+        wall.mono, compute = 100.0 + 0.2 * step, compute + 0.05
+        reporter.progress(
+            step=step, loss=1.0, samples=2 * step, allreduce_ms=0.0, allreduce_bytes=0, syncs=step, compute_s=compute
+        )
+    reporter.close()
+    first, *later = [line for line in _lines(r) if line["kind"] == "progress"]
+    assert first["compute_ms"] == pytest.approx(50.0)  # the attempt's first step: its own time, start-up aside
+    assert [(line["step"], round(line["step_ms"]), round(line["compute_ms"])) for line in later] == [
+        (6, 200, 50),
+        (11, 200, 50),
+    ]
 
 
 def test_non_finite_loss_is_reported_as_null(pipe: tuple[int, int]) -> None:

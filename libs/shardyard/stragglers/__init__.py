@@ -1,0 +1,2 @@
+"""Stragglers: the rank of a synchronous gang that holds the others back, found from the shards' progress
+(``detector``)."""

@@ -1,0 +1,138 @@
+"""The straggler detector (``shardyard.stragglers.detector``) on progress streams: a rank slowed for good is found
+once, as a slow node, after the window; a rank with a larger slice is an imbalanced job; a gang waiting on a slow
+link names the link; a loaded host's passing stalls, and a gang slowed as a whole, are nothing."""
+
+import random
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from shardyard.events import ShardProgress
+from shardyard.stragglers.detector import Bounds, Detector, Kind, Straggler
+
+T0 = datetime(2026, 12, 7, 12, 0, 0, tzinfo=UTC)
+NODES = ("node-0", "node-1", "node-2", "node-3")
+
+
+def report(
+    rank: int,
+    second: float,
+    compute_ms: float,
+    *,
+    step_ms: float | None = None,
+    samples: float = 2.0,
+    attempt: int = 1,
+    job: str = "job",
+) -> ShardProgress:
+    step = step_ms if step_ms is not None else compute_ms
+    return ShardProgress(
+        occurred_at=T0 + timedelta(seconds=second),
+        job_id=job,
+        shard_index=rank,
+        attempt=attempt,
+        node_id=NODES[rank],
+        step=int(second * 10),
+        loss=2.0,
+        samples_per_s=samples * 1000.0 / step,
+        allreduce_ms=max(0.0, step - compute_ms),
+        allreduce_bytes=1,
+        syncs=1,
+        cpu_percent=100.0,
+        step_ms=step,
+        compute_ms=compute_ms,
+    )
+
+
+def stream(
+    seconds: int,
+    own_ms: dict[int, list[float]] | None = None,
+    *,
+    base_ms: float = 100.0,
+    wait_ms: float = 0.0,
+    samples: dict[int, float] | None = None,
+    ranks: int = 4,
+) -> list[ShardProgress]:
+    """One report a second per rank; rank r's own time ``own_ms[r][second]`` (else ``base_ms``); every rank's step
+    lasts the slowest rank's own time plus ``wait_ms``."""
+    out = []
+    for second in range(seconds):
+        own = {r: (own_ms or {}).get(r, [base_ms] * seconds)[second] for r in range(ranks)}
+        step = max(own.values()) + wait_ms
+        for rank in range(ranks):
+            out.append(report(rank, second, own[rank], step_ms=step, samples=(samples or {}).get(rank, 2.0)))
+    return out
+
+
+def verdicts(events: Iterable[ShardProgress], detector: Detector | None = None) -> list[Straggler]:
+    found = detector or Detector()
+    return [v for e in events if (v := found.observe(e)) is not None]
+
+
+def test_a_rank_slowed_to_half_speed_is_a_slow_node_once_the_window_has_passed() -> None:
+    slow = [100.0] * 30 + [200.0] * 60  # halved from second 30
+    found = verdicts(stream(90, {2: slow}))
+    assert len(found) == 1, found
+    (straggler,) = found
+    assert (straggler.kind, straggler.shard_index, straggler.node_id) == (Kind.SLOW_NODE, 2, "node-2")
+    assert straggler.since == T0 + timedelta(seconds=30)
+    detected_after = (straggler.since - T0).total_seconds()
+    assert 1.9 < straggler.ratio < 2.1 and detected_after == 30
+    assert "rank 2 on node-2" in straggler.detail
+
+
+def test_the_verdict_comes_after_the_window_and_not_before() -> None:
+    slow = [100.0] * 10 + [200.0] * 50
+    detector = Detector(Bounds(window_s=20.0))
+    times = [e.occurred_at for e in stream(60, {1: slow}) if detector.observe(e) is not None]
+    assert times == [T0 + timedelta(seconds=30)]
+
+
+def test_a_rank_with_a_larger_slice_is_an_imbalanced_job_not_a_slow_node() -> None:
+    # Rank 0 takes 4 samples a step where the others take 2, and twice their time: per sample it is as fast.
+    found = verdicts(stream(60, {0: [200.0] * 60}, samples={0: 4.0}))
+    assert [(v.kind, v.shard_index) for v in found] == [(Kind.IMBALANCED_JOB, 0)]
+
+
+def test_a_gang_waiting_on_a_slow_link_names_the_link_not_a_node() -> None:
+    def slow_links(nodes: set[str], _at: datetime) -> list[tuple[str, str, str]]:
+        return [("node-1", "node-3", "RTT 40.0 ms, the cluster's 0.10 ms")] if {"node-1", "node-3"} <= nodes else []
+
+    found = verdicts(stream(60, wait_ms=150.0), Detector(slow_links=slow_links))
+    assert [(v.kind, v.node_id, v.peer_id, v.shard_index) for v in found] == [
+        (Kind.SLOW_LINK, "node-1", "node-3", None)
+    ]
+    assert found[0].ratio > 2.0
+
+
+def test_waits_without_a_slow_link_are_not_judged() -> None:
+    assert verdicts(stream(60, wait_ms=150.0), Detector(slow_links=lambda _nodes, _at: [])) == []
+
+
+def test_passing_stalls_on_a_loaded_host_are_not_stragglers() -> None:
+    rng = random.Random(7)
+    # Every rank: noisy own times, and now and then a stall of 2-3x for a few seconds, never 20 s in a row.
+    own = {}
+    for rank in range(4):
+        times = [rng.gauss(100.0, 12.0) for _ in range(600)]
+        for start in rng.sample(range(0, 590), 25):
+            for s in range(start, start + rng.randint(1, 8)):
+                times[s] *= rng.uniform(2.0, 3.0)
+        own[rank] = times
+    assert verdicts(stream(600, own)) == []
+
+
+def test_a_gang_slowed_as_a_whole_has_no_straggler() -> None:
+    slowed = [100.0] * 20 + [250.0] * 40
+    assert verdicts(stream(60, dict.fromkeys(range(4), slowed))) == []
+
+
+def test_a_new_attempt_starts_afresh() -> None:
+    detector = Detector()
+    first = [e for e in stream(60, {2: [200.0] * 60})]
+    assert len(verdicts(first, detector)) == 1
+    again = [e.model_copy(update={"attempt": 2}) for e in stream(60, {2: [200.0] * 60})]
+    assert [(v.attempt, v.shard_index) for v in verdicts(again, detector)] == [(2, 2)]
+
+
+def test_reports_of_an_earlier_runner_without_the_figures_are_ignored() -> None:
+    old = [e.model_copy(update={"compute_ms": 0.0, "step_ms": 0.0}) for e in stream(60, {2: [200.0] * 60})]
+    assert verdicts(old) == []
