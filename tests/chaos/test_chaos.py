@@ -151,10 +151,10 @@ class ProcessWatch:
         horizon = time.monotonic() - 0.5
         return [key for key, s in self.seen.items() if s.agent_pid == agent_pid and s.last >= horizon]
 
-    def truth(self, job: str, submitted: float, log_dir: Path) -> Truth:
+    def truth(self, job: str, submitted: float, ended: float, log_dir: Path) -> Truth:
         """What was seen of ``job``'s attempts, in wall time, for its goodput ledger
         (``tests.support.ledger_truth``)."""
-        truth = Truth(submitted)
+        truth = Truth(submitted, ended)
         for (name, _rank, attempt, _pid), entry in self.seen.items():
             if name == job:
                 first, last = truth.spans.get(attempt, (entry.first, entry.last))
@@ -216,7 +216,8 @@ def ledgers_against_the_truth(
     for job_id, at in sorted(submitted.items()):
         job = client.job(info.live().monitor_url, job_id)
         assert job is not None and job.get("goodput"), job_id
-        truth = watch.truth(job_id, at, shard_log_dir(run_dir, job_id) / job_id)
+        ended = max(datetime.fromisoformat(e["at"]).timestamp() for e in job["timeline"] if e["event"] == "succeeded")
+        truth = watch.truth(job_id, at, ended, shard_log_dir(run_dir, job_id) / job_id)
         if wrong := misjudged(job["goodput"], truth):
             off[job_id] = {"off": wrong, "ledger": job["goodput"], "attempts": sorted(truth.spans)}
         for part, share in deviations(job["goodput"], truth).items():

@@ -159,6 +159,18 @@ def check_elastic(out: dict[str, Any]) -> None:
     assert resized["retries"] == 0 and resized["loss_ratio"] > 0 and resized["cpu_s"]
 
 
+def check_straggler(out: dict[str, Any]) -> None:
+    assert out["bench"] == "straggler"
+    swapped = out["swap"]
+    assert swapped["verdict"]["kind"] == "SLOW_NODE" and swapped["verdict"]["shard_index"] == 2
+    assert swapped["verdict"]["action"] == "SWAP" and "node-2" not in swapped["placed_after"]
+    assert swapped["detect_s"] > 0 and swapped["replace_s"] > swapped["detect_s"] and swapped["retries"] == 0
+    assert swapped["steps_per_s"]["before"] > 0 and swapped["cpu_s"]
+    healthy = out["healthy"]
+    assert healthy["jobs"] == 4 and healthy["false_swaps"] >= 0 and healthy["cpu_s"]
+    assert set(out["targets"]) >= {"detect_s <= 30", "false_swaps == 0"}
+
+
 SMOKES = [
     Smoke("training.py", check_training),
     Smoke("skeleton.py", check_skeleton),
@@ -172,6 +184,7 @@ SMOKES = [
     Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
     Smoke("cli_latency.py", check_cli_latency, timeout_s=240.0),
     Smoke("elastic.py", check_elastic, timeout_s=900.0),  # two clusters; the resize part trains two jobs (no noise)
+    Smoke("straggler.py", check_straggler, timeout_s=400.0),  # two clusters; a swap, and four jobs for 20 s
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""

@@ -94,7 +94,17 @@ async def publish_run(send: Producer, start: datetime) -> None:
         loss = 1.0 + 3.0 * math.exp(-k / 12)
         for i, node in enumerate(NODES):
             await send.event(
-                progress(JOB, i, node_id=node, step=5 * k, loss=loss + 0.01 * i, samples_per_s=120.0, occurred_at=at)
+                progress(
+                    JOB,
+                    i,
+                    node_id=node,
+                    step=5 * k,
+                    loss=loss + 0.01 * i,
+                    samples_per_s=120.0,
+                    occurred_at=at,
+                    step_ms=250.0,
+                    compute_ms=100.0 + 100.0 * i,  # rank 1 takes twice rank 0's own time a step
+                )
             )
 
 
@@ -132,6 +142,8 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             assert JOB in text and "RUNNING" in text and "live · updated" in text
             assert "A100" in text and "in use" in text
             assert "loading…" not in text  # every panel drew, alerts too (firing, none, or not served yet)
+            # Per-rank step times: the gang's step and each rank's own time, the straggler's marked with its ratio.
+            assert "own time" in text and "250 ms" in text and "200 ms (2.00x)" in text, text[-3000:]
             rows = dom.find("tr", data_queue="default")  # the queues panel: the job's queue, its A100s in use
             assert rows and rows[0]["data-model"] == "A100", rows
 

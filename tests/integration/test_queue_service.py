@@ -2,6 +2,7 @@
 the queue keeps consuming after bad input, and jobs wait for, are released by and fail with their dependencies; two
 replicas split the jobs, and one takes them all over when the other dies."""
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,6 +156,20 @@ async def test_a_restarted_queue_does_not_admit_a_submission_twice(bootstrap: st
             await watch.first(JobReady, job_id="q-after")
     assert len(watch.of(JobAccepted, job_id="q-restart")) == 1
     assert not watch.of(JobRejected, job_id="q-restart")
+
+
+async def test_a_submission_read_late_was_submitted_when_it_reached_the_log(bootstrap: str, log_dir: Path) -> None:
+    """No queue runs when the job is submitted (a replica died): it waits unread, and its life counts from the log."""
+    await ensure_topics(bootstrap)
+    async with Watcher(bootstrap, [LIFECYCLE, SERVICES]) as watch, Producer(bootstrap) as send:
+        written = await send.raw(SUBMISSIONS.name, dumps(variant("q-late")), key=b"q-late")
+        appended = datetime.fromtimestamp(written.timestamp / 1000, UTC)
+        await asyncio.sleep(3)  # the time the submission waits unread: the fault itself, not a wait on a condition
+        with service("shardyard.queue", ["--instance", "q-late"], bootstrap=bootstrap, log_dir=log_dir):
+            accepted = await watch.first(JobAccepted, job_id="q-late", timeout_s=60)
+    lag = (accepted.occurred_at - accepted.spec.submitted_at).total_seconds()
+    assert abs((accepted.spec.submitted_at - appended).total_seconds()) < 0.5, (accepted.spec.submitted_at, appended)
+    assert lag >= 3, lag
 
 
 def _ran(job_id: str, attempt: int = 1) -> list[Event]:

@@ -6,12 +6,17 @@ from outside the cluster, where it caused the faults itself:
 - how long each shard trained, from its first step to its last, by the shard's own clock (its log's closing
   ``trained steps A..B, N steps in S s after the first`` line, which a shard killed mid-training never writes).
 
-Each part is judged within ``share`` (2 %) of the job's life, submission to its last process:
+The job's end is when the scheduler ended it (its timeline's ``succeeded``, what its user waits for): the ledger
+counts the moments between its last shard's exit and that end (the scheduler hearing of it) as the last attempt's,
+productive, and so does the truth here.
+
+Each part is judged within ``share`` (2 %) of the job's life, submission to its end:
 
 - ``total``: the life itself; ``queued``: submission until the first attempt's processes appear (no job here is
-  preempted); ``notice``, ``degraded``, ``straggler``: 0 (no preemption, only full matches, stragglers unmeasured);
-- a job that ran once, untroubled: ``productive`` is the longest shard's training time and ``recovery`` the rest of
-  its attempt (placement to first step, and the end), ``recomputed`` 0;
+  preempted); ``notice``, ``degraded``, ``straggler``: 0 (no preemption, only full matches, no straggler);
+- a job that ran once, untroubled: ``productive`` is the longest shard's training time and the end's lag behind its
+  last process; ``recovery`` the rest of its attempt (its processes' start to the first step, and their exit after
+  the last), ``recomputed`` 0;
 - a job whose attempts a fault ended: the time no process of it was alive (between one attempt's last process and the
   next one's first) is neither ``productive`` nor ``recomputed``, and both together fit within its processes' lives.
 
@@ -33,6 +38,8 @@ PARTS = ("queued", "productive", "recovery", "recomputed", "notice", "degraded",
 class Truth:
     submitted: float
     """Wall time the test submitted the job."""
+    ended: float
+    """Wall time the job ended, as its timeline says (the scheduler's ``succeeded``)."""
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Attempt -> wall times its first shard process was first seen alive and its last one last seen."""
     trained_s: dict[int, float] = field(default_factory=dict)
@@ -40,7 +47,12 @@ class Truth:
 
     @property
     def life_s(self) -> float:
-        return max(last for _first, last in self.spans.values()) - self.submitted
+        return self.ended - self.submitted
+
+    @property
+    def end_lag_s(self) -> float:
+        """From the last process of the job to its end."""
+        return max(0.0, self.ended - max(last for _first, last in self.spans.values()))
 
     @property
     def dead_s(self) -> float:
@@ -84,7 +96,7 @@ def misjudged(ledger: dict[str, Any], truth: Truth, *, share: float = 0.02) -> d
         judge(part, parts[part], 0.0)
     if len(truth.spans) == 1 and 1 in truth.trained_s:
         first, last = truth.spans[1]
-        judge("productive", parts["productive"], truth.trained_s[1])
+        judge("productive", parts["productive"], truth.trained_s[1] + truth.end_lag_s)
         judge("recovery", parts["recovery"], (last - first) - truth.trained_s[1])
         judge("recomputed", parts["recomputed"], 0.0)
     elif len(truth.spans) > 1:
@@ -105,5 +117,5 @@ def deviations(ledger: dict[str, Any], truth: Truth) -> dict[str, float]:
         "queued": abs(float(ledger["queued_s"]) - (truth.spans[1][0] - truth.submitted)) / life,
     }
     if len(truth.spans) == 1 and 1 in truth.trained_s:
-        out["productive"] = abs(float(ledger["productive_s"]) - truth.trained_s[1]) / life
+        out["productive"] = abs(float(ledger["productive_s"]) - truth.trained_s[1] - truth.end_lag_s) / life
     return out

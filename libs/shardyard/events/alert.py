@@ -57,6 +57,9 @@ class AlertRule(StrEnum):
     """A member of a service's leader group that is not one of its sealed replicas holds the leadership partition (a
     client that joined the group without the service's key), for longer than the bound: while it holds it, the
     service has no leader. Per service."""
+    STRAGGLER = "STRAGGLER"
+    """A running job's rank takes far longer than the others for its own part of a step (``compute_ms``, its waits
+    on the gang left out), for longer than the bound: the whole gang runs at its pace. Per job."""
 
 
 class AlertSeverity(StrEnum):

@@ -111,6 +111,10 @@ class MonitorSettings(ServiceSettings):
     alert_disk_full_window_s: float = Field(
         default=RULES.disk_full_window_s, gt=0, description="DISK_FULL: fires this long after a DISK_FULL failure"
     )
+    alert_straggler_ratio: float = Field(
+        default=RULES.straggler_ratio, gt=1, description="STRAGGLER: a rank's own time a step over the others' median"
+    )
+    alert_straggler_for_s: float = Field(default=RULES.straggler_for_s, ge=0, description="STRAGGLER: for this long")
     alert_leader_proof_s: float = Field(
         default=RULES.leader_proof_s, gt=0, description="NO_LEADER, LEADERSHIP_HIJACKED: leadership unproven this long"
     )

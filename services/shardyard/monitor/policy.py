@@ -22,6 +22,9 @@ class AlertPolicy:
     dead_letter_window_s: float = 300.0
     slow_link_for_s: float = 30.0
     disk_floor_bytes: int = 1 << 30
+    straggler_ratio: float = 1.4
+    """STRAGGLER: a rank's own time a step over the median of the other ranks' (the fault manager's bound too)."""
+    straggler_for_s: float = 20.0
     leader_proof_s: float = 4.0
     """NO_LEADER and LEADERSHIP_HIJACKED: a service's leadership unproven this long (an election takes about 3 s)."""
     """DISK_FULL: an output disk with less free space than this (the scheduler's disk filter floor)."""

@@ -20,6 +20,7 @@ from shardyard.monitor.jobs import JobView
 from shardyard.monitor.leadership import leadership_hijacked, no_leader
 from shardyard.monitor.network import gang_nodes
 from shardyard.monitor.policy import AlertPolicy
+from shardyard.monitor.stragglers import straggler
 from shardyard.monitor.views import ClusterView
 from shardyard.units import format_bytes
 
@@ -376,6 +377,7 @@ RULES: Mapping[AlertRule, Rule] = {
     AlertRule.FORGED_EVENTS: forged_events,
     AlertRule.NO_LEADER: no_leader,
     AlertRule.LEADERSHIP_HIJACKED: leadership_hijacked,
+    AlertRule.STRAGGLER: straggler,
 }
 
 

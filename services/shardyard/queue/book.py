@@ -48,6 +48,7 @@ from shardyard.events import (
 )
 from shardyard.lifecycle import TERMINAL, JobState, LifecycleFact, moves
 from shardyard.queue import team_cancel
+from shardyard.queue.arrival import submitted_when
 from shardyard.queue.auth import Denied, Gate
 from shardyard.queue.dependencies import Fail, Hold, Release, find_cycle, verdict
 from shardyard.signing import Credentials
@@ -185,10 +186,12 @@ class QueueBook:
         now: datetime,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] | None = None,
+        appended_at: datetime | None = None,
     ) -> list[Event]:
         """Admit or refuse one submission, signed in its ``headers`` where the cluster has credentials (``auth``).
         ``source`` (topic/partition/offset) makes redelivery a no-op. A rejection is filed under the job the bytes
-        or the message ``key`` name (``rejection_id``)."""
+        or the message ``key`` name (``rejection_id``). An admitted job was submitted when its record reached the log
+        (``appended_at``, see ``submitted_when``), not when this replica read it."""
         if source in self.sources:
             return []
         target = team_cancel.cancel_target(raw)
@@ -199,7 +202,10 @@ class QueueBook:
         signed = self.gate.check(raw, headers, now.timestamp())
         if isinstance(signed, Denied):
             return self._reject(fallback_id, signed.reason, signed.message, source, now)
-        result = admit(raw, catalogue=self.catalogue, submitted_at=now, fallback_id=fallback_id, policy=self.policy)
+        submitted_at = submitted_when(appended_at, now)
+        result = admit(
+            raw, catalogue=self.catalogue, submitted_at=submitted_at, fallback_id=fallback_id, policy=self.policy
+        )
         if not isinstance(result, Admitted):
             return self._reject(result.job_id, result.reason, result.message, source, now, result.errors)
         spent = None if signed is None else UsedSignature.of(signed)

@@ -5,6 +5,7 @@ its partitions, and a replica decides for the jobs of those partitions only."""
 
 import logging
 from collections.abc import Awaitable, Sequence
+from datetime import UTC, datetime
 
 from shardyard import metrics, tracing
 from shardyard.bus.batch import Record, pace
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 FORWARDED_FROM = "x-shardyard-submitted-as"
 """Header of a forwarded submission: where it was first written (``topic/partition/offset``), the source that makes
 its admission happen once however often it is forwarded or redelivered."""
+APPENDED_AT = "x-shardyard-appended-at"
+"""Header of a forwarded submission: when it first reached the log (ms), when it was submitted (``arrival``)."""
 
 
 class QueueHandlers:
@@ -47,6 +50,7 @@ class QueueHandlers:
         if forward is not None:
             # The trace context travels on: the admission span still continues the submitter's trace.
             carried = {name: value.decode(errors="replace") for name, value in headers.items()}
+            carried.setdefault(APPENDED_AT, str(record.timestamp))
             log.info("forwarding submission %s of job %r to partition %d", source, forward.job_id, forward.partition)
             metrics.SUBMISSIONS_ANSWERED.labels("forwarded", "").inc()
             return [
@@ -59,8 +63,11 @@ class QueueHandlers:
                 )
             ]
         key = record.key if not isinstance(record.key, str) else record.key.encode()
-        signed = [(name, value) for name, value in (record.headers or ()) if name != FORWARDED_FROM]
-        events = self.book.on_submission(raw, source=source, now=self.clock.now(), key=key, headers=signed)
+        signed = [(name, value) for name, value in (record.headers or ()) if name not in (FORWARDED_FROM, APPENDED_AT)]
+        appended = appended_at(headers.get(APPENDED_AT) if FORWARDED_FROM in headers else None, record.timestamp)
+        events = self.book.on_submission(
+            raw, source=source, now=self.clock.now(), key=key, headers=signed, appended_at=appended
+        )
         job_id = tracing.job_of(events[0]) if events else None  # no events: a redelivery, admitted before
         if job_id is None:
             refused = team_cancel.cancel_target(raw) is not None  # a team's cancel the queue refused (it logged why)
@@ -104,3 +111,12 @@ class QueueHandlers:
         if events:
             log.info("settled on taking jobs over: %s", ", ".join(f"{type(e).__name__} {e.job_id}" for e in events))
         await self.bus.publish_all(events)
+
+
+def appended_at(forwarded: bytes | None, timestamp: int) -> datetime | None:
+    """When a submission first reached the log: the time its forward carried, else its record's (ms; none: None)."""
+    try:
+        ms = int(forwarded) if forwarded is not None else timestamp
+    except ValueError:
+        ms = timestamp
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms > 0 else None

@@ -90,6 +90,14 @@ def synced(step: int, syncs: int) -> object:
 SYNCS_AT_100 = [synced(5, 0), synced(102, 1), synced(203, 2)]
 
 
+def own(*compute_ms: float, t: float = 1) -> list[object]:
+    """One report of each rank of job-1's gang: rank i's own time a step ``compute_ms[i]``."""
+    return [
+        progress(shard_index=i, compute_ms=ms, step_ms=max(compute_ms), occurred_at=at(t))
+        for i, ms in enumerate(compute_ms)
+    ]
+
+
 # --- each rule: facts, evaluation times, and what the last evaluation publishes for the rule ----------------------
 FIRE, RESOLVE = "alert.firing", "alert.resolved"
 SUBJECT = {
@@ -220,6 +228,13 @@ CASES = {
     ),
     "disk-full-failure-resolves-after-window": Case(R.DISK_FULL, [disk(5), disk_full(5)], (6, 306), RESOLVE),
     "disk-resolves-when-cleaned-up": Case(R.DISK_FULL, [disk(0)], (1, 2), RESOLVE, later=[disk(50, t=2)]),
+    # STRAGGLER: a rank's own time a step 1.4x the other ranks' median or more, for 20 s.
+    "straggler-fires": Case(R.STRAGGLER, [*running(), *own(100, 200)], (1, 21), FIRE),
+    "straggler-waits-for": Case(R.STRAGGLER, [*running(), *own(100, 200)], (1, 20), None),
+    "straggler-within-the-bound": Case(R.STRAGGLER, [*running(), *own(100, 135)], (1, 30), None),
+    "straggler-resolves": Case(
+        R.STRAGGLER, [*running(), *own(100, 200)], (1, 21, 22), RESOLVE, later=own(100, 100, t=22)
+    ),
 }
 
 

@@ -233,8 +233,25 @@ function fact(label, value) {
   return value === null || value === undefined || value === "" ? null : h("span", {}, `${label} `, h("b", {}, value));
 }
 
+/** Each rank's own time a step over the median of the others' (a straggler's is far above 1): as the STRAGGLER
+ * rule judges it, from the ranks' newest reports. */
+function ownTimeRatios(shards) {
+  const own = Object.entries(shards).filter(([, s]) => s.compute_ms > 0).map(([i, s]) => [i, s.compute_ms]);
+  const median = (xs) => {
+    const v = [...xs].sort((a, b) => a - b);
+    const m = v.length >> 1;
+    return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  };
+  return new Map(own.map(([i, ms]) => {
+    const others = own.filter(([j]) => j !== i).map(([, v]) => v);
+    return [i, others.length ? ms / median(others) : null];
+  }));
+}
+
 function shardsTable(detail) {
   const placed = new Map(detail.placements.map((p) => [String(p.shard_index), p]));
+  const ratios = ownTimeRatios(detail.shards);
+  const slow = (index) => (ratios.get(index) ?? 0) >= 1.4;
   const gpuOf = (p) => (p ? `GPU ${p.gpu_indices.join(",")} ${p.gpu_model}${p.degraded ? " (degraded)" : ""}` : "—");
   const rows = Object.entries(detail.shards).map(([index, shard]) => h("tr", {},
     h("td", { class: "num" }, index),
@@ -244,14 +261,18 @@ function shardsTable(detail) {
     h("td", { class: "num" }, shard.step ?? "—"),
     h("td", { class: "num" }, num(shard.loss, 4)),
     h("td", { class: "num" }, num(shard.samples_per_s)),
+    h("td", { class: "num" }, shard.step_ms > 0 ? `${num(shard.step_ms)} ms` : "—"),
+    h("td", { class: slow(index) ? "num bad" : "num" }, shard.compute_ms > 0
+      ? `${num(shard.compute_ms)} ms${ratios.get(index) ? ` (${ratios.get(index).toFixed(2)}x)` : ""}` : "—"),
     h("td", { class: "num" }, shard.allreduce_ms == null ? "—" : `${num(shard.allreduce_ms)} ms`),
     h("td", { class: "num" }, shard.syncs ?? "—"),
     h("td", { class: "num" }, shard.cpu_percent == null ? "—" : `${Math.round(shard.cpu_percent)}%`),
     h("td", { class: "why" }, shard.cause ?? ""),
   ));
   if (!rows.length) return empty("no shard has started");
-  const names = ["shard", "node", "GPU", "state", "step", "loss", "samples/s", "AllReduce", "syncs", "CPU", "cause"];
-  const numeric = new Set(["shard", "step", "loss", "samples/s", "AllReduce", "syncs", "CPU"]);
+  const names = ["shard", "node", "GPU", "state", "step", "loss", "samples/s", "step time", "own time", "AllReduce",
+    "syncs", "CPU", "cause"];
+  const numeric = new Set(["shard", "step", "loss", "samples/s", "step time", "own time", "AllReduce", "syncs", "CPU"]);
   const head = h("thead", {}, h("tr", {}, names.map((n) => h("th", { class: numeric.has(n) ? "num" : "" }, n))));
   return h("table", {}, head, h("tbody", {}, rows));
 }

@@ -1,0 +1,226 @@
+"""Stragglers on a local cluster (issue 36; prints JSON): one shard of a 4-shard job slowed to half speed, found and
+swapped out; then healthy jobs on a loaded machine, where nothing may be swapped.
+
+``swap``: ``shardyard up`` with five A100:1 nodes; a 4-shard job (gradient averaging, every step a sync) trains.
+Once it has trained ``--warm-s`` at 4, rank 2's process is held to half its CPU (``bench/throttle.py``: a cgroup's
+CPU quota, or SIGSTOP/SIGCONT where none can be made). Measured from that moment:
+
+- ``detect_s``: until the fault manager's ``job.straggling`` (its time);
+- ``replace_s``: until every shard of the re-formed gang (attempt 2) reported a step (the job's detail, polled);
+- ``throughput_recovered``: the job's steps per second over ``--after-s`` once the new gang trains, over its steps
+  per second over the ``--warm-s`` before the slow-down (the job's step: its slowest shard's, polled every second);
+- ``steps_lost``: the last step the old gang's ranks completed (the state each kept) less the step the new gang
+  resumed from (their logs);
+- ``straggler_s``: what the job's goodput ledger counts lost to the straggler.
+
+``healthy``: on a cluster of its own (four A100:2 nodes), four 2-shard jobs train for ``--healthy-s`` (600: the issue's
+ten minutes) beside one CPU hog per core at normal priority: ``false_swaps`` (swaps decided: there is no straggler)
+and every ``job.straggling`` said (``verdicts``).
+
+CPU seconds per component (``/proc``: the broker, the services, the agents, the shards) over each phase.
+
+    python bench/straggler.py [--only swap|healthy] [--warm-s 30] [--after-s 60] [--healthy-s 600] [--smoke]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from elastic_resize import steps_lost
+from shardyard.cli import client, cluster
+from shardyard.cli.cluster_info import ClusterInfo
+from shardyard.training.artifacts import create_demo_artifacts
+from smoke import parse_args
+from throttle import cpu_seconds, throttled
+
+EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
+SMOKE = {"warm_s": 12.0, "after_s": 10.0, "healthy_s": 20.0}
+HOG = "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\nwhile True: pass"
+SHARD_LOG = re.compile(r"/(?P<job>[^/]+)/shard-(?P<rank>\d+)-attempt-(?P<attempt>\d+)\.log$")
+
+
+def job_document(task_id: str, *, shards: int, steps: int = 1_000_000) -> bytes:
+    """Gradient averaging (every step a sync), a global batch of 8; it trains until cancelled."""
+    document = {**EXAMPLE, "task_id": task_id, "sync_interval": 1, "shard_count": shards, "priority": 1}
+    gpu = {"count": shards, "model": "A100", "min_flops": 35}
+    document["resource_requirements"] = {"gpu": gpu, "memory": f"{shards}GiB", "cpu_cores": shards}
+    document["training"] = {"max_steps": steps, "batch_size": 8 // shards, "seed": 3}
+    return json.dumps(document).encode()
+
+
+def until(check: Callable[[], Any], what: str, timeout_s: float, every_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise SystemExit(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def job(info: ClusterInfo, job_id: str) -> dict[str, Any]:
+    return client.job(info.monitor_url, job_id) or {}
+
+
+def shard_pid(job_id: str, rank: int, attempt: int) -> int | None:
+    """The live process of ``job_id``'s shard ``rank`` in ``attempt`` (named by the log its output goes to)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if b"shardyard.training" not in Path(f"/proc/{name}/cmdline").read_bytes():
+                continue
+            found = SHARD_LOG.search(os.readlink(f"/proc/{name}/fd/1"))
+        except OSError:
+            continue
+        if found and (found["job"], int(found["rank"]), int(found["attempt"])) == (job_id, rank, attempt):
+            return int(name)
+    return None
+
+
+def training(info: ClusterInfo, job_id: str, attempt: int, size: int) -> bool:
+    shards = job(info, job_id).get("shards", {})
+    return sum(1 for s in shards.values() if s.get("attempt") == attempt and s.get("step", 0) > 0) == size
+
+
+def rate(info: ClusterInfo, job_id: str, seconds: float) -> float:
+    """The job's steps per second over the next ``seconds`` (its slowest shard's step, read at both ends)."""
+    start, t0 = job(info, job_id).get("step", 0), time.monotonic()
+    time.sleep(seconds)
+    return (job(info, job_id).get("step", 0) - start) / (time.monotonic() - t0)
+
+
+def cpu_by_component(run_dir: Path) -> dict[str, float]:
+    """CPU seconds used so far: the cluster's processes by name, and the shards together."""
+    out: dict[str, float] = {}
+    for name, pid in ClusterInfo.load(run_dir).pids.items():
+        try:
+            out[name] = cpu_seconds(pid)
+        except (OSError, IndexError):
+            continue
+    shards = 0.0
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and b"shardyard.training" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                shards += cpu_seconds(int(pid))
+        except (OSError, IndexError):
+            continue
+    out["shards (live ones)"] = shards
+    return out
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before.get(name, 0.0), 1) for name in sorted(after)}
+
+
+def at(entry: dict[str, Any]) -> float:
+    return datetime.fromisoformat(entry["at"]).timestamp()
+
+
+def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
+    run_dir, quiet = root / "swap-run", (lambda _m: None)
+    info = cluster.up(run_dir, nodes=("A100:1",) * 5, replicas=1, data_root=root / "data", say=quiet)
+    try:
+        client.submit(info.bootstrap, job_document("slowed", shards=4))
+        until(lambda: training(info, "slowed", 1, 4), "the job training at 4", 300)
+        cpu0 = cpu_by_component(run_dir)
+        before = rate(info, "slowed", warm_s)
+        pid = until(lambda: shard_pid("slowed", 2, 1), "rank 2's process", 30)
+        slowed_at = time.time()
+        with throttled(pid, 0.5) as how:
+            said = until(lambda: job(info, "slowed").get("stragglers"), "a straggler said", 180)
+            until(lambda: training(info, "slowed", 2, 4), "the re-formed gang training", 180)
+            replaced_at = time.time()
+        after = rate(info, "slowed", after_s)
+        found = job(info, "slowed")
+        cpu1 = cpu_by_component(run_dir)
+        client.request_cancel(info.bootstrap, "slowed", requested_by="bench")
+        first = said[0]
+        return {
+            "slowed_by": how,
+            "verdict": {k: first[k] for k in ("kind", "action", "shard_index", "node_id", "ratio")},
+            "detect_s": round(datetime.fromisoformat(first["occurred_at"]).timestamp() - slowed_at, 2),
+            "since_s": round(datetime.fromisoformat(first["since"]).timestamp() - slowed_at, 2),
+            "replace_s": round(replaced_at - slowed_at, 2),
+            "steps_per_s": {"before": round(before, 3), "after": round(after, 3)},
+            "throughput_recovered": round(after / before, 3) if before else None,
+            "steps_lost": steps_lost(run_dir, "slowed", 2),
+            "placed_after": sorted(p["node_id"] for p in found["placements"] if not p.get("spare")),
+            "retries": sum(1 for e in found["timeline"] if e["event"] == "recovering") - 1,
+            "straggler_s": found["goodput"]["straggler_s"],
+            "cpu_s": spent(cpu0, cpu1),
+        }
+    finally:
+        cluster.down(run_dir, say=quiet)
+
+
+def healthy(root: Path, seconds: float) -> dict[str, Any]:
+    run_dir, quiet = root / "healthy-run", (lambda _m: None)
+    info = cluster.up(run_dir, nodes=("A100:2",) * 4, replicas=1, data_root=root / "data", say=quiet)
+    hogs: list[subprocess.Popen[bytes]] = []
+    names = [f"healthy-{i}" for i in range(4)]
+    try:
+        for name in names:
+            client.submit(info.bootstrap, job_document(name, shards=2))
+        until(lambda: all(training(info, name, 1, 2) for name in names), "four jobs training", 300)
+        cpu0 = cpu_by_component(run_dir)
+        hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 2)]
+        time.sleep(seconds)  # the measured span itself: every straggler said meanwhile is read below
+        cpu1 = cpu_by_component(run_dir)
+        jobs = {name: job(info, name) for name in names}
+        said = [s for j in jobs.values() for s in j.get("stragglers", [])]
+        return {
+            "healthy_s": seconds,
+            "jobs": len(names),
+            "hog_processes": len(hogs),
+            "false_swaps": sum(1 for s in said if s["action"] == "SWAP"),
+            "verdicts": said,
+            "attempts": {name: j.get("attempt") for name, j in jobs.items()},
+            "steps": {name: j.get("step") for name, j in jobs.items()},
+            "cpu_s": spent(cpu0, cpu1),
+        }
+    finally:
+        for hog in hogs:
+            hog.terminate()
+        for hog in hogs:
+            hog.wait(timeout=10)
+        cluster.down(run_dir, say=quiet)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("swap", "healthy"), help="one part only")
+    parser.add_argument("--warm-s", type=float, default=30.0, help="swap: trained at 4 before the slow-down")
+    parser.add_argument("--after-s", type=float, default=60.0, help="swap: throughput measured after the swap")
+    parser.add_argument("--healthy-s", type=float, default=600.0, help="healthy: how long four jobs are watched")
+    args = parse_args(parser, SMOKE)
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="shardyard-straggler-") as tmp:
+        root = Path(tmp)
+        create_demo_artifacts(root / "data")
+        if args.only in (None, "swap"):
+            figures["swap"] = swap(root, args.warm_s, args.after_s)
+        if args.only in (None, "healthy"):
+            figures["healthy"] = healthy(root, args.healthy_s)
+    swapped = figures.get("swap", {})
+    targets = {
+        "detect_s <= 30": swapped.get("detect_s", 1e9) <= 30,
+        "replace_s <= 60": swapped.get("replace_s", 1e9) <= 60,
+        "throughput_recovered >= 0.95": (swapped.get("throughput_recovered") or 0) >= 0.95,
+        "steps_lost == 0": swapped.get("steps_lost") == 0,
+        "false_swaps == 0": figures.get("healthy", {}).get("false_swaps", 1) == 0,
+    }
+    print(json.dumps({"bench": "straggler", **figures, "targets": targets}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
