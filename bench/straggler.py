@@ -2,8 +2,9 @@
 swapped out; then healthy jobs on a loaded machine, where nothing may be swapped.
 
 ``swap``: ``shardyard up`` with five A100:1 nodes; a 4-shard job (gradient averaging, every step a sync) trains.
-Once it has trained ``--warm-s`` at 4, rank 2's process is held to half its CPU (``bench/throttle.py``: a cgroup's
-CPU quota, or SIGSTOP/SIGCONT where none can be made). Measured from that moment:
+Once it has trained ``--warm-s`` at 4, rank 2's node is slowed to half speed: the test-only
+hook of ``shardyard.training.slowdown`` (the own part of each step of a shard there lasts twice as long, as on a GPU
+of half the speed; the agents pass ``SHARDYARD_TEST_SLOWDOWN_DIR`` on to the shards). Measured from that moment:
 
 - ``detect_s``: until the fault manager's ``job.straggling`` (its time);
 - ``replace_s``: until every shard of the re-formed gang (attempt 2) reported a step (the job's detail, polled);
@@ -39,8 +40,8 @@ from elastic_resize import steps_lost
 from shardyard.cli import client, cluster
 from shardyard.cli.cluster_info import ClusterInfo
 from shardyard.training.artifacts import create_demo_artifacts
+from shardyard.training.slowdown import SLOWDOWN_DIR_ENV
 from smoke import parse_args
-from throttle import cpu_seconds, throttled
 
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 SMOKE = {"warm_s": 12.0, "after_s": 10.0, "healthy_s": 20.0}
@@ -92,11 +93,21 @@ def training(info: ClusterInfo, job_id: str, attempt: int, size: int) -> bool:
     return sum(1 for s in shards.values() if s.get("attempt") == attempt and s.get("step", 0) > 0) == size
 
 
+def slowed_rank(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the fault manager said of rank 2 of the first attempt (any other verdict is listed apart)."""
+    return [s for s in found.get("stragglers", []) if s["shard_index"] == 2 and s["attempt"] == 1]
+
+
 def rate(info: ClusterInfo, job_id: str, seconds: float) -> float:
     """The job's steps per second over the next ``seconds`` (its slowest shard's step, read at both ends)."""
     start, t0 = job(info, job_id).get("step", 0), time.monotonic()
     time.sleep(seconds)
     return (job(info, job_id).get("step", 0) - start) / (time.monotonic() - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_by_component(run_dir: Path) -> dict[str, float]:
@@ -128,25 +139,29 @@ def at(entry: dict[str, Any]) -> float:
 
 def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
     run_dir, quiet = root / "swap-run", (lambda _m: None)
+    slow_dir = root / "slowdown"
+    slow_dir.mkdir()
+    os.environ[SLOWDOWN_DIR_ENV] = str(slow_dir)  # the processes ``up`` starts inherit it, the shards too
     info = cluster.up(run_dir, nodes=("A100:1",) * 5, replicas=1, data_root=root / "data", say=quiet)
     try:
         client.submit(info.bootstrap, job_document("slowed", shards=4))
         until(lambda: training(info, "slowed", 1, 4), "the job training at 4", 300)
         cpu0 = cpu_by_component(run_dir)
         before = rate(info, "slowed", warm_s)
-        pid = until(lambda: shard_pid("slowed", 2, 1), "rank 2's process", 30)
+        node = next(p["node_id"] for p in job(info, "slowed")["placements"] if p["shard_index"] == 2)
         slowed_at = time.time()
-        with throttled(pid, 0.5) as how:
-            said = until(lambda: job(info, "slowed").get("stragglers"), "a straggler said", 180)
-            until(lambda: training(info, "slowed", 2, 4), "the re-formed gang training", 180)
-            replaced_at = time.time()
+        (slow_dir / node).write_text("2")  # rank 2's node at half speed: whatever runs there
+        said = until(lambda: slowed_rank(job(info, "slowed")), "rank 2 found a straggler", 180)
+        until(lambda: training(info, "slowed", 2, 4), "the re-formed gang training", 180)
+        replaced_at = time.time()
         after = rate(info, "slowed", after_s)
         found = job(info, "slowed")
         cpu1 = cpu_by_component(run_dir)
         client.request_cancel(info.bootstrap, "slowed", requested_by="bench")
         first = said[0]
         return {
-            "slowed_by": how,
+            "verdicts": found.get("stragglers", []),
+            "slowed": {"node": node, "by": "shardyard.training.slowdown: own time a step x2"},
             "verdict": {k: first[k] for k in ("kind", "action", "shard_index", "node_id", "ratio")},
             "detect_s": round(datetime.fromisoformat(first["occurred_at"]).timestamp() - slowed_at, 2),
             "since_s": round(datetime.fromisoformat(first["since"]).timestamp() - slowed_at, 2),
@@ -161,6 +176,7 @@ def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
         }
     finally:
         cluster.down(run_dir, say=quiet)
+        os.environ.pop(SLOWDOWN_DIR_ENV, None)
 
 
 def healthy(root: Path, seconds: float) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from shardyard.training.peer_state import PeerSnapshots, TermWatch
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, StopFlag
 from shardyard.training.progress import ProgressReporter, StepLog
 from shardyard.training.rendezvous import Placement, init_process_group, place
+from shardyard.training.slowdown import Slowdown
 
 PREFIX = "shardyard.training"
 
@@ -178,6 +179,7 @@ class Steps:
         """The step after which this rank first saw the notice (logged: what a preemption lost is measured from)."""
         self.rate = Rate()
         self.compute_s, self._waited_s = 0.0, 0.0
+        self.slowdown = Slowdown()
         """This rank's own time in its steps so far, without its waits on the gang (a straggler's is the longest)."""
         self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps)
         self.checkpoints = GangCheckpoints(cfg, reporter)
@@ -200,6 +202,7 @@ class Steps:
         self.optimizer.zero_grad(set_to_none=True)
         weight = self.cfg.loss_weight  # uneven slices: the averaged gradient is still the whole batch's mean loss's
         torch.autograd.backward(loss if weight == 1.0 else loss * weight)
+        self.slowdown.stretch(time.perf_counter() - began)  # a test's slow GPU (off in any real run)
         with self._on_gang():  # sync_interval 1: every rank, the same update
             synced = self.syncs.gradients(step, stop=stop.requested)
         self.optimizer.step()

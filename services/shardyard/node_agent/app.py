@@ -61,6 +61,7 @@ from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
+from shardyard.training.slowdown import SLOWDOWN_DIR_ENV
 
 SERVICE = "node-agent"
 
@@ -255,7 +256,8 @@ def _identity(settings: AgentSettings, probe: GpuProbe, probe_port: int | None) 
         mounts=parse_mounts(settings.mounts),
         log_dir=settings.log_dir.resolve(),
         python=sys.executable,
-        base_env={k: v for k, v in os.environ.items() if not k.startswith("SHARDYARD_")},
+        # The agent's own settings stay its own; the test-only slow-down hook passes (shardyard.training.slowdown).
+        base_env={k: v for k, v in os.environ.items() if not k.startswith("SHARDYARD_") or k == SLOWDOWN_DIR_ENV},
         load_source=load_source(settings.load_source, simulated=probe.simulated),
         topology=topology(settings.zone, settings.rack),
         runner=RunnerOptions(

@@ -151,6 +151,7 @@ def shard_env(
             "MASTER_ADDR": assignment.master_addr,
             "MASTER_PORT": str(assignment.master_port),
             "SHARDYARD_JOB_ID": assignment.job_id,
+            "SHARDYARD_NODE_ID": assignment.node_id,
             "SHARDYARD_ATTEMPT": str(assignment.attempt),
             "SHARDYARD_MODEL_DIR": str(paths.model),
             "SHARDYARD_DATASET_DIR": str(paths.dataset),

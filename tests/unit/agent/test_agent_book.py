@@ -227,6 +227,7 @@ def test_shard_env() -> None:
         "MASTER_PORT": "29501",
         "OMP_NUM_THREADS": "1",
         "SHARDYARD_JOB_ID": "job-1",
+        "SHARDYARD_NODE_ID": "node-a",
         "SHARDYARD_ATTEMPT": "2",
         "SHARDYARD_MODEL_DIR": "/m",
         "SHARDYARD_DATASET_DIR": "/d",

@@ -73,7 +73,7 @@ def test_a_slow_nodes_rank_is_swapped_out_without_spending_a_retry() -> None:
         2,
         "node-2",
     )
-    assert said.since == at(1) and "swapping it out" in said.message  # its first report judged: the second one
+    assert said.since == at(2) and "swapping it out" in said.message  # the window's first slow report
     assert plan.cause is FailureCause.STRAGGLER and plan.counted is False and plan.avoid_nodes == ("node-2",)
     assert plan.exclude_nodes == () and plan.retries_used == 0 and plan.retry_at == said.occurred_at
     assert book.stragglers.is_degraded("node-2", at(60)) and not book.stragglers.is_degraded("node-2", at(700))

@@ -42,6 +42,15 @@ def report(
     )
 
 
+def stream_with_waits(waits: list[float], own_ms: float = 100.0, ranks: int = 4) -> list[ShardProgress]:
+    """Every rank's own time ``own_ms``; the gang's wait a step in second s: ``waits[s]``."""
+    return [
+        report(rank, second, own_ms, step_ms=own_ms + wait)
+        for second, wait in enumerate(waits)
+        for rank in range(ranks)
+    ]
+
+
 def stream(
     seconds: int,
     own_ms: dict[int, list[float]] | None = None,
@@ -74,16 +83,24 @@ def test_a_rank_slowed_to_half_speed_is_a_slow_node_once_the_window_has_passed()
     (straggler,) = found
     assert (straggler.kind, straggler.shard_index, straggler.node_id) == (Kind.SLOW_NODE, 2, "node-2")
     assert straggler.since == T0 + timedelta(seconds=30)
-    detected_after = (straggler.since - T0).total_seconds()
-    assert 1.9 < straggler.ratio < 2.1 and detected_after == 30
+    assert 1.9 < straggler.ratio < 2.1
     assert "rank 2 on node-2" in straggler.detail
 
 
-def test_the_verdict_comes_after_the_window_and_not_before() -> None:
-    slow = [100.0] * 10 + [200.0] * 50
+def test_the_verdict_comes_once_four_in_five_reports_of_the_window_are_slow() -> None:
+    slow = [100.0] * 10 + [200.0] * 50  # from second 10: the window of second 25 holds 16 slow reports of 20
     detector = Detector(Bounds(window_s=20.0))
     times = [e.occurred_at for e in stream(60, {1: slow}) if detector.observe(e) is not None]
-    assert times == [T0 + timedelta(seconds=30)]
+    assert times == [T0 + timedelta(seconds=25)]
+
+
+def test_a_noisy_straggler_is_found_from_the_windows_medians() -> None:
+    rng = random.Random(3)
+    # Own times of a few ms on a busy host: each report off by up to half; rank 1 at twice the others' from second 5.
+    own = {r: [rng.uniform(0.6, 1.4) * (30.0 if r == 1 and s >= 5 else 15.0) for s in range(60)] for r in range(4)}
+    found = verdicts(stream(60, own))
+    assert [(v.kind, v.shard_index) for v in found] == [(Kind.SLOW_NODE, 1)]
+    assert (found[0].since - T0).total_seconds() < 10
 
 
 def test_a_rank_with_a_larger_slice_is_an_imbalanced_job_not_a_slow_node() -> None:
@@ -96,15 +113,24 @@ def test_a_gang_waiting_on_a_slow_link_names_the_link_not_a_node() -> None:
     def slow_links(nodes: set[str], _at: datetime) -> list[tuple[str, str, str]]:
         return [("node-1", "node-3", "RTT 40.0 ms, the cluster's 0.10 ms")] if {"node-1", "node-3"} <= nodes else []
 
-    found = verdicts(stream(60, wait_ms=150.0), Detector(slow_links=slow_links))
+    waits = [30.0] * 20 + [150.0] * 40  # the link turned slow at second 20
+    found = verdicts(stream_with_waits(waits), Detector(slow_links=slow_links))
     assert [(v.kind, v.node_id, v.peer_id, v.shard_index) for v in found] == [
         (Kind.SLOW_LINK, "node-1", "node-3", None)
     ]
-    assert found[0].ratio > 2.0
+    assert found[0].ratio == 5.0 and found[0].since == T0 + timedelta(seconds=20)
+
+
+def test_a_gang_that_always_waited_as_long_blames_no_link() -> None:
+    def slow_links(_nodes: set[str], _at: datetime) -> list[tuple[str, str, str]]:
+        return [("node-1", "node-3", "RTT 4.0 ms, the cluster's 0.50 ms")]  # a loaded host's loopback probes
+
+    assert verdicts(stream_with_waits([250.0] * 60), Detector(slow_links=slow_links)) == []
 
 
 def test_waits_without_a_slow_link_are_not_judged() -> None:
-    assert verdicts(stream(60, wait_ms=150.0), Detector(slow_links=lambda _nodes, _at: [])) == []
+    waits = [30.0] * 20 + [150.0] * 40
+    assert verdicts(stream_with_waits(waits), Detector(slow_links=lambda _nodes, _at: [])) == []
 
 
 def test_passing_stalls_on_a_loaded_host_are_not_stragglers() -> None:
