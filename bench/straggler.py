@@ -20,10 +20,12 @@ and every ``job.straggling`` said (``verdicts``).
 
 CPU seconds per component (``/proc``: the broker, the services, the agents, the shards) over each phase.
 
-    python bench/straggler.py [--only swap|healthy] [--warm-s 30] [--after-s 60] [--healthy-s 600] [--smoke]
+    python bench/straggler.py [--only swap|healthy] [--warm-s 30] [--after-s 60] [--healthy-s 600] [--record DIR]
+        [--smoke]
 """
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -37,8 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from elastic_resize import steps_lost
+from shardyard.bus.replay import replay
+from shardyard.bus.topics import SHARD_EVENTS
 from shardyard.cli import client, cluster
 from shardyard.cli.cluster_info import ClusterInfo
+from shardyard.events import ShardProgress
 from shardyard.training.artifacts import create_demo_artifacts
 from shardyard.training.slowdown import SLOWDOWN_DIR_ENV
 from smoke import parse_args
@@ -137,7 +142,18 @@ def at(entry: dict[str, Any]) -> float:
     return datetime.fromisoformat(entry["at"]).timestamp()
 
 
-def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
+def record(info: ClusterInfo, jobs: list[str], path: Path | None) -> None:
+    """Every progress report of ``jobs`` in the log, as JSON lines at ``path`` (``--record``): the detector's unit
+    tests replay such streams."""
+    if path is None:
+        return
+    events: list[ShardProgress] = []
+    asyncio.run(replay(info.bootstrap, [SHARD_EVENTS], lambda _t, e: events.append(e)))
+    kept = [e for e in events if isinstance(e, ShardProgress) and e.job_id in jobs]
+    path.write_text("".join(e.model_dump_json() + "\n" for e in sorted(kept, key=lambda e: e.occurred_at)))
+
+
+def swap(root: Path, warm_s: float, after_s: float, recording: Path | None = None) -> dict[str, Any]:
     run_dir, quiet = root / "swap-run", (lambda _m: None)
     slow_dir = root / "slowdown"
     slow_dir.mkdir()
@@ -158,6 +174,7 @@ def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
         found = job(info, "slowed")
         cpu1 = cpu_by_component(run_dir)
         client.request_cancel(info.bootstrap, "slowed", requested_by="bench")
+        record(info, ["slowed"], recording)
         first = said[0]
         return {
             "verdicts": found.get("stragglers", []),
@@ -179,7 +196,7 @@ def swap(root: Path, warm_s: float, after_s: float) -> dict[str, Any]:
         os.environ.pop(SLOWDOWN_DIR_ENV, None)
 
 
-def healthy(root: Path, seconds: float) -> dict[str, Any]:
+def healthy(root: Path, seconds: float, recording: Path | None = None) -> dict[str, Any]:
     run_dir, quiet = root / "healthy-run", (lambda _m: None)
     info = cluster.up(run_dir, nodes=("A100:2",) * 4, replicas=1, data_root=root / "data", say=quiet)
     hogs: list[subprocess.Popen[bytes]] = []
@@ -193,6 +210,7 @@ def healthy(root: Path, seconds: float) -> dict[str, Any]:
         time.sleep(seconds)  # the measured span itself: every straggler said meanwhile is read below
         cpu1 = cpu_by_component(run_dir)
         jobs = {name: job(info, name) for name in names}
+        record(info, names, recording)
         said = [s for j in jobs.values() for s in j.get("stragglers", [])]
         return {
             "healthy_s": seconds,
@@ -218,15 +236,17 @@ def main() -> None:
     parser.add_argument("--warm-s", type=float, default=30.0, help="swap: trained at 4 before the slow-down")
     parser.add_argument("--after-s", type=float, default=60.0, help="swap: throughput measured after the swap")
     parser.add_argument("--healthy-s", type=float, default=600.0, help="healthy: how long four jobs are watched")
+    parser.add_argument("--record", type=Path, help="write each part's progress reports to DIR/<part>.jsonl")
     args = parse_args(parser, SMOKE)
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="shardyard-straggler-") as tmp:
         root = Path(tmp)
         create_demo_artifacts(root / "data")
+        recorded = (lambda part: args.record / f"{part}.jsonl") if args.record else (lambda _part: None)
         if args.only in (None, "swap"):
-            figures["swap"] = swap(root, args.warm_s, args.after_s)
+            figures["swap"] = swap(root, args.warm_s, args.after_s, recorded("swap"))
         if args.only in (None, "healthy"):
-            figures["healthy"] = healthy(root, args.healthy_s)
+            figures["healthy"] = healthy(root, args.healthy_s, recorded("healthy"))
     swapped = figures.get("swap", {})
     targets = {
         "detect_s <= 30": swapped.get("detect_s", 1e9) <= 30,

@@ -1,10 +1,15 @@
 """The straggler detector (``shardyard.stragglers.detector``) on progress streams: a rank slowed for good is found
 once, as a slow node, after the window; a rank with a larger slice is an imbalanced job; a gang waiting on a slow
-link names the link; a loaded host's passing stalls, and a gang slowed as a whole, are nothing."""
+link names the link; a loaded host's passing stalls, and a gang slowed as a whole, are nothing.
 
+The streams in ``streams/`` were recorded from real clusters (``bench/straggler.py --record``); the others are
+made here, where a recording could not show the case (a slow link on one host) or to pin a bound exactly."""
+
+import json
 import random
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from shardyard.events import ShardProgress
 from shardyard.stragglers.detector import Bounds, Detector, Kind, Straggler
@@ -68,6 +73,36 @@ def stream(
         step = max(own.values()) + wait_ms
         for rank in range(ranks):
             out.append(report(rank, second, own[rank], step_ms=step, samples=(samples or {}).get(rank, 2.0)))
+    return out
+
+
+STREAMS = Path(__file__).parent / "streams"
+
+
+def recorded(name: str) -> list[ShardProgress]:
+    """A recorded stream: each line [seconds from its first report, job, rank, attempt, node, samples/s, step ms,
+    own ms] (what the detector reads of a report; the rest is filled in)."""
+    out = []
+    for line in (STREAMS / name).read_text().splitlines():
+        t, job, rank, attempt, node, samples_per_s, step_ms, compute_ms = json.loads(line)
+        out.append(
+            ShardProgress(
+                occurred_at=T0 + timedelta(seconds=t),
+                job_id=job,
+                shard_index=rank,
+                attempt=attempt,
+                node_id=node,
+                step=0,
+                loss=0.0,
+                samples_per_s=samples_per_s,
+                allreduce_ms=0.0,
+                allreduce_bytes=0,
+                syncs=0,
+                cpu_percent=0.0,
+                step_ms=step_ms,
+                compute_ms=compute_ms,
+            )
+        )
     return out
 
 
@@ -162,3 +197,21 @@ def test_a_new_attempt_starts_afresh() -> None:
 def test_reports_of_an_earlier_runner_without_the_figures_are_ignored() -> None:
     old = [e.model_copy(update={"compute_ms": 0.0, "step_ms": 0.0}) for e in stream(60, {2: [200.0] * 60})]
     assert verdicts(old) == []
+
+
+def test_a_recorded_straggler_is_found_once_and_its_replacement_gang_is_left_alone() -> None:
+    """A 4-shard job on a 2-core host (its own time a step about 15 ms, a step about 40 ms: mostly the gang's
+    AllReduce); rank 2's node slowed to half speed after 30 s of training; the gang re-formed without it (attempt 2)."""
+    stream = recorded("straggler_swapped.jsonl")
+    found = verdicts(stream)
+    assert [(v.kind, v.attempt, v.shard_index) for v in found] == [(Kind.SLOW_NODE, 1, 2)]
+    assert (found[0].since - T0).total_seconds() > 25  # not before the slow-down
+    assert 1.4 < found[0].ratio < 2.2
+
+
+def test_recorded_healthy_gangs_on_a_loaded_host_have_no_straggler() -> None:
+    """Four 2-shard jobs on a 2-core host beside two CPU hogs for ten minutes: own times of a few ms that swing by
+    half from one report to the next."""
+    stream = recorded("healthy_loaded.jsonl")
+    assert len({e.job_id for e in stream}) == 4 and (stream[-1].occurred_at - T0).total_seconds() > 600
+    assert verdicts(stream) == []
