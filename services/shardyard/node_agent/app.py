@@ -36,7 +36,7 @@ from shardyard.node_agent.benchmark import (
 )
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.disk import DEFAULT_OUTPUT_PATH
-from shardyard.node_agent.environment import RunnerOptions
+from shardyard.node_agent.environment import RunnerOptions, agent_base_env
 from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers
 from shardyard.node_agent.identity import NodeIdentity
@@ -61,7 +61,6 @@ from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
 from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
-from shardyard.training.slowdown import SLOWDOWN_DIR_ENV
 
 SERVICE = "node-agent"
 
@@ -256,8 +255,7 @@ def _identity(settings: AgentSettings, probe: GpuProbe, probe_port: int | None) 
         mounts=parse_mounts(settings.mounts),
         log_dir=settings.log_dir.resolve(),
         python=sys.executable,
-        # The agent's own settings stay its own; the test-only slow-down hook passes (shardyard.training.slowdown).
-        base_env={k: v for k, v in os.environ.items() if not k.startswith("SHARDYARD_") or k == SLOWDOWN_DIR_ENV},
+        base_env=agent_base_env(os.environ),
         load_source=load_source(settings.load_source, simulated=probe.simulated),
         topology=topology(settings.zone, settings.rack),
         runner=RunnerOptions(

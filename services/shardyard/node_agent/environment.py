@@ -26,6 +26,7 @@ from shardyard.training.config import (
 )
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S, LEASE_FILE_ENV, LEASE_S_ENV
 from shardyard.training.preemption import CHECKPOINT_SUBDIR, RESUME_DIR_ENV, notice_env
+from shardyard.training.slowdown import SLOWDOWN_DIR_ENV
 
 PROGRESS_FD_ENV = entry.PROGRESS_FD_ENV
 RUNNER_MODULE = "shardyard.training.shard"
@@ -150,8 +151,7 @@ def shard_env(
             "WORLD_SIZE": str(assignment.world_size),
             "MASTER_ADDR": assignment.master_addr,
             "MASTER_PORT": str(assignment.master_port),
-            "SHARDYARD_JOB_ID": assignment.job_id,
-            "SHARDYARD_NODE_ID": assignment.node_id,
+            **{"SHARDYARD_JOB_ID": assignment.job_id, "SHARDYARD_NODE_ID": assignment.node_id},
             "SHARDYARD_ATTEMPT": str(assignment.attempt),
             "SHARDYARD_MODEL_DIR": str(paths.model),
             "SHARDYARD_DATASET_DIR": str(paths.dataset),
@@ -184,6 +184,12 @@ def hosted_store(assignment: ShardAssignment) -> dict[str, str]:
     if assignment.world_size < 2:
         return {}
     return {store.AGENT_STORE_ENV: "True", store.RESTART_COUNT_ENV: str(max(0, assignment.attempt - 1))}
+
+
+def agent_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment as its shards start from: its own settings (``SHARDYARD_*``) stay its own, but for the
+    test-only slow-down hook (``shardyard.training.slowdown``), which is meant for the shards."""
+    return {k: v for k, v in environ.items() if not k.startswith("SHARDYARD_") or k == SLOWDOWN_DIR_ENV}
 
 
 def runner_base(base: Mapping[str, str]) -> dict[str, str]:

@@ -383,3 +383,10 @@ def test_a_missing_resume_checkpoint_is_a_missing_artifact(tmp_path: Path) -> No
     )
 
     assert paths.missing() == [f"checkpoint {tmp_path / 'ckpt'}"]
+
+
+def test_the_agents_own_settings_stay_its_own_but_the_test_slow_down_hook_reaches_its_shards() -> None:
+    from shardyard.node_agent.environment import agent_base_env
+
+    environ = {"PATH": "/bin", "SHARDYARD_BOOTSTRAP": "b:9092", "SHARDYARD_TEST_SLOWDOWN_DIR": "/tmp/slow"}
+    assert agent_base_env(environ) == {"PATH": "/bin", "SHARDYARD_TEST_SLOWDOWN_DIR": "/tmp/slow"}
