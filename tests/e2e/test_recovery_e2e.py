@@ -60,12 +60,13 @@ def at(job: dict[str, Any], event: str, attempt: int = 1) -> float:
 
 
 def ledger_of_the_fault(job: dict[str, Any], killed_at: float) -> str:
-    """The job's goodput ledger against what the test knows: its life (accepted -> succeeded) and its queueing
-    (accepted -> first placement) within 2 %; no notice, no degraded placement; all the time from the kill to the
+    """The job's goodput ledger against what the test knows: its life (submitted -> succeeded) and its queueing
+    (submitted -> first placement) within 2 %; no notice, no degraded placement; all the time from the kill to the
     re-placement counted as recovery. (Steps redone after resuming from the survivor's last sync count as recomputed
     only above the highest step reported before the kill: reports come once a second, so that may be none.)"""
     ledger = job["goodput"]
-    life, queued = at(job, "succeeded") - at(job, "accepted"), at(job, "scheduled") - at(job, "accepted")
+    submitted = datetime.fromisoformat(job["submitted_at"]).timestamp()  # its record's append (queue.arrival)
+    life, queued = at(job, "succeeded") - submitted, at(job, "scheduled") - submitted
     replaced = at(job, "scheduled", 2) - killed_at
     assert abs(ledger["total_s"] - life) <= 0.02 * life, (ledger, life)
     assert abs(ledger["queued_s"] - queued) <= max(0.02 * queued, 1e-3), (ledger, queued)
