@@ -50,7 +50,7 @@ from smoke import parse_args
 EXAMPLE = json.loads((Path(__file__).parents[1] / "examples" / "fine_tune_gpt2.json").read_text())
 ADDED = "auto-v100-0"
 """The node the autoscaler adds: the local provider names its first V100 node so."""
-SMOKE = {"watch_s": 5.0, "steps": 1500, "vip_s": 12.0, "resize_cooldown_s": 2.0, "noise": False}
+SMOKE = {"watch_s": 5.0, "steps": 1500, "vip_s": 45.0, "resize_cooldown_s": 2.0, "noise": False}
 TICK = 1.0 / 3  # /proc's clock ticks are 1/100 s: CPU is read once per phase, not per poll
 
 

@@ -95,7 +95,14 @@ def _training_at(info: ClusterInfo, job_id: str, attempt: int, size: int) -> flo
         ours = [s for s in shards.values() if s.get("attempt") == attempt and s.get("step", 0) > 0]
         return len(ours) == size
 
-    _until(trained, f"{job_id}'s attempt {attempt} training at {size}", 180)
+    try:
+        _until(trained, f"{job_id}'s attempt {attempt} training at {size}", 180)
+    except SystemExit as exc:  # what the job went through instead, for whoever reads the failure
+        found = _job(info, job_id)
+        timeline = [f"{e['at']} {e['event']}" for e in found.get("timeline", [])]
+        shards = {k: (s.get("attempt"), s.get("step")) for k, s in found.get("shards", {}).items()}
+        said = f"{exc}; state {found.get('state')}, shards {shards}, timeline:\n" + "\n".join(timeline)
+        raise SystemExit(said) from None
     return time.time()
 
 
