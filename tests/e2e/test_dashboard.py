@@ -147,8 +147,9 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
             rows = dom.find("tr", data_queue="default")  # the queues panel: the job's queue, its A100s in use
             assert rows and rows[0]["data-model"] == "A100", rows
 
-            # A job waiting on capacity shows when it is expected to start.
+            # A job waiting on capacity shows when it is expected to start: about then (p50), and by when (p90).
             expected = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+            likely = expected + timedelta(minutes=45)
             waiting = job_spec(job_id=WAITING, gpu_count=2, priority=1, submitted_at=start)
             await send.event(
                 JobAccepted(occurred_at=start, job_id=WAITING, spec=waiting, source_offset=f"dash/1/{RUN}")
@@ -161,16 +162,18 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
                     reason=PendingReason.INSUFFICIENT_GPUS,
                     message="0/2 nodes can take the gang of 2 x A100: 2 no free GPU",
                     estimated_start=expected,
+                    estimated_start_p90=likely,
                 )
             )
 
             async def estimated() -> bool:
                 job = await asyncio.to_thread(get, f"{base}/api/jobs/{WAITING}")
-                return bool(job and job.get("estimated_start"))
+                return bool(job and job.get("estimated_start") and job.get("estimated_start_p90"))
 
             await eventually(estimated, f"{WAITING}'s estimated start")
             shown = Dom(render(f"{base}/#job={WAITING}", "--dump-dom", tmp_path / "profile-wait")).all_text()
-            assert "estimated start" in shown and "INSUFFICIENT_GPUS" in shown
+            hhmm = [at.astimezone().strftime("%H:%M") for at in (expected, likely)]  # the browser's zone is ours
+            assert f"starts ~{hhmm[0]}, 90 % by {hhmm[1]}" in shown and "INSUFFICIENT_GPUS" in shown, shown[-3000:]
 
             # Job-supplied text is shown as text: markup in a rejected submission's message and fields runs nothing.
             evil = f"dash-evil-{RUN}"

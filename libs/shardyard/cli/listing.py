@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shardyard.cli.render import TERMINAL, alert_history, alerts_report, duration, firing_table, fmt, gpu_kinds
+from shardyard.cli.start_estimate import start_estimate
 from shardyard.text_table import table
 from shardyard.units import format_bytes
 
@@ -39,12 +40,12 @@ def _reason(job: dict[str, Any]) -> str:
 
 
 JOB_COLUMNS = ["JOB", "STATE", "OWNER", "QUEUE", "PRIO", "GPUS", "STEP", "LOSS", "ELAPSED", "REASON"]
-WIDE_JOB_COLUMNS = [*JOB_COLUMNS[:6], "ATTEMPT", "STEP", "LOSS", "SUBMITTED", "STARTED", "ELAPSED", "REASON"]
+WIDE_JOB_COLUMNS = [*JOB_COLUMNS[:6], "ATTEMPT", "STEP", "LOSS", "SUBMITTED", "STARTED", "ELAPSED", "STARTS", "REASON"]
 
 
 def jobs_table(jobs: list[dict[str, Any]], now: datetime, *, wide: bool = False) -> str:
-    """``shardyard jobs``: one row per job, in the monitor's order; ``wide`` adds the attempt and when the job was
-    submitted and (last) started."""
+    """``shardyard jobs``: one row per job, in the monitor's order; ``wide`` adds the attempt, when the job was
+    submitted and (last) started, and, waiting on capacity, when it is expected to start (``~12m (90%: 30m)``)."""
     rows = []
     for j in jobs:
         first = [j["job_id"], str(j["state"]), fmt(j.get("owner")), fmt(j.get("queue"))]
@@ -52,7 +53,8 @@ def jobs_table(jobs: list[dict[str, Any]], now: datetime, *, wide: bool = False)
         progress = [f"{j.get('step', 0)}/{fmt(j.get('max_steps'))}", fmt(j.get("loss"))]
         if wide:
             when = [_clock(j.get("submitted_at")), _clock(j.get("started_at"))]
-            rows.append([*first, fmt(j.get("attempt")), *progress, *when, elapsed(j, now), _reason(j)])
+            starts = start_estimate(j, now, short=True) or "-"
+            rows.append([*first, fmt(j.get("attempt")), *progress, *when, elapsed(j, now), starts, _reason(j)])
         else:
             rows.append([*first, *progress, elapsed(j, now), _reason(j)])
     return table(rows, WIDE_JOB_COLUMNS if wide else JOB_COLUMNS)

@@ -88,7 +88,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except NeverFits as never:
         return verdict.gave_up(never)
     detail = client.job(info.monitor_url, submitted.job_id) or final
-    print(render.job_detail(detail))
+    print(render.job_detail(detail, datetime.now(UTC)))
     return 0 if final["state"] == "SUCCEEDED" else 1
 
 
@@ -200,7 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return refused
         final = verdict.follow(info, submitted.job_id, args.timeout)
         detail = client.job(info.monitor_url, submitted.job_id) or final
-        print(render.job_detail(detail))
+        print(render.job_detail(detail, datetime.now(UTC)))
         print("timeline:")
         print(render.timeline(detail))
         print("loss:")

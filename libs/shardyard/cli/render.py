@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from shardyard.cli.artifact_hint import artifact_hint
+from shardyard.cli.start_estimate import start_estimate
 from shardyard.text_table import table
 
 if TYPE_CHECKING:
@@ -48,7 +49,9 @@ def _placement(placement: dict[str, Any]) -> str:
     return line
 
 
-def job_detail(job: dict[str, Any]) -> str:
+def job_detail(job: dict[str, Any], now: datetime) -> str:
+    """``shardyard status JOB``: the job's state, why it waits (and, waiting on capacity, when it is expected to
+    start, counted from ``now``), what it needs, where its shards run and how far they got."""
     lines = [f"job {job['job_id']}: {job['state']}"]
     if job.get("queue") or job.get("owner"):
         lines.append(f"  queue: {job.get('queue') or '-'}" + (f", owner {job['owner']}" if job.get("owner") else ""))
@@ -57,7 +60,7 @@ def job_detail(job: dict[str, Any]) -> str:
     if job.get("node_counts"):
         lines.append(f"    {excluded_nodes(job['node_counts'])}")
     if job.get("estimated_start"):
-        lines.append(f"    estimated start: {job['estimated_start']} (from the reservation it holds)")
+        lines.append(f"    {start_estimate(job, now)}")
     if job.get("missing_artifacts"):
         lines.extend(artifact_hint(job))
     elif job.get("waiting_for"):

@@ -44,7 +44,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.output == "json":
         _print_json(found)
         return 0
-    print(render.job_detail(found))
+    print(render.job_detail(found, datetime.now(UTC)))
     print("timeline:")
     print(render.timeline(found))
     if args.output == "wide":

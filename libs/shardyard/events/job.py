@@ -221,7 +221,11 @@ class JobUnschedulable(Event):
     message: str
     node_counts: dict[str, int] = Field(default_factory=dict, description="nodes excluded, by filter")
     estimated_start: AwareDatetime | None = Field(
-        default=None, description="when it is expected to start, from its reservation or the plan; None: not known"
+        default=None,
+        description="the median (p50) start expected, from its reservation or the plan; None: not known",
+    )
+    estimated_start_p90: AwareDatetime | None = Field(
+        default=None, description="the p90 start: 90 % of the plan's samples have it started by then; None: not known"
     )
     missing_artifacts: tuple[MissingArtifact, ...] = Field(default=(), description="what WAITING_FOR_ARTIFACT waits on")
 

@@ -30,6 +30,7 @@ from shardyard.placement.contention import explain, reserve_for
 from shardyard.placement.elastic import explain_sized, place_smaller
 from shardyard.placement.gang_placement import Links, place_gang
 from shardyard.placement.index import ClusterIndex, Slot
+from shardyard.placement.intervals import Queued, free_now, per_group, plan_intervals
 from shardyard.placement.model import (
     Decision,
     Invalid,
@@ -42,7 +43,6 @@ from shardyard.placement.model import (
     Snapshot,
     Unschedulable,
 )
-from shardyard.placement.plan import Waiting, plan_starts
 from shardyard.placement.quota import QuotaCycle
 from shardyard.placement.standing import StandingIndex
 from shardyard.placement.victims import (
@@ -227,7 +227,9 @@ class PlacementCycle:
             job.spec.preemptible,
             self.now,
             tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
+            attained_gpu_s=job.attained_gpu_s,
             expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
+            run_quantiles=job.run_quantiles,
         )
         for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
             self._placed_on.setdefault(node_id, []).append(gang)
@@ -258,44 +260,48 @@ class PlacementCycle:
                 start = max(start, overrun_end(gang, self.now))
         return start
 
-    def with_estimates(
-        self, snapshot: Snapshot, queued: Sequence[PendingJob], decisions: list[Decision]
-    ) -> list[Decision]:
-        """``decisions``, with an estimated start (``plan``) on the first ``Policy.start_estimates`` jobs, in queue
-        order, that wait on capacity."""
+    def with_estimates(self, queued: Sequence[PendingJob], decisions: list[Decision]) -> list[Decision]:
+        """``decisions``, with a p50 and p90 start (``placement.intervals``) on the first ``Policy.start_estimates``
+        jobs, in queue order, that wait on capacity."""
         verdicts = {d.job_id: d for d in decisions if isinstance(d, Unschedulable) and d.reason in RESERVABLE}
-        waiting: list[Waiting] = []
+        waiting: list[Queued] = []
         for job in queued:
             if len(waiting) >= self.policy.start_estimates:
                 break
             verdict = verdicts.get(job.spec.job_id)
             if verdict is not None:
-                scores = Candidate(job, self.index, self.now).eligible
-                groups = sorted(scores, key=lambda key: -scores[key])
-                waiting.append(
-                    Waiting(job.spec.job_id, job.spec.gpu_count, groups, job.expected_run_s, verdict.estimated_start)
-                )
+                waiting.append(self._queued(job, verdict))
         if not waiting:
             return decisions
-        runs = {job.spec.job_id: job.expected_run_s for job in queued}
-        placed = [
-            (shard.node_id, len(shard.gpu_indices), runs.get(d.job_id))
-            for d in decisions
-            if isinstance(d, Place)
-            for shard in d.placements
-        ]
-        releases = [
-            (node_id, len(gpus), None if gang.expected_end is None else overrun_end(gang, self.now))
-            for gang in self.running
-            for node_id, gpus in gang.shards
-        ]
-        starts = plan_starts(snapshot.nodes, releases, placed, waiting, now=self.now)
+        free, groups = free_now(self.index.slots.values())
+        gangs = [(gang, per_group(gang, groups)) for gang in (*self.running, *self._placed())]
+        found = plan_intervals(free, gangs, waiting, now=self.now, policy=self.policy)
         return [
-            replace(d, estimated_start=starts[d.job_id])
-            if isinstance(d, Unschedulable) and d.estimated_start is None and d.job_id in starts
+            replace(d, estimated_start=found[d.job_id].p50, estimated_start_p90=found[d.job_id].p90)
+            if isinstance(d, Unschedulable) and d.job_id in found
             else d
             for d in decisions
         ]
+
+    def _queued(self, job: PendingJob, verdict: Unschedulable) -> Queued:
+        scores = Candidate(job, self.index, self.now).eligible
+        behind = None
+        if verdict.estimated_start is not None:  # it holds a reservation: it starts when the gangs there end
+            nodes = self.index.reserving.get(job.spec.job_id, frozenset())
+            behind = list({g.job_id: g for node in nodes for g in self.gangs_at(node)}.values())
+        ran_s = job.attained_gpu_s / max(1, job.spec.gpu_count)
+        return Queued(
+            job.spec.job_id,
+            job.spec.gpu_count,  # spares are never a reason to wait
+            sorted(scores, key=lambda key: -scores[key]),
+            [max(1.0, q - ran_s) for q in job.run_quantiles],
+            job.expected_run_s,
+            behind,
+        )
+
+    def _placed(self) -> list[RunningJob]:
+        """This cycle's placements, as gangs (once each)."""
+        return list({g.job_id: g for gangs in self._placed_on.values() for g in gangs}.values())
 
     def backfill(self, job: Candidate, shape: tuple[object, ...]) -> Place | None:
         """Time-aware backfill: place ``job`` on the nodes of the reservations that start after it is expected to
@@ -360,7 +366,7 @@ def schedule(
         else:
             for job in queued:
                 decisions.extend(cycle.decide_safely(job))
-        return cycle.with_estimates(snapshot, queued, decisions)
+        return cycle.with_estimates(queued, decisions)
     finally:
         if index is not None:
             index.rollback()

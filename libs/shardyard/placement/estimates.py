@@ -8,7 +8,14 @@ last ``window`` run times of the first of these that has at least ``min_samples`
 2. the same GPU model and count, any owner;
 3. the same count, any model or owner.
 
-Nothing learned yet: no estimate (None), and the job backfills nowhere reserved.
+Nothing learned yet: no estimate (None), and the job backfills nowhere reserved. A key naming a team (its queue)
+is tried first with the team too: a team's jobs of one kind run alike.
+
+Start estimates need the spread, not one figure (:meth:`DurationEstimates.spread`): the run time's quantiles at
+:data:`LEVELS` (``shardyard.placement.intervals`` samples from them). A job that declares its run time has that
+declaration as a prior: its spread is the declaration times the ratios (actual / declared) its key's declared jobs
+ran, once ``min_samples`` of them ended; before then, times :data:`PRIOR_RATIOS` (declarations are a user's guess).
+A job that declares nothing has its key's run times' own quantiles.
 
 Safe when wrong:
 - the quantile is high, so most jobs end before their estimate;
@@ -33,6 +40,14 @@ from shardyard.events import JobSpec
 DEFAULT_QUANTILE = 0.9
 DEFAULT_WINDOW = 200
 DEFAULT_MIN_SAMPLES = 5
+QUANTILES = 20
+LEVELS = tuple((i + 0.5) / QUANTILES for i in range(QUANTILES))
+"""The levels a spread gives its run times at: the midpoints of 20 equal slices of probability."""
+PRIOR_RATIOS = tuple(
+    math.exp(0.2 * z) for z in (-1.645, -1.036, -0.674, -0.385, -0.126, 0.126, 0.385, 0.674, 1.036, 1.645)
+)
+"""Actual / declared run time before any declared job of a key ended: a log-normal of sigma 0.2 around the
+declaration (its median), at ten evenly spaced levels; its p90 is 1.29x the declaration."""
 
 
 @dataclass(frozen=True)
@@ -40,17 +55,21 @@ class EstimateKey:
     owner: str
     gpu_model: str | None
     gpus: int
+    team: str = ""
+    """The queue the job was submitted to ("": not known)."""
 
     @classmethod
     def of(cls, spec: JobSpec) -> "EstimateKey":
-        """A submitted job's key. Submissions name no user or queue yet: the owner is the job's task type, the
-        nearest thing to "the same user's jobs of this kind" (``fine_tune_gpt2``)."""
-        return cls(spec.task_type, spec.gpu_model, spec.gpu_count)
+        """A submitted job's key: its team (queue), task type (the nearest thing to "the same user's jobs of this
+        kind": submissions name no user), GPU model and size."""
+        return cls(spec.task_type, spec.gpu_model, spec.gpu_count, spec.queue)
 
     def coarser(self) -> tuple[Hashable, ...]:
         """The keys to try, finest first."""
+        owner = ("owner", self.owner, self.gpu_model, self.gpus)
         return (
-            ("owner", self.owner, self.gpu_model, self.gpus),
+            *((("team", self.team, *owner[1:]),) if self.team else ()),
+            owner,
             ("model", self.gpu_model, self.gpus),
             ("gpus", self.gpus),
         )
@@ -69,25 +88,59 @@ class DurationEstimates:
         if self.window < 1 or self.min_samples < 1:
             raise ValueError("the window and the minimum sample count must be at least 1")
 
-    def observe(self, key: EstimateKey, run_s: float) -> None:
-        """A job of ``key`` ended after running ``run_s`` seconds (all its attempts)."""
+    def observe(self, key: EstimateKey, run_s: float, declared_s: float | None = None) -> None:
+        """A job of ``key`` ended after running ``run_s`` seconds (all its attempts), having declared
+        ``declared_s`` (None: nothing): a declared job teaches its key's ratios, the others its run times."""
         if not (math.isfinite(run_s) and run_s >= 0):
             return  # a clock that went backwards teaches nothing
         for level in key.coarser():
+            if declared_s is not None and declared_s > 0:
+                self._append(("declared", level), run_s / declared_s)
+            else:
+                self._append(level, run_s)
+
+    def _append(self, level: Hashable, value: float) -> None:
+        runs = self._runs.get(level)
+        if runs is None:
+            runs = self._runs[level] = deque(maxlen=self.window)
+        runs.append(value)
+
+    def _known(self, levels: tuple[Hashable, ...]) -> list[float] | None:
+        """The samples of the first of ``levels`` with enough of them, ascending; None: none has."""
+        for level in levels:
             runs = self._runs.get(level)
-            if runs is None:
-                runs = self._runs[level] = deque(maxlen=self.window)
-            runs.append(run_s)
+            if runs is not None and len(runs) >= self.min_samples:
+                return sorted(runs)
+        return None
 
     def estimate(self, key: EstimateKey) -> float | None:
         """The expected run time of a new job of ``key``; None while too little is known."""
-        for level in key.coarser():
-            runs = self._runs.get(level)
-            if runs is not None and len(runs) >= self.min_samples:
-                return nearest_rank(sorted(runs), self.quantile)
-        return None
+        runs = self._known(key.coarser())
+        return None if runs is None else nearest_rank(runs, self.quantile)
+
+    def spread(self, key: EstimateKey, declared_s: float | None = None) -> tuple[float, ...]:
+        """The run time of a new job of ``key`` at each of :data:`LEVELS` (see the module's doc); empty while
+        nothing is known (no declaration, too few runs)."""
+        if declared_s is not None:
+            ratios = self._known(tuple(("declared", level) for level in key.coarser()))
+            return tuple(declared_s * r for r in quantiles(ratios if ratios is not None else list(PRIOR_RATIOS)))
+        runs = self._known(key.coarser())
+        return () if runs is None else quantiles(runs)
 
 
 def nearest_rank(ordered: list[float], quantile: float) -> float:
     """The smallest value with at least ``quantile`` of ``ordered`` (ascending, not empty) at or below it."""
     return ordered[max(0, math.ceil(quantile * len(ordered)) - 1)]
+
+
+def quantiles(ordered: list[float]) -> tuple[float, ...]:
+    """``ordered`` (ascending, not empty) at each of :data:`LEVELS`, interpolated between its samples' midpoints."""
+    n = len(ordered)
+    out = []
+    for level in LEVELS:
+        x = level * n - 0.5
+        low = min(max(math.floor(x), 0), n - 1)
+        high = min(low + 1, n - 1)
+        weight = min(max(x - low, 0.0), 1.0)
+        out.append(ordered[low] * (1 - weight) + ordered[high] * weight)
+    return tuple(out)

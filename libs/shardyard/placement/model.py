@@ -48,9 +48,14 @@ class Policy:
     backfill: bool = True
     """Time-aware backfill: a job expected to end before a reservation starts (``PendingJob.expected_run_s``, the
     reserved nodes' gangs' ``RunningJob.expected_end``) may use the reserved nodes meanwhile."""
-    start_estimates: int = 100
+    # The start estimates' knobs change no decision: policies that differ only in them compare equal (a standing
+    # index built for one serves the other; the simulator estimates only in the cycles its audit asks for).
+    start_estimates: int = field(default=100, compare=False)
     """How many jobs waiting on capacity, in queue order, get an estimated start from the plan (``plan``); 0: only
     a job holding a reservation, from its reservation."""
+    start_samples: int = field(default=32, compare=False)
+    """Samples of the gangs' run times the start estimates' plan draws (``placement.intervals``): each job's p50
+    and p90 start are taken over them."""
     victims: Literal["lost-work", "order"] = "lost-work"
     """Which gangs a job preempts among those it outranks. ``lost-work``: the set that loses least
     (``RunningJob.lost_gpu_s``: GPUs x the time since the gang's last checkpoint, plus its restart cost), ties to the
@@ -135,6 +140,9 @@ class RunningJob:
     live: bool = False
     """Whether stopping it loses no work: an elastic gang's surplus shard (``placement.surplus``), given up by
     re-forming the gang from its live state. Its loss is its restart alone."""
+    run_quantiles: tuple[float, ...] = ()
+    """Its job's whole run time at each quantile level of ``placement.estimates`` (its earlier attempts' run
+    included); empty: ``expected_end`` alone. Start estimates draw its end from it (``placement.intervals``)."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Its GPUs, all shards together (worked out once: every cycle reads it)."""
     started_us: int = field(init=False, repr=False, compare=False)
@@ -200,6 +208,9 @@ class PendingJob:
     expected_run_s: float | None = None
     """How long the job is expected to run once started (what is left of its declared or estimated duration);
     None: unknown. Only a job with an expectation backfills onto reserved nodes."""
+    run_quantiles: tuple[float, ...] = ()
+    """Its whole run time at each quantile level of ``placement.estimates`` (what its earlier attempts ran
+    included); empty: ``expected_run_s`` alone. Start estimates draw from it (``placement.intervals``)."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +240,9 @@ class Unschedulable:
     estimated_start: datetime | None = None
     """When the job is expected to start: for one holding a reservation, when its reserved nodes' gangs are expected
     to have ended; for the other jobs waiting on capacity, from the plan (``shardyard.placement.plan``)."""
+    estimated_start_p90: datetime | None = None
+    """The start by which 90 % of the plan's samples of the gangs' run times have the job started; None: not
+    known."""
     missing: tuple[MissingArtifact, ...] = ()
     """WAITING_FOR_ARTIFACT: the job's paths that nodes it could use lack, and which (``contention.missing``)."""
 

@@ -49,19 +49,23 @@ class Usage:
         gangs: Iterable[Placed],
         attained: Mapping[str, float] | None = None,
         expected: Mapping[str, float] | None = None,
+        spreads: Mapping[str, tuple[float, ...]] | None = None,
     ) -> "Usage":
         """What ``gangs`` hold; ``attained``: job -> GPU-seconds of its earlier attempts; ``expected``: job -> its
-        whole expected run time, declared or learned (a job missing from it: its declaration, if any)."""
+        whole expected run time, declared or learned (a job missing from it: its declaration, if any); ``spreads``:
+        job -> its whole run time's spread (``RunningJob.run_quantiles``)."""
         usage = cls()
         earlier = attained or {}
         runs = expected or {}
+        spread = spreads or {}
         for gang in gangs:
             for shard in gang.scheduled.placements:
                 usage.gpus.setdefault(shard.node_id, set()).update(shard.gpu_indices)
                 usage.memory[shard.node_id] = usage.memory.get(shard.node_id, 0) + gang.spec.memory_per_shard
                 usage.cpu[shard.node_id] = usage.cpu.get(shard.node_id, 0.0) + gang.spec.cpu_per_shard
             usage.ports.setdefault(gang.scheduled.coordinator_node, set()).add(gang.scheduled.rendezvous_port)
-            usage.running.extend(preemptable(gang, earlier.get(gang.spec.job_id, 0.0), runs.get(gang.spec.job_id)))
+            job_id = gang.spec.job_id
+            usage.running.extend(preemptable(gang, earlier.get(job_id, 0.0), runs.get(job_id), spread.get(job_id, ())))
         return usage
 
     def nodes(self) -> set[str]:
@@ -77,7 +81,7 @@ class Usage:
         )
 
 
-def preemptable(gang: Placed, ran: float, expected_s: float | None) -> list[RunningJob]:
+def preemptable(gang: Placed, ran: float, expected_s: float | None, spread: tuple[float, ...] = ()) -> list[RunningJob]:
     """``gang`` as the jobs preemption may stop: the whole gang; or, for a running elastic gang above its minimum
     that nobody is preempting, its core and each surplus shard alone (``placement.surplus``). ``ran``: GPU-seconds
     of its earlier attempts; ``expected_s``: its whole expected run time (None: its declaration, if any)."""
@@ -95,6 +99,7 @@ def preemptable(gang: Placed, ran: float, expected_s: float | None) -> list[Runn
         queue=spec.queue,
         checkpointed_at=gang.checkpointed_at,
         restart_s=gang.restart_s,
+        run_quantiles=spread,
     )
     core, surplus = split(spec, scheduled.placements) if gang.running and gang.preempted_by is None else ([], [])
     if not surplus:
@@ -196,10 +201,12 @@ class SnapshotCache:
         attained: Mapping[str, float] | None = None,
         expected: Mapping[str, float] | None = None,
         stopping: Iterable[RunningJob] = (),
+        *,
+        spreads: Mapping[str, tuple[float, ...]] | None = None,
     ) -> Snapshot:
         """The snapshot of ``nodes`` and ``gangs``; ``stopping``: shards no gang holds any more that still stop for a
         job (an elastic gang's, given up), listed with the gangs so that the job waits for them."""
-        usage = Usage.of(gangs, attained, expected)
+        usage = Usage.of(gangs, attained, expected, spreads)
         usage.running.extend(stopping)
         for node_id in self._dirty | self._held.keys() | usage.nodes():
             held = usage.of_node(node_id)

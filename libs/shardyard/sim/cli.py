@@ -34,7 +34,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardyard.errors import ConfigError
 from shardyard.gpus import catalogue_with
@@ -117,6 +117,12 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
     sim.add_argument(
+        "--no-start-estimates",
+        dest="start_estimates",
+        action="store_false",
+        help="skip the audit of the shardyard policy's start estimates (--json's start_estimates): faster",
+    )
+    sim.add_argument(
         "--plot",
         metavar="DIR",
         help="also write PNG pictures into DIR (created if missing): jct_cdf.png, wait_cdf.png, gpus_busy.png; "
@@ -190,10 +196,11 @@ def run(args: argparse.Namespace) -> int:
         from shardyard.sim import plots  # matplotlib: loaded only to draw
 
         plot_dir = plots.prepare(args.plot)  # before the replays: no matplotlib, no replay
-    from shardyard.sim.engine import SimResult, simulate  # the engine and the policies: loaded when a replay runs
+    from shardyard.sim.engine import SimResult, simulate, to_us  # the engine and the policies: loaded to replay
     from shardyard.sim.fairness import Entitlements
     from shardyard.sim.policies import policy_named, policy_with
     from shardyard.sim.report import summarize
+    from shardyard.sim.start_audit import StartAudit
 
     path = Path(args.trace)
     trace = _elastic(read_trace(path, catalogue, round_gpus=args.round_gpus), args.elastic_share, nodes)
@@ -205,13 +212,22 @@ def run(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.policy or (n for n in POLICY_NAMES if n != ONE_QUEUE or quotas is not None)))
     owed = None if quotas is None else Entitlements.of(quotas, nodes)
 
+    audit = StartAudit() if args.json and args.start_estimates and "shardyard" in names else None
+
     def replay(name: str) -> SimResult:
-        chosen = policy_named(name, nodes, core, quotas)
+        chosen = policy_named(name, nodes, core, quotas, audit if name == "shardyard" else None)
         return simulate(trace, nodes, chosen, name=name, work=work, owed=owed)
 
     results = [replay(name) for name in names]
     drawn = [] if plot_dir is None else plots.write_plots(results, plot_dir)
-    _report(args, trace, nodes, [summarize(result) for result in results], misfit, drawn)
+    audited = None
+    if audit is not None:
+        ours = next(result for result in results if result.policy == "shardyard")
+        audited = audit.report(
+            {o.job.job_id: to_us(o.job.submit_s) for o in ours.outcomes},
+            {o.job.job_id: o.first_start_us for o in ours.outcomes},
+        )
+    _report(args, trace, nodes, [summarize(result) for result in results], misfit, drawn, audited)
     return 0
 
 
@@ -222,6 +238,7 @@ def _report(
     summaries: "Sequence[Summary]",
     misfit: list[str],
     drawn: Sequence[Path],
+    start_estimates: dict[str, Any] | None = None,
 ) -> None:
     """The figures as JSON, or as the table (its verdict last) under the trace, cluster and pictures drawn."""
     from shardyard.sim.report import as_json, render_table, verdict
@@ -244,6 +261,7 @@ def _report(
             "queues_file": args.queues_file,
             "warnings": misfit,
             **({"plots": [str(path) for path in drawn]} if args.plot is not None else {}),
+            **({"start_estimates": start_estimates} if start_estimates is not None else {}),
         }
         print(json.dumps(as_json(summaries, **context), indent=2))
         return

@@ -45,6 +45,7 @@ from shardyard.sim.cluster import NodeSpec
 from shardyard.sim.defaults import ONE_QUEUE, ORDER_VICTIMS, POLICY_NAMES
 from shardyard.sim.elastic import grows, shrinks
 from shardyard.sim.engine import Action, Gang, PolicyFn, Start, State, Stop, Waiting, to_us
+from shardyard.sim.start_audit import StartAudit
 from shardyard.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -73,12 +74,15 @@ class CorePolicy:
         policy: Policy | None = None,
         estimates: DurationEstimates | None = None,
         quotas: QueuesConfig | None = None,
+        audit: StartAudit | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
         self.quotas = quotas
         """The queues (``--queues-file``): quotas, borrowing, fair share and reclaim, as the scheduler applies them."""
-        # The simulator reads no estimated starts, and its snapshots list no nodes (the standing index holds them).
+        # Start estimates cost a plan per cycle: made only in the cycles ``audit`` asks for (none without one).
         self.policy = replace(policy or Policy(), start_estimates=0)
+        self.estimating = policy or Policy()
+        self.audit = audit
         self.estimates = estimates if estimates is not None else DurationEstimates()
         """Run times learned from the jobs that ended, for jobs that declare none."""
         self._views: dict[str, NodeView] = {}
@@ -139,8 +143,13 @@ class CorePolicy:
                 self._gangs_on.setdefault(node_id, []).append(view)
         snapshot = Snapshot(nodes=(), running=tuple(gangs.values()), gangs_on=self._gangs_on, quotas=self.quotas)
         pending = [self._waiting(waiting) for waiting in state.pending.values()]
+        audit = self.audit
+        policy = self.estimating if audit is not None and audit.due(state.pending, now_us) else self.policy
+        decisions = schedule(snapshot, pending, policy, now=at(now_us), index=index)
+        if audit is not None and policy is self.estimating:
+            audit.record(decisions, now_us, EPOCH)
         actions: list[Action] = []
-        for decision in schedule(snapshot, pending, self.policy, now=at(now_us), index=index):
+        for decision in decisions:
             if isinstance(decision, Place):
                 actions.append(Start(decision.job_id, _shards(decision), decision.degraded))
             elif isinstance(decision, Preempt):
@@ -165,7 +174,7 @@ class CorePolicy:
             if job_id in self._jobs and job_id not in running and job_id not in pending
         ]
         for job in ended:
-            self.estimates.observe(_key(job), job.duration_s)
+            self.estimates.observe(_key(job), job.duration_s, job.expected_duration_s)
             for cache in (self._jobs, self._specs, self._pending, self._running):
                 cache.pop(job.job_id, None)
 
@@ -244,6 +253,7 @@ class CorePolicy:
                     at(waiting.ready_us),
                     attained_gpu_s=job.gpus * done_s,
                     expected_run_s=None if expected is None else max(1.0, expected - done_s),
+                    run_quantiles=self.estimates.spread(_key(job), job.expected_duration_s),
                 ),
             )
         return known[1]
@@ -278,13 +288,14 @@ class CorePolicy:
                     queue=job.queue or DEFAULT_QUEUE,
                     checkpointed_at=None if checkpointed is None else at(checkpointed),
                     restart_s=restart_s,
+                    run_quantiles=self.estimates.spread(_key(job), job.expected_duration_s),
                 ),
             )
         return known[3]
 
 
 def _key(job: TraceJob) -> EstimateKey:
-    return EstimateKey(job.user or job.queue, job.gpu_model, job.gpus)
+    return EstimateKey(job.user or job.queue, job.gpu_model, job.gpus, job.queue)
 
 
 def _shards(place: Place) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -301,12 +312,16 @@ BASELINES: Mapping[str, PolicyFn] = MappingProxyType(
 
 
 def policy_named(
-    name: str, nodes: Sequence[NodeSpec], policy: Policy | None = None, quotas: QueuesConfig | None = None
+    name: str,
+    nodes: Sequence[NodeSpec],
+    policy: Policy | None = None,
+    quotas: QueuesConfig | None = None,
+    audit: StartAudit | None = None,
 ) -> PolicyFn:
     """A fresh policy (the core's caches are per run); ``policy`` sets the core's knobs, ``quotas`` its queues (the
-    baselines know no queues)."""
+    baselines know no queues); ``audit`` records the ``shardyard`` policy's start estimates."""
     if name == "shardyard":
-        return CorePolicy(nodes, policy, quotas=quotas)
+        return CorePolicy(nodes, policy, quotas=quotas, audit=audit)
     if name == ORDER_VICTIMS:
         return CorePolicy(nodes, replace(policy or Policy(), victims="order"), quotas=quotas)
     if name == ONE_QUEUE:

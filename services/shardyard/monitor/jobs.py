@@ -62,7 +62,10 @@ class JobView(Requeues):
     missing_artifacts: list[dict[str, Any]] = field(default_factory=list)
     """WAITING_FOR_ARTIFACT: each path it waits on, with the nodes lacking it and where they mount it."""
     estimated_start: datetime | None = None
-    """When the scheduler expects it to start (its reservation's start), while it holds one."""
+    """When the scheduler expects it to start (the median, p50), from its reservation or the plan, while it waits on
+    capacity."""
+    estimated_start_p90: datetime | None = None
+    """By when the scheduler expects it started in 90 % of the plan's samples; set and cleared with the p50."""
     spec: dict[str, Any] | None = None
     attempt: int = 0
     placed_term: int = 0
@@ -108,7 +111,7 @@ class JobView(Requeues):
         """Set the current reason (None: none) with its details; every other detail of the last one goes."""
         self.reason, self.message = reason, message
         self.node_counts, self.waiting_for, self.missing_artifacts = node_counts, waiting_for, missing or []
-        self.estimated_start = None
+        self.estimated_start = self.estimated_start_p90 = None
 
     def note(self, at: datetime, what: str, detail: str = "", *, attempt: int | None = None) -> None:
         """A timeline note of ``attempt`` (None: the job's current one); the timeline puts it in its place."""
@@ -194,7 +197,7 @@ class JobView(Requeues):
             waiting_for=[artifact.path for artifact in event.missing_artifacts],
             missing=[artifact.model_dump(mode="json") for artifact in event.missing_artifacts],
         )
-        self.estimated_start = event.estimated_start
+        self.estimated_start, self.estimated_start_p90 = event.estimated_start, event.estimated_start_p90
         self.note(event.occurred_at, "unschedulable", event.message)
 
     def _ended(self, event: JobCancelled | JobSucceeded | JobFailed) -> None:
@@ -327,6 +330,8 @@ class JobView(Requeues):
             "max_steps": self.spec.get("max_steps") if self.spec else None,
             "loss": self._loss(),
             "submitted_at": self.submitted_at.isoformat() if self.submitted_at else None,
+            "estimated_start": self.estimated_start.isoformat() if self.estimated_start else None,
+            "estimated_start_p90": self.estimated_start_p90.isoformat() if self.estimated_start_p90 else None,
         }
 
     def _loss(self) -> float | None:
@@ -347,7 +352,6 @@ class JobView(Requeues):
             "node_counts": self.node_counts,
             "waiting_for": self.waiting_for,
             "missing_artifacts": self.missing_artifacts,
-            "estimated_start": self.estimated_start.isoformat() if self.estimated_start else None,
             "placements": self.placements,
             "degraded": self.degraded,
             "resume_from": self.resume_from,

@@ -282,12 +282,14 @@ def _histogram(name: str, documentation: str, values: Sequence[float], bounds: S
 def _start_estimates(view: ClusterView) -> Iterator[Family | Metric]:
     yield _histogram(
         "shardyard_start_estimate_error_seconds",
-        "How far a placed job's start was from the start estimated while it held a reservation, early or late",
+        "How far a placed job's start was from its estimated (p50) start, early or late",
         [abs(error) for error in view.telemetry.start_error_s],
         START_ERROR_BUCKETS_S,
     )
     late = sum(1 for error in view.telemetry.start_error_s if error > 0)
-    yield _one("shardyard_start_estimates_late", "Placed jobs that started after their estimated start", late)
+    yield _one("shardyard_start_estimates_late", "Placed jobs that started after their estimated (p50) start", late)
+    after_p90 = sum(1 for error in view.telemetry.start_error_p90_s if error > 0)
+    yield _one("shardyard_start_estimates_after_p90", "Placed jobs that started after their p90 start", after_p90)
 
 
 # --- what the alert rules judge ----------------------------------------------------------------------------------

@@ -51,10 +51,13 @@ class Telemetry:
     """Per recovery: from the first plan (``job.recovering``) to the re-formed gang's first training progress."""
     syncs: dict[tuple[str, int], SyncTotals] = field(default_factory=dict)
     start_error_s: list[float] = field(default_factory=list)
-    """Per job that held an estimated start when it was placed: the placement's time minus that estimate (negative:
-    earlier than estimated), bounded to the last ``MAX_ERRORS``."""
-    _estimated: dict[str, datetime] = field(default_factory=dict)
-    """Job -> the estimated start of its last ``job.unschedulable`` that carried one."""
+    """Per job that held an estimated start when it was placed: the placement's time minus that estimate, the p50
+    (negative: earlier than estimated), bounded to the last ``MAX_ERRORS``."""
+    start_error_p90_s: list[float] = field(default_factory=list)
+    """The same against the p90, of the jobs whose estimate carried one (positive: later than 90 % of the plan's
+    samples), bounded alike."""
+    _estimated: dict[str, tuple[datetime, datetime | None]] = field(default_factory=dict)
+    """Job -> the (p50, p90) estimated start of its last ``job.unschedulable`` that carried one."""
     _failed: set[tuple[str, int, int]] = field(default_factory=set)
     _recovering: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     """Job -> (attempt that failed last, when its recovery began)."""
@@ -83,17 +86,22 @@ class Telemetry:
                 if event.estimated_start is None:
                     self._estimated.pop(event.job_id, None)
                 else:
-                    self._estimated[event.job_id] = event.estimated_start
+                    self._estimated[event.job_id] = (event.estimated_start, event.estimated_start_p90)
             case JobScheduled():
-                estimated = self._estimated.pop(event.job_id, None)
-                if estimated is not None:
-                    self.start_error_s.append((event.occurred_at - estimated).total_seconds())
-                    del self.start_error_s[:-MAX_ERRORS]
+                self._started(event)
             case JobSucceeded() | JobFailed() | JobCancelled():
                 self._estimated.pop(event.job_id, None)
                 self._recovering.pop(event.job_id, None)
                 for key in [k for k in self.syncs if k[0] == event.job_id]:
                     del self.syncs[key]
+
+    def _started(self, event: JobScheduled) -> None:
+        """A placement ends the job's estimate: how far it was from its p50, and from its p90 where it had one."""
+        p50, p90 = self._estimated.pop(event.job_id, (None, None))
+        for estimated, errors in ((p50, self.start_error_s), (p90, self.start_error_p90_s)):
+            if estimated is not None:
+                errors.append((event.occurred_at - estimated).total_seconds())
+                del errors[:-MAX_ERRORS]
 
     def _synced(self, event: ShardProgress) -> None:
         totals = self.syncs.setdefault((event.job_id, event.shard_index), SyncTotals())

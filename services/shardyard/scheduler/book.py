@@ -54,7 +54,9 @@ class SchedulerBook(BookFacts):
     def snapshot(self, now: datetime | None = None) -> Snapshot:
         """The nodes and gangs as the cycle decides on them; with ``now``, the measured links fresh at ``now`` too."""
         stopping = self.shrinks.stopping(self.running, now, self.preempt_deadline_s)
-        snapshot = self._views.snapshot(self.nodes, self.gangs.values(), self.attained, self.expected, stopping)
+        snapshot = self._views.snapshot(
+            self.nodes, self.gangs.values(), self.attained, self.expected, stopping, spreads=self.spreads
+        )
         if self.queues is not None:
             snapshot = replace(snapshot, quotas=self.queues.config)
         if now is None:
@@ -97,7 +99,10 @@ class SchedulerBook(BookFacts):
         ]
         shrinks: dict[str, dict[int, str]] = {}  # job -> its surplus shards the cycle took -> whom for
         try:
-            for decision in schedule(snapshot, queue, self.policy, now=now, index=self._views.index):
+            # Start estimates are dear: made only in the cycles ``reasons`` asks for.
+            estimating = self.reasons.estimating(self.pending, now)
+            policy = self.policy if estimating else replace(self.policy, start_estimates=0)
+            for decision in schedule(snapshot, queue, policy, now=now, index=self._views.index):
                 if isinstance(decision, Preempt) and (surplus := surplus_of(decision.job_id)) is not None:
                     shrinks.setdefault(surplus[0], {})[surplus[1]] = decision.by_job
                     continue  # carried out once the cycle is decided: one re-formation per gang

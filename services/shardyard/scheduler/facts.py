@@ -100,11 +100,11 @@ class BookFacts:
         """Run times learned from the jobs that succeeded, for the jobs that declare none."""
         self.expected: dict[str, float] = {}
         """Job -> its whole expected run time, declared or estimated when it was last ready (none: unknown)."""
+        self.spreads: dict[str, tuple[float, ...]] = {}  # job -> its whole run's spread, as ``expected``
         self.finished: set[str] = set()
         self.reasons = PendingReasons()
         """Why each pending job is not placed: shown when it changes, and the last cycle's verdicts."""
-        self.cancels = CancelRequests()
-        """Cancel requests kept until their job ends (see ``cancellation``)."""
+        self.cancels = CancelRequests()  # cancel requests, kept until their job ends (see ``cancellation``)
         self.links = LinkView()
         """The agents' link measurements: the placement's RTTs, and the nodes with slow links."""
         self.queues: QueuesConfigured | None = None
@@ -210,7 +210,8 @@ class BookFacts:
         if gang is None or spec is None:
             return  # ended before this replica saw it placed: its run time is not known here
         ran_s = self.attained.get(job_id, 0.0) / max(1, spec.gpu_count)
-        self.estimates.observe(EstimateKey.of(spec), ran_s + (at - gang.scheduled.occurred_at).total_seconds())
+        ran_s += (at - gang.scheduled.occurred_at).total_seconds()
+        self.estimates.observe(EstimateKey.of(spec), ran_s, spec.expected_duration_s)
 
     def _finish(self, job_id: str) -> None:
         """The job ended: what was kept to run it goes; what numbers and fences its placements stays, so that a late
@@ -226,6 +227,7 @@ class BookFacts:
         self.specs.pop(job_id, None)
         self.attained.pop(job_id, None)
         self.expected.pop(job_id, None)
+        self.spreads.pop(job_id, None)
         self.shrinks.forget(job_id)
         self.finished.add(job_id)
 
@@ -250,6 +252,7 @@ class BookFacts:
             self.expected.pop(spec.job_id, None)
         else:
             self.expected[spec.job_id] = expected
+        spread = self.spreads[spec.job_id] = self.estimates.spread(EstimateKey.of(spec), spec.expected_duration_s)
         return PendingJob(
             spec,
             ready_at,
@@ -258,6 +261,7 @@ class BookFacts:
             spares=self._spares(spec) if excluded else 0,
             attained_gpu_s=attained,
             expected_run_s=None if expected is None else max(1.0, expected - attained / max(1, spec.gpu_count)),
+            run_quantiles=spread,
         )
 
     def _on_scheduled(self, event: JobScheduled) -> None:

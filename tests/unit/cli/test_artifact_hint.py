@@ -4,6 +4,7 @@ put it, and for the example job's data ``shardyard up --demo-data``, which makes
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from shardyard.training import artifacts
 
 ROOT = Path(__file__).parents[3]
 MODEL, DATASET = demo_data.EXAMPLE_PATHS
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def missing(path: str, nodes: list[str], lacking: int, of: int, hosts: dict[str, str]) -> dict[str, Any]:
@@ -43,7 +45,7 @@ def test_the_detail_names_each_path_the_nodes_lacking_it_and_where_to_put_it() -
         missing(DATASET, ["node-1"], 1, 2, {"node-1": "/run/data/datasets/wikitext"}),
     )
 
-    lines = render.job_detail(job).splitlines()
+    lines = render.job_detail(job, NOW).splitlines()
 
     assert lines[1:3] == [
         "  reason: WAITING_FOR_ARTIFACT: 0/3 nodes can take the gang ...",
@@ -66,7 +68,7 @@ def test_many_nodes_are_counted_and_paths_mounted_apart_are_each_named() -> None
     hosts = {node: f"/mnt/{node}/x" if node == "node-4" else "/srv/x" for node in nodes}
     job = waiting(missing("/data/own/x", nodes, 40, 40, hosts))
 
-    text = render.job_detail(job)
+    text = render.job_detail(job, NOW)
 
     assert (
         "- /data/own/x: absent on every node it could use (node-0, node-1, node-2, node-3, node-4 and 35 more)" in text
@@ -77,7 +79,7 @@ def test_many_nodes_are_counted_and_paths_mounted_apart_are_each_named() -> None
 
 
 def test_a_path_no_node_mounts_is_said_so() -> None:
-    text = render.job_detail(waiting(missing("/elsewhere/x", ["node-0"], 1, 1, {})))
+    text = render.job_detail(waiting(missing("/elsewhere/x", ["node-0"], 1, 1, {})), NOW)
 
     assert "no mount of those nodes holds this path: their agents never look for it" in text
 

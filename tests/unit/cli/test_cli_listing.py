@@ -74,8 +74,31 @@ def test_the_jobs_table_shows_owner_queue_and_elapsed() -> None:
 def test_the_wide_jobs_table_adds_attempt_and_times() -> None:
     lines = listing.jobs_table([job(attempt=2)], NOW, wide=True).splitlines()
 
-    assert lines[0].split()[6:12] == ["ATTEMPT", "STEP", "LOSS", "SUBMITTED", "STARTED", "ELAPSED"]
-    assert lines[1].split()[8:14] == ["2", "40/300", "3.25", "2026-01-01T01:50:00Z", "2026-01-01T01:58:55Z", "10m00s"]
+    assert lines[0].split()[6:13] == ["ATTEMPT", "STEP", "LOSS", "SUBMITTED", "STARTED", "ELAPSED", "STARTS"]
+    assert lines[1].split()[8:15] == [
+        "2",
+        "40/300",
+        "3.25",
+        "2026-01-01T01:50:00Z",
+        "2026-01-01T01:58:55Z",
+        "10m00s",
+        "-",  # not waiting
+    ]
+
+
+def test_the_wide_jobs_table_says_when_a_waiting_job_starts() -> None:
+    waiting = job(
+        state="READY",
+        started_at=None,
+        reason="INSUFFICIENT_GPUS",
+        message="m",
+        estimated_start=(NOW + timedelta(minutes=12)).isoformat(),
+        estimated_start_p90=(NOW + timedelta(minutes=30)).isoformat(),
+    )
+
+    row = listing.jobs_table([waiting], NOW, wide=True).splitlines()[1]
+
+    assert row.endswith("10m00s   ~12m (90%: 30m)  INSUFFICIENT_GPUS: m")
 
 
 def test_a_job_from_an_older_monitor_without_the_new_fields_still_lists() -> None:

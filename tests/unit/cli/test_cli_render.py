@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -75,11 +75,26 @@ def placement(index: int, *, score: float = 1.0, degraded: bool = False) -> dict
     ],
 )
 def test_job_detail_lines(view: dict[str, Any], line: str) -> None:
-    assert line in render.job_detail(view).splitlines()
+    assert line in render.job_detail(view, NOW).splitlines()
 
 
 def test_job_detail_without_node_counts_has_no_count_line() -> None:
-    assert "nodes:" not in render.job_detail(job(reason="NO_NODES", message="no nodes have joined", node_counts={}))
+    no_nodes = job(reason="NO_NODES", message="no nodes have joined", node_counts={})
+    assert "nodes:" not in render.job_detail(no_nodes, NOW)
+
+
+def test_a_job_waiting_on_capacity_says_when_it_starts_under_its_reason() -> None:
+    waiting = job(
+        reason="INSUFFICIENT_GPUS",
+        message="1/2 GPUs free",
+        estimated_start=(NOW + timedelta(minutes=12)).isoformat(),
+        estimated_start_p90=(NOW + timedelta(minutes=30)).isoformat(),
+    )
+
+    lines = render.job_detail(waiting, NOW).splitlines()
+
+    assert lines[1:3] == ["  reason: INSUFFICIENT_GPUS: 1/2 GPUs free", "    starts in ~12 min, 90 %: within 30 min"]
+    assert not any("starts in" in line for line in render.job_detail(job(), NOW).splitlines())
 
 
 def test_timeline_shows_preemption_and_cancellation() -> None:

@@ -293,24 +293,24 @@ def test_a_job_that_ends_while_recovering_records_no_recovery() -> None:
 
 
 def test_the_start_estimate_error_is_the_placement_minus_the_last_estimate() -> None:
-    def estimate(job_id: str, seconds: float | None) -> JobUnschedulable:
-        start = None if seconds is None else at(seconds)
+    def estimate(job_id: str, seconds: float | None, p90: float | None = None) -> JobUnschedulable:
         return JobUnschedulable(
             occurred_at=at(2),
             job_id=job_id,
             reason=PendingReason.INSUFFICIENT_GPUS,
             message="no",
-            estimated_start=start,
+            estimated_start=None if seconds is None else at(seconds),
+            estimated_start_p90=None if p90 is None else at(p90),
         )
 
     text = scrape(
         *ready("early", 5),
         estimate("early", 200),
-        estimate("early", 150),  # the newest estimate counts
+        estimate("early", 150, p90=300),  # the newest estimate counts
         scheduled("early", occurred_at=at(140)),  # 10 s before it
         *ready("late", 5),
-        estimate("late", 100),
-        scheduled("late", occurred_at=at(160)),  # 60 s after it
+        estimate("late", 100, p90=150),
+        scheduled("late", occurred_at=at(160)),  # 60 s after it, 10 s after its p90
         *ready("unknown", 5),
         estimate("unknown", 100),
         estimate("unknown", None),  # no longer known: no error to count
@@ -323,21 +323,40 @@ def test_the_start_estimate_error_is_the_placement_minus_the_last_estimate() -> 
     assert value(text, "shardyard_start_estimate_error_seconds_bucket", le="10.0") == 1
     assert value(text, "shardyard_start_estimate_error_seconds_bucket", le="60.0") == 2
     assert value(text, "shardyard_start_estimates_late") == 1
+    assert value(text, "shardyard_start_estimates_after_p90") == 1  # late's; early's came 160 s before its p90
 
 
-def test_a_pending_jobs_estimated_start_is_in_its_detail_until_it_is_placed() -> None:
+@pytest.mark.parametrize(
+    "ends_the_wait",
+    [
+        pytest.param(scheduled("a", occurred_at=at(95)), id="placed"),
+        pytest.param(JobCancelled(occurred_at=at(95), job_id="a", message="by cli"), id="cancelled"),
+    ],
+)
+def test_a_pending_jobs_estimated_starts_are_in_its_detail_and_listing_until_its_wait_ends(
+    ends_the_wait: object,
+) -> None:
     view = ClusterView()
     for event in ready("a", 5):
         view.apply(event)
     view.apply(
         JobUnschedulable(
-            occurred_at=at(2), job_id="a", reason=PendingReason.INSUFFICIENT_GPUS, message="no", estimated_start=at(90)
+            occurred_at=at(2),
+            job_id="a",
+            reason=PendingReason.INSUFFICIENT_GPUS,
+            message="no",
+            estimated_start=at(90),
+            estimated_start_p90=at(150),
         )
     )
-    assert view.jobs["a"].detail()["estimated_start"] == at(90).isoformat()
+    (listed,) = view.jobs_json()
+    for shown in (view.job_detail(view.jobs["a"], at(3)), listed):
+        assert (shown["estimated_start"], shown["estimated_start_p90"]) == (at(90).isoformat(), at(150).isoformat())
 
-    view.apply(scheduled("a", occurred_at=at(95)))
-    assert view.jobs["a"].detail()["estimated_start"] is None
+    view.apply(ends_the_wait)
+    (listed,) = view.jobs_json()
+    for shown in (view.job_detail(view.jobs["a"], at(96)), listed):
+        assert (shown["estimated_start"], shown["estimated_start_p90"]) == (None, None)
 
 
 # --- the exposition ---------------------------------------------------------------------------------------------

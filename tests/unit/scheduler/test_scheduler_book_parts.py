@@ -23,7 +23,7 @@ from shardyard.scheduler.cancellation import CancelRequests
 from shardyard.scheduler.fencing import Fence
 from shardyard.scheduler.gang import Gang
 from shardyard.scheduler.orphans import OrphanCheck, running_keys
-from shardyard.scheduler.reasons import PendingReasons
+from shardyard.scheduler.reasons import ESTIMATE_EVERY_S, PendingReasons
 from tests.unit.builders import at, completed, failed, job_spec, node_state, scheduled, started
 
 # --- the fence's record --------------------------------------------------------------------------------------------
@@ -144,6 +144,26 @@ def test_an_estimated_start_is_shown_again_only_when_it_moved_by_a_tenth_of_the_
     assert estimate(None, 1201.0) == []
 
 
+def test_the_p90_start_is_shown_beside_the_p50_and_its_own_move_shows_both_again() -> None:
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+
+    def estimate(p50_s: float, p90_s: float | None, now_s: float) -> list[object]:
+        p90 = None if p90_s is None else at(p90_s)
+        decision = replace(verdict(PendingReason.INSUFFICIENT_GPUS), estimated_start=at(p50_s), estimated_start_p90=p90)
+        return list(reasons.unschedulable(decision, job, at(now_s)))
+
+    (first,) = estimate(1000.0, 2000.0, 0.0)
+    assert isinstance(first, JobUnschedulable)
+    assert (first.estimated_start, first.estimated_start_p90) == (at(1000.0), at(2000.0))
+    assert estimate(1050.0, 2150.0, 1.0) == []  # each within a tenth of its own wait (100 s, 200 s)
+    (moved,) = estimate(1050.0, 2300.0, 2.0)  # the p90 alone moved by 300 s: the p50's 50 s goes with it
+    assert isinstance(moved, JobUnschedulable)
+    assert (moved.estimated_start, moved.estimated_start_p90) == (at(1050.0), at(2300.0))
+    assert len(estimate(1050.0, None, 3.0)) == 1  # the p90 no longer known is news
+    assert estimate(1050.0, None, 4.0) == []
+
+
 def test_the_blocked_verdicts_are_the_last_cycles_only() -> None:
     reasons = PendingReasons()
     job = PendingJob(job_spec(), at(0))
@@ -204,3 +224,26 @@ def test_a_gang_records_the_facts_of_its_attempt() -> None:
 
     assert (gang.started, gang.failed, set(gang.completed)) == ({0}, {1}, {0})
     assert (gang.preempted_by, gang.preempt_deadline) == ("vip", at(3) + timedelta(seconds=30))
+
+
+def test_start_estimates_are_made_for_a_new_job_and_every_ten_seconds_and_kept_in_between() -> None:
+    """The interval plan is dear: a cycle makes estimates when a job waits that has none, else every
+    ``ESTIMATE_EVERY_S``; the cycles between keep what each job was shown with, whatever their verdicts carry."""
+    reasons = PendingReasons()
+    job = PendingJob(job_spec(), at(0))
+
+    def cycle(now_s: float, p50_s: float | None, pending: tuple[str, ...] = ("job-1",)) -> list[object]:
+        estimating = reasons.estimating(pending, at(now_s))
+        decision = replace(
+            verdict(PendingReason.INSUFFICIENT_GPUS),
+            estimated_start=at(p50_s) if estimating and p50_s is not None else None,
+        )
+        return list(reasons.unschedulable(decision, job, at(now_s)))
+
+    (first,) = cycle(0.0, 1000.0)  # a new job: estimated
+    assert isinstance(first, JobUnschedulable) and first.estimated_start == at(1000.0)
+    assert cycle(1.0, None) == []  # no estimates this cycle: the shown one stands, nothing is news
+    assert not reasons.estimating(("job-1",), at(2.0))
+    assert reasons.estimating(("job-1", "job-2"), at(3.0))  # a job without an estimate waits
+    (moved,) = cycle(ESTIMATE_EVERY_S + 3.0, 1500.0)
+    assert isinstance(moved, JobUnschedulable) and moved.estimated_start == at(1500.0)

@@ -305,6 +305,14 @@ function timelineTable(timeline) {
   return h("div", { id: "timeline" }, rows.length ? h("table", {}, h("tbody", {}, rows)) : empty("nothing yet"));
 }
 
+/** "~14:05, 90 % by 14:30": a job waiting on capacity starts about then (the median of the scheduler's estimate),
+ * and by the second time in 90 % of its plan's samples; null when it carries no estimate. */
+function startEstimate(detail) {
+  if (!detail.estimated_start) return null;
+  const p90 = detail.estimated_start_p90 ? `, 90 % by ${hhmm(detail.estimated_start_p90)}` : "";
+  return `~${hhmm(detail.estimated_start)}${p90}`;
+}
+
 function renderDetail(detail, series) {
   const box = document.getElementById("job-detail");
   const keepScroll = document.getElementById("timeline")?.scrollTop ?? 0;
@@ -325,7 +333,7 @@ function renderDetail(detail, series) {
       fact("first step", detail.first_step_at ? clock(detail.first_step_at) : null),
       fact("ended", detail.ended_at ? clock(detail.ended_at) : null),
       fact("waiting for", detail.waiting_for?.join(", ")),
-      fact("estimated start", detail.estimated_start ? clock(detail.estimated_start) : null),
+      fact("starts", startEstimate(detail)),
       fact("nodes ruled out", counts)),
     h("div", { class: "charts" },
       lineChart({ id: "loss-chart", title: "loss", xs: series.step, ys: series.loss, xLabel: "step" }),

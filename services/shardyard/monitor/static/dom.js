@@ -67,6 +67,13 @@ function clock(iso) {
   return Number.isNaN(at.getTime()) ? String(iso) : at.toLocaleTimeString("en-GB", { hour12: false });
 }
 
+/** "14:05": a time of day to the minute, for an estimate no finer than that. */
+function hhmm(iso) {
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return String(iso);
+  return at.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+}
+
 function ago(iso) {
   const seconds = (Date.now() - new Date(iso).getTime()) / 1000;
   if (!Number.isFinite(seconds)) return "";
