@@ -220,17 +220,7 @@ class PlacementCycle:
 
     def _hold_placed(self, job: PendingJob, placed: Place) -> None:
         """A gang placed this cycle holds its nodes, until its expected end, for a reservation there too."""
-        run_s = job.expected_run_s
-        gang = RunningJob(
-            job.spec.job_id,
-            job.spec.priority,
-            job.spec.preemptible,
-            self.now,
-            tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
-            attained_gpu_s=job.attained_gpu_s,
-            expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
-            run_quantiles=job.run_quantiles,
-        )
+        gang = self._as_gang(job, placed)
         for node_id in dict.fromkeys(node_id for node_id, _gpus in gang.shards):
             self._placed_on.setdefault(node_id, []).append(gang)
         if self.quota is not None:
@@ -270,11 +260,13 @@ class PlacementCycle:
                 break
             verdict = verdicts.get(job.spec.job_id)
             if verdict is not None:
-                waiting.append(self._queued(job, verdict))
+                waiting.append(self._queued(job))
         if not waiting:
             return decisions
         free, groups = free_now(self.index.slots.values())
-        gangs = [(gang, per_group(gang, groups)) for gang in (*self.running, *self._placed())]
+        jobs = {job.spec.job_id: job for job in queued}
+        placed = [self._as_gang(jobs[d.job_id], d) for d in decisions if isinstance(d, Place) and d.job_id in jobs]
+        gangs = [(gang, per_group(gang, groups)) for gang in (*self.running, *placed)]
         found = plan_intervals(free, gangs, waiting, now=self.now, policy=self.policy)
         return [
             replace(d, estimated_start=found[d.job_id].p50, estimated_start_p90=found[d.job_id].p90)
@@ -283,12 +275,8 @@ class PlacementCycle:
             for d in decisions
         ]
 
-    def _queued(self, job: PendingJob, verdict: Unschedulable) -> Queued:
+    def _queued(self, job: PendingJob) -> Queued:
         scores = Candidate(job, self.index, self.now).eligible
-        behind = None
-        if verdict.estimated_start is not None:  # it holds a reservation: it starts when the gangs there end
-            nodes = self.index.reserving.get(job.spec.job_id, frozenset())
-            behind = list({g.job_id: g for node in nodes for g in self.gangs_at(node)}.values())
         ran_s = job.attained_gpu_s / max(1, job.spec.gpu_count)
         return Queued(
             job.spec.job_id,
@@ -296,12 +284,21 @@ class PlacementCycle:
             sorted(scores, key=lambda key: -scores[key]),
             [max(1.0, q - ran_s) for q in job.run_quantiles],
             job.expected_run_s,
-            behind,
         )
 
-    def _placed(self) -> list[RunningJob]:
-        """This cycle's placements, as gangs (once each)."""
-        return list({g.job_id: g for gangs in self._placed_on.values() for g in gangs}.values())
+    def _as_gang(self, job: PendingJob, placed: Place) -> RunningJob:
+        """A gang placed this cycle, as the plans see it: holding its GPUs from now for its expected run."""
+        run_s = job.expected_run_s
+        return RunningJob(
+            job.spec.job_id,
+            job.spec.priority,
+            job.spec.preemptible,
+            self.now,
+            tuple((shard.node_id, shard.gpu_indices) for shard in placed.placements),
+            attained_gpu_s=job.attained_gpu_s,
+            expected_end=None if run_s is None else self.now + timedelta(seconds=run_s),
+            run_quantiles=job.run_quantiles,
+        )
 
     def backfill(self, job: Candidate, shape: tuple[object, ...]) -> Place | None:
         """Time-aware backfill: place ``job`` on the nodes of the reservations that start after it is expected to

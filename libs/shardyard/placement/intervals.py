@@ -1,30 +1,27 @@
-"""When will each waiting job start, as an interval: the plan of ``shardyard.placement.plan`` run over samples of
-the run times, its p50 and p90 taken per job. Pure: the cycle's gangs, free GPUs, waiting jobs and ``now`` come in.
+"""When will each waiting job start, as an interval: the core's queue played forward (``placement.easy``) over
+samples of the run times, its p50 and p90 taken per job. Pure: the cycle's gangs, free GPUs, waiting jobs and
+``now`` come in.
 
 A gang's run time is not one figure: jobs of one kind run from half to twice as long as each other, and which of
-the gangs ahead ends early decides when a waiting job starts. So each of ``samples`` plans draws every gang's run
-from its spread (``RunningJob.run_quantiles``, ``PendingJob.run_quantiles``: the run time at the quantile levels of
-``shardyard.placement.estimates``), a running gang's conditioned on the time it has already run (a gang 3 h into a
-run of p50 1 h is drawn from its runs longer than 3 h; past all of them, it runs on as long again as it has run, as
-``worth.overrun_end`` expects); the waiting jobs then take, in queue order, the earliest time their groups have
-their GPUs free for their drawn run. A job's p50 is the median of its starts over the samples, its p90 the start by
-which 90 % of them have it started.
+the gangs ahead ends early decides when a waiting job starts. So each of ``Policy.start_samples`` draws takes every
+gang's run from its spread (``RunningJob.run_quantiles``, ``PendingJob.run_quantiles``: the run time at the
+quantile levels of ``shardyard.placement.estimates``), a running gang's from its runs longer than it has already
+run (a gang 3 h into a run of p50 1 h is drawn from its runs longer than 3 h; past all of them, it runs on as long
+again as it has run, as ``worth.overrun_end`` expects). Per GPU model and TFLOPS, on the nodes alive and not
+draining, the GPUs free now and each gang's from its drawn end then meet the waiting jobs in queue order, by the
+core's rule (EASY backfill, ``placement.easy``). A job's p50 is the median of its starts over the draws, its p90
+the start by which 90 % of them have it started; one the draws cannot start (a gang ahead runs for ever) has none.
 
-The draws are stratified and fixed: sample ``s`` draws every job at level ``(s + 0.5) / samples`` turned by a hash
+The draws are stratified and fixed: draw ``s`` takes every job at level ``(s + 0.5) / samples`` turned by a hash
 of the job's id, so each job's draws cover its spread evenly, different jobs' are not in step, and the same cycle
 gives the same estimates again (an estimate moves only when the cluster does). A gang or job without a spread uses
-its expected end or run alone (the plan's point estimate); one with neither holds its GPUs for ever.
+its expected end or run alone; one with neither holds its GPUs for ever.
 
-A job holding a reservation starts, in each sample, when the last gang on its reserved nodes ends (as
-``PlacementCycle.start_of`` gives for the point estimate), and holds its GPUs in the plan from then.
-
-Where the interval is off (beside the plan's own, see ``placement.plan``): later arrivals that go ahead of a job
-(a higher priority, a job of a queue below its fair share) are not in the plan, so the interval is early under
-load; preemption is not in it either, so a job that will preempt (a higher priority, a new job under least
-attained service) starts before it. (Planning each job's preemptions too, from when it would outrank each gang,
-made the simulator's audit worse: the core preempts for one job of a shape per cycle, waits out the victims'
-notice, and the plan then said "now" for jobs that waited minutes.) The spreads assume the gangs' run times
-independent.
+Where the interval is off: the draws count GPUs per group, not per node, so a gang that must pack its shards onto
+nodes with memory and CPU to spare starts later; load and artifacts are left out. Later arrivals that go ahead of a
+job (a higher priority, a job of a queue below its fair share) are not in it, so the interval is early under load;
+preemption is not in it either, so a job that will preempt (a higher priority, a new job under least attained
+service) starts before it. The spreads assume the gangs' run times independent.
 """
 
 import math
@@ -34,26 +31,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from shardyard.events import NodeStatus
+from shardyard.placement.easy import NEVER, GroupKey, Job, easy_starts
 from shardyard.placement.index import Slot
 from shardyard.placement.model import Policy, RunningJob
-from shardyard.placement.plan import NEVER, GroupKey, StartPlan, Timeline
 
 
 @dataclass(frozen=True)
 class Queued:
-    """A job waiting on capacity, as the interval plan needs it."""
+    """A job waiting on capacity, as the draws need it."""
 
     job_id: str
     gpus: int
-    """Its shards and spares."""
+    """Its shards (spares are never a reason to wait)."""
     groups: Sequence[GroupKey]
     """The groups it may use, best match first."""
     run_quantiles: Sequence[float]
     """Its run time from a start at each quantile level (empty: ``run_s`` alone)."""
     run_s: float | None
     """Its expected run; None: unknown."""
-    reserved_behind: Sequence[RunningJob] | None = None
-    """For a job holding a reservation: the gangs on its reserved nodes (it starts when the last has ended)."""
 
 
 @dataclass(frozen=True)
@@ -117,14 +112,6 @@ def job_run(job: Queued, u: float) -> float:
     return NEVER if job.run_s is None else max(job.run_s, 0.0)
 
 
-@dataclass
-class Sample:
-    """One draw of the gangs' ends, and the plan over it."""
-
-    plan: StartPlan
-    ends: dict[str, float]
-
-
 def plan_intervals(
     free: Mapping[GroupKey, int],
     gangs: Iterable[tuple[RunningJob, Mapping[GroupKey, int]]],
@@ -143,33 +130,11 @@ def plan_intervals(
     for s in range(samples):
         level = (s + 0.5) / samples
         ends = {job_id: draw(found, (level + turns[job_id]) % 1.0) for job_id, found in possible.items()}
-        changes: dict[GroupKey, list[tuple[float, int]]] = {key: [(0.0, count)] for key, count in free.items()}
-        for gang, per_group in held:
-            end = ends[gang.job_id]
-            if end != NEVER:
-                for key, count in per_group.items():
-                    changes.setdefault(key, []).append((end, count))
-        sample = Sample(StartPlan(now), ends)
-        sample.plan.groups = {key: Timeline.of(found) for key, found in changes.items()}
-        for job in waiting:
-            length = job_run(job, (level + turns[job.job_id]) % 1.0)
-            starts[job.job_id].append(_start(sample, job, length))
+        releases = [(ends[g.job_id], key, count) for g, per_group in held for key, count in per_group.items()]
+        runs = [Job(job.gpus, job.groups, job_run(job, (level + turns[job.job_id]) % 1.0)) for job in waiting]
+        for job, at in zip(waiting, easy_starts(free, releases, runs), strict=True):
+            starts[job.job_id].append(at)
     return {job_id: _interval(found, now) for job_id, found in starts.items()}
-
-
-def _start(sample: Sample, job: Queued, length: float) -> float:
-    """Plan ``job`` in one sample: its start in seconds from now (``NEVER``: not within the plan)."""
-    plan = sample.plan
-    groups = [plan.groups[key] for key in job.groups if key in plan.groups]
-    if not groups or job.gpus <= 0:
-        return NEVER
-    if job.reserved_behind is not None:
-        at = max((sample.ends.get(gang.job_id, NEVER) for gang in job.reserved_behind), default=0.0)
-        if at != NEVER:
-            StartPlan.hold(groups, job.gpus, at, length)
-        return at
-    found = plan.earliest(groups, job.gpus, length)
-    return NEVER if found is None else found
 
 
 def _interval(starts: list[float], now: datetime) -> Interval:

@@ -51,11 +51,10 @@ class Policy:
     # The start estimates' knobs change no decision: policies that differ only in them compare equal (a standing
     # index built for one serves the other; the simulator estimates only in the cycles its audit asks for).
     start_estimates: int = field(default=100, compare=False)
-    """How many jobs waiting on capacity, in queue order, get an estimated start from the plan (``plan``); 0: only
-    a job holding a reservation, from its reservation."""
+    """How many jobs waiting on capacity, in queue order, get estimated starts (``intervals``); 0: only a job
+    holding a reservation, its reservation's start."""
     start_samples: int = field(default=32, compare=False)
-    """Samples of the gangs' run times the start estimates' plan draws (``placement.intervals``): each job's p50
-    and p90 start are taken over them."""
+    """Draws of the gangs' run times the start estimates are taken over (``placement.intervals``)."""
     victims: Literal["lost-work", "order"] = "lost-work"
     """Which gangs a job preempts among those it outranks. ``lost-work``: the set that loses least
     (``RunningJob.lost_gpu_s``: GPUs x the time since the gang's last checkpoint, plus its restart cost), ties to the
@@ -238,11 +237,10 @@ class Unschedulable:
     message: str
     node_counts: dict[str, int] = field(default_factory=dict)
     estimated_start: datetime | None = None
-    """When the job is expected to start: for one holding a reservation, when its reserved nodes' gangs are expected
-    to have ended; for the other jobs waiting on capacity, from the plan (``shardyard.placement.plan``)."""
+    """When the job is expected to start, the median (p50) over draws of the gangs' run times
+    (``shardyard.placement.intervals``); a reservation's start, where no estimates were made this cycle."""
     estimated_start_p90: datetime | None = None
-    """The start by which 90 % of the plan's samples of the gangs' run times have the job started; None: not
-    known."""
+    """The start by which 90 % of the draws have the job started; None: not known."""
     missing: tuple[MissingArtifact, ...] = ()
     """WAITING_FOR_ARTIFACT: the job's paths that nodes it could use lack, and which (``contention.missing``)."""
 

@@ -35,6 +35,7 @@ from types import MappingProxyType
 from shardyard.errors import ConfigError
 from shardyard.events import JobSpec, NodeStatus
 from shardyard.events.job import Elasticity
+from shardyard.placement.calibration import StartCalibration
 from shardyard.placement.cycle import schedule
 from shardyard.placement.estimates import DurationEstimates, EstimateKey
 from shardyard.placement.model import NodeView, PendingJob, Place, Policy, Preempt, RunningJob, Snapshot
@@ -83,6 +84,8 @@ class CorePolicy:
         self.policy = replace(policy or Policy(), start_estimates=0)
         self.estimating = policy or Policy()
         self.audit = audit
+        self.calibration = StartCalibration()
+        """The estimates' correction, learned from the starts that followed them (as the scheduler learns it)."""
         self.estimates = estimates if estimates is not None else DurationEstimates()
         """Run times learned from the jobs that ended, for jobs that declare none."""
         self._views: dict[str, NodeView] = {}
@@ -147,11 +150,13 @@ class CorePolicy:
         policy = self.estimating if audit is not None and audit.due(state.pending, now_us) else self.policy
         decisions = schedule(snapshot, pending, policy, now=at(now_us), index=index)
         if audit is not None and policy is self.estimating:
+            decisions = self.calibration.corrected(decisions, at(now_us))
             audit.record(decisions, now_us, EPOCH)
         actions: list[Action] = []
         for decision in decisions:
             if isinstance(decision, Place):
                 actions.append(Start(decision.job_id, _shards(decision), decision.degraded))
+                self.calibration.started(decision.job_id, at(now_us))
             elif isinstance(decision, Preempt):
                 actions.append(Stop(decision.job_id, decision.by_job))
         return actions

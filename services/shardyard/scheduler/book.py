@@ -102,7 +102,10 @@ class SchedulerBook(BookFacts):
             # Start estimates are dear: made only in the cycles ``reasons`` asks for.
             estimating = self.reasons.estimating(self.pending, now)
             policy = self.policy if estimating else replace(self.policy, start_estimates=0)
-            for decision in schedule(snapshot, queue, policy, now=now, index=self._views.index):
+            decisions = self.reasons.corrected(schedule(snapshot, queue, policy, now=now, index=self._views.index), now)
+            for decision in decisions:
+                if isinstance(decision, Place):
+                    self.reasons.placed(decision.job_id, now)
                 if isinstance(decision, Preempt) and (surplus := surplus_of(decision.job_id)) is not None:
                     shrinks.setdefault(surplus[0], {})[surplus[1]] = decision.by_job
                     continue  # carried out once the cycle is decided: one re-formation per gang

@@ -10,16 +10,18 @@ when either estimate moves by 12 minutes, not every second. A republished job ca
 
 The estimates' plan is drawn over many samples (``placement.intervals``), too dear to make every second on a large
 cluster: a cycle makes them (:meth:`PendingReasons.estimating`) when a job waits that has none yet, and otherwise
-every :data:`ESTIMATE_EVERY_S`; in between, each job keeps the estimates it was last shown with.
+every :data:`ESTIMATE_EVERY_S`; in between, each job keeps the estimates it was last shown with. The estimates are
+corrected by how the earlier ones erred (``placement.calibration``), learned from the jobs this replica placed.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
 from shardyard.events import Event, JobSpec, JobUnschedulable, PendingReason
-from shardyard.placement.model import PendingJob, Unschedulable
+from shardyard.placement.calibration import StartCalibration
+from shardyard.placement.model import Decision, PendingJob, Unschedulable
 
 ESTIMATE_TOLERANCE = 0.1
 ESTIMATE_MIN_MOVE_S = 1.0
@@ -72,9 +74,19 @@ class PendingReasons:
     estimated: set[str] = field(default_factory=set)
     """The jobs that cycle decided for."""
     estimates_now: bool = True
+    calibration: StartCalibration = field(default_factory=StartCalibration)
+    """The estimates' correction, learned from the starts that followed them (``placement.calibration``)."""
 
     def new_cycle(self) -> None:
         self.blocked = []
+
+    def corrected(self, decisions: Sequence[Decision], now: datetime) -> list[Decision]:
+        """The cycle's decisions, their estimates corrected by what earlier ones missed (this cycle made any)."""
+        return self.calibration.corrected(decisions, now) if self.estimates_now else list(decisions)
+
+    def placed(self, job_id: str, now: datetime) -> None:
+        """``job_id`` was placed now: its first estimate's error teaches the calibration."""
+        self.calibration.started(job_id, now)
 
     def estimating(self, pending: Iterable[str], now: datetime) -> bool:
         """Whether this cycle makes start estimates (see the module's doc); remembered for its verdicts."""
@@ -118,7 +130,9 @@ class PendingReasons:
         ]
 
     def forget(self, job_id: str) -> None:
-        """The job was placed, or ended: a later verdict on it is news again."""
+        """The job was placed, or ended: a later verdict on it is news again (a placement has taught the
+        calibration already: ``placed``)."""
+        self.calibration.forget(job_id)
         self.shown.pop(job_id, None)
         self.never_fits_since.pop(job_id, None)
 

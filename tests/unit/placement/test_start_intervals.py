@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 
 import pytest
 
+from shardyard.placement.easy import NEVER, Job, easy_starts
 from shardyard.placement.estimates import LEVELS, DurationEstimates, EstimateKey, quantiles
 from shardyard.placement.intervals import Queued, gang_end, plan_intervals
 from shardyard.placement.model import PendingJob, Policy
-from shardyard.placement.plan import Timeline
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, running
 
@@ -87,22 +86,21 @@ def test_a_gang_without_a_spread_or_an_expected_end_holds_its_gpus_for_ever() ->
     assert interval.p50 is None and interval.p90 is None
 
 
-def test_a_reserved_job_starts_when_the_last_gang_on_its_nodes_ends() -> None:
-    early = running("early", ("a", (0,)), started_at=at(NOW), expected_end=at(NOW + 50))
-    late = running("late", ("b", (0,)), started_at=at(NOW), expected_end=at(NOW + 300))
-    waiting = [Queued("w", 1, [KEY], (), 10.0, reserved_behind=[early, late])]
-    gangs = [(early, {KEY: 1}), (late, {KEY: 1})]
-    (interval,) = plan_intervals({KEY: 0}, gangs, waiting, now=at(NOW), policy=Policy()).values()
-    assert interval.p50 == interval.p90 == at(NOW) + timedelta(seconds=300)
+def test_the_queue_is_played_forward_by_easy_backfill() -> None:
+    """4 GPUs, 2 free now and 2 from 100 s. A wide job (4) reserves from 100 s; a 2-GPU job of 60 s fits before it
+    and starts now; one of 200 s would delay it and waits for the wide job's end; a later 2-GPU job of 50 s
+    starts in the gap the 60-s job leaves, at 60 s."""
+    starts = easy_starts(
+        {KEY: 2},
+        [(100.0, KEY, 2)],
+        [Job(4, [KEY], 50.0), Job(2, [KEY], 200.0), Job(2, [KEY], 60.0), Job(2, [KEY], 30.0)],
+    )
+    assert starts == [100.0, 150.0, 0.0, 60.0]
 
 
-def test_the_earliest_fit_skips_past_a_step_too_low() -> None:
-    line = Timeline()
-    line.add(4, 0.0)
-    line.add(-3, 10.0, 20.0)  # 1 free over [10, 20)
-    assert line.earliest(2, 5.0) == 0.0
-    assert line.earliest(2, 15.0) == 20.0
-    assert line.earliest(5, 1.0) is None
+def test_a_job_behind_one_that_holds_its_gpus_for_ever_never_starts() -> None:
+    assert easy_starts({KEY: 0}, [], [Job(1, [KEY], 10.0)]) == [NEVER]
+    assert easy_starts({KEY: 1}, [], [Job(1, [KEY], NEVER), Job(1, [KEY], 10.0)]) == [0.0, NEVER]
 
 
 class TestRunSpread:

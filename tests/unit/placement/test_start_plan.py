@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from shardyard.events import PendingReason
 from shardyard.placement.model import PendingJob, Place, Policy
-from shardyard.placement.plan import Timeline
 from tests.unit.builders import GIB, at
 from tests.unit.placement_support import blocked, decide, node, pending, running
 
@@ -104,15 +103,3 @@ def test_a_gang_with_no_expected_end_never_frees_its_gpus_in_the_plan() -> None:
 
     assert blocked(first).estimated_start == at(NOW + 40)  # on b
     assert blocked(second).estimated_start is None  # needs a too
-
-
-class TestTimeline:
-    def test_holding_and_freeing_gpus_over_intervals(self) -> None:
-        line = Timeline()
-        line.add(4, 0.0)
-        line.add(-3, 10.0, 20.0)
-        line.add(2, 30.0)
-
-        assert [line.lowest(0, 10), line.lowest(5, 15), line.lowest(20, 30), line.lowest(25, 40)] == [4, 1, 4, 4]
-        assert line.lowest(0, float("inf")) == 1
-        assert line.lowest(30, 31) == 6
