@@ -87,6 +87,11 @@ def check_schedule_quality(out: dict[str, Any]) -> None:
     assert set(cases["wide-128"]["lost_gpu_h"]) == policies and "possible_gain_captured" in cases["wide-128"]
     assert 0 < cases["teams-default"]["jain_index"] <= 1
     assert isinstance(out["all_targets_met"], bool)
+    assert set(out["start_estimates"]) == {
+        f"{name}@0.9" for name in ("homogeneous", "heterogeneous", "wide", "wide-128")
+    }
+    assert all(set(audit) == {"jobs", "at_submission", "halfway"} for audit in out["start_estimates"].values())
+    assert isinstance(out["start_estimates_targets_met"], bool)
     assert out["scale"]["jobs"] > 0 and out["scale"]["replay_s"] >= 0
     elastic = {case["case"]: case for case in out["elastic"]}
     assert set(elastic) == {f"elastic-{name}" for name in ("homogeneous", "heterogeneous", "wide", "wide-128")}

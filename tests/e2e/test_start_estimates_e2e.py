@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_placement_e2e import first_at, submit, until
-from tests.support.cluster import ONE_REPLICA, ROOT, cli
+from tests.support.cluster import ROOT, cli, local_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -29,14 +28,8 @@ CLOCKS_S = 1.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    run_dir = tmp_path_factory.mktemp("estimates")
-    create_demo_artifacts(run_dir / "data")
-    started = cli("up", *ONE_REPLICA, "--node", "A100:1", run_dir=run_dir, timeout=180)
-    assert started.returncode == 0, started.stdout + started.stderr
-    try:
+    with local_cluster(tmp_path_factory.mktemp("estimates"), ("A100:1",), replicas=1) as run_dir:
         yield run_dir
-    finally:
-        cli("down", run_dir=run_dir, timeout=120)
 
 
 def sleeper(task_id: str, seconds: int, **fields: Any) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -11,18 +10,10 @@ import pytest
 
 from shardyard.events import PendingReason
 from shardyard.placement.model import Unschedulable
-from shardyard.sim import cli
 from shardyard.sim.lost_work import US
 from shardyard.sim.policies import EPOCH
 from shardyard.sim.start_audit import StartAudit
-
-
-def simulate_cli(*argv: str) -> int:
-    top = argparse.ArgumentParser(prog="shardyard")
-    cli.add_parser(top.add_subparsers(dest="command", required=True))
-    args = top.parse_args(["simulate", *argv])
-    code: int = args.func(args)
-    return code
+from tests.unit.sim.test_sim_report import simulate_cli
 
 
 def estimate(job_id: str, p50_s: float, p90_s: float | None) -> Unschedulable:
