@@ -121,8 +121,11 @@ async def test_the_last_leader_still_places_a_valid_job_after_a_flood_with_re_el
                 bootstrap, [JobReady(occurred_at=datetime.now(UTC), job_id="fl-good", spec=spec("fl-good", count=1))]
             )
             placed = await watch.first(JobScheduled, job_id="fl-good", timeout_s=90)
-            latest = leader(watch, alive, 0)
-            assert latest is not None and placed.term == latest.term
+            # Placed by a live replica leading at a term no older than the last election the test waited for. Under
+            # a loaded host a lease may lapse once more after it (the suite saw term 5 elected 0.1 s after term 4
+            # placed the job): a later term is a leader's, not a stale one's.
+            by = [e for e in watch.of(LeaderElected, service="scheduler") if e.term == placed.term]
+            assert placed.term >= current.term and by and by[0].instance in alive, (placed.term, current.term, by)
 
             bad = {f"bad-{r}-{kind}" for r in range(ROUNDS) for kind in ("shards", "priority")}
             failures = await watch.until(

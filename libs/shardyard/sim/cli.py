@@ -117,20 +117,27 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     sim.add_argument("--json", action="store_true", help="print the figures as JSON")
     sim.add_argument(
-        "--no-start-estimates",
-        dest="start_estimates",
-        action="store_false",
-        help="skip the audit of the shardyard policy's start estimates (--json's start_estimates): faster",
-    )
-    sim.add_argument(
         "--plot",
         metavar="DIR",
         help="also write PNG pictures into DIR (created if missing): jct_cdf.png, wait_cdf.png, gpus_busy.png; "
         "needs matplotlib (pip install 'shardyard[plot]')",
     )
     _work_options(sim)
+    _audit_options(sim)
     _generation_options(sim)
     sim.set_defaults(func=run)
+
+
+def _audit_options(sim: argparse.ArgumentParser) -> None:
+    audit = sim.add_argument_group("start estimates (--json's start_estimates: the shardyard policy's, audited)")
+    audit.add_argument(
+        "--no-start-estimates", dest="start_estimates", action="store_false", help="skip the audit: faster"
+    )
+    audit.add_argument(
+        "--start-estimates-oracle",
+        action="store_true",
+        help="make the audited estimates from every job's true run time (what the queue's model alone misses)",
+    )
 
 
 def _work_options(sim: argparse.ArgumentParser) -> None:
@@ -212,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.policy or (n for n in POLICY_NAMES if n != ONE_QUEUE or quotas is not None)))
     owed = None if quotas is None else Entitlements.of(quotas, nodes)
 
-    audit = StartAudit() if args.json and args.start_estimates and "shardyard" in names else None
+    audit = StartAudit(oracle=args.start_estimates_oracle) if args.json and args.start_estimates else None
+    audit = audit if "shardyard" in names else None
 
     def replay(name: str) -> SimResult:
         chosen = policy_named(name, nodes, core, quotas, audit if name == "shardyard" else None)

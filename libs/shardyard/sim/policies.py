@@ -189,6 +189,12 @@ class CorePolicy:
             return job.expected_duration_s
         return self.estimates.estimate(_key(job))
 
+    def _spread(self, job: TraceJob) -> tuple[float, ...]:
+        """The job's run time's spread, as learned; its true run time alone where the audit asks for the oracle."""
+        if self.audit is not None and self.audit.oracle:
+            return (job.duration_s,)
+        return self.estimates.spread(_key(job), job.expected_duration_s)
+
     # The views below are cached: a cycle rebuilds only what changed since the last one.
     def _view(self, node: NodeSpec, free: tuple[int, ...]) -> NodeView:
         view = self._views.get(node.node_id)
@@ -258,7 +264,7 @@ class CorePolicy:
                     at(waiting.ready_us),
                     attained_gpu_s=job.gpus * done_s,
                     expected_run_s=None if expected is None else max(1.0, expected - done_s),
-                    run_quantiles=self.estimates.spread(_key(job), job.expected_duration_s),
+                    run_quantiles=self._spread(job),
                 ),
             )
         return known[1]
@@ -293,7 +299,7 @@ class CorePolicy:
                     queue=job.queue or DEFAULT_QUEUE,
                     checkpointed_at=None if checkpointed is None else at(checkpointed),
                     restart_s=restart_s,
-                    run_quantiles=self.estimates.spread(_key(job), job.expected_duration_s),
+                    run_quantiles=self._spread(job),
                 ),
             )
         return known[3]

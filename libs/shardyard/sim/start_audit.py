@@ -39,6 +39,9 @@ Issued = tuple[int, int | None, int | None]
 
 @dataclass
 class StartAudit:
+    oracle: bool = False
+    """The estimates are made from every job's true run time (``--start-estimates-oracle``): what is left of their
+    error is the draws' model of the queue, not the run times' spread."""
     reissue_us: int = int(REISSUE_S * US)
     issued: dict[str, list[Issued]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
@@ -70,7 +73,7 @@ class StartAudit:
         }
         at_submission = [self._judged(job_id, s, a, s) for job_id, (s, a) in waited.items()]
         halfway = [self._judged(job_id, s, a, s + (a - s) // 2) for job_id, (s, a) in waited.items()]
-        out: dict[str, Any] = {"jobs": len(waited), "at_submission": _figures(at_submission)}
+        out: dict[str, Any] = {"oracle": self.oracle, "jobs": len(waited), "at_submission": _figures(at_submission)}
         out["halfway"] = _figures(halfway)
         figures = out["at_submission"]
         out["meets_target"] = (

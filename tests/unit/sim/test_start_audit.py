@@ -87,3 +87,9 @@ def test_simulate_json_carries_the_audit_unless_told_not_to(tmp_path: Path, caps
 
     assert audited["jobs"] == 5 and audited["at_submission"]["estimated"] == 5
     assert "start_estimates" not in skipped
+
+    assert simulate_cli(str(trace), "--cluster", "A100:4x1", "--json", "--start-estimates-oracle") == 0
+    told = json.loads(capsys.readouterr().out)["start_estimates"]
+    assert told["oracle"] is True and not audited["oracle"]
+    # Told the true run times, one job after another on one node: every estimate is the start to the microsecond.
+    assert told["at_submission"]["median_abs_error_ratio"] == 0.0 and told["at_submission"]["p90_coverage"] == 1.0
