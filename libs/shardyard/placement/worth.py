@@ -8,9 +8,15 @@ beyond whom it may preempt (``candidate.outranks``, unchanged) and which set of 
   a higher tier is not stopped while lower ones would do: it would only come back to preempt those in turn (a
   priority-500 gang stopped for a priority-900 job preempts a priority-0 gang as soon as it is pending again).
 - **Worth.** A job of its victims' own priority (a LAS preemption: it is only ahead of them in the queue) preempts
-  only when the wait it saves outweighs the work they lose: its GPUs x its expected wait without preempting (until
-  enough GPUs it can use are expected to be free, from the running gangs' expected ends) must exceed the set's
-  ``RunningJob.lost_gpu_s``. Preemption for a higher priority is never weighed.
+  only when the wait it saves outweighs what its victims lose, in work and in time:
+  - its GPUs x its expected wait without preempting (until enough GPUs it can use are expected to be free, from the
+    running gangs' expected ends) must exceed the set's ``RunningJob.lost_gpu_s``;
+  - and, where its run time is known or learned, that wait must exceed the delay its victims are expected to take
+    (``victims_delay_s``): each waits about as long as the job runs, or as the job would have waited, whichever is
+    shorter, and then restarts. A job's completion time counts once whatever its size, so stopping three gangs to
+    save one job 10 minutes, when it runs for an hour, lengthens the average job's life: with checkpoints on notice
+    every preemption loses about as little work, and the victims' delay is what is left to weigh.
+  Preemption for a higher priority is never weighed.
 - **Room.** While its victims stop, the job holds their nodes and, of the nodes it can use now, those whose free
   GPUs it counted on, so that no job of lower rank takes them meanwhile and one preemption is enough (else it finds
   no room at the victims' release and preempts again, often the gang that just took its place).
@@ -123,7 +129,28 @@ def worth_it(
         return True
     restart_s = index.policy.restart_s
     lost = sum(gang.lost_gpu_s(now, restart_s) for gang in chosen)
-    return job.k * expected_wait_s(index, job, running, passing, now, end_of) > lost
+    wait = expected_wait_s(index, job, running, passing, now, end_of)
+    if job.k * wait <= lost:
+        return False
+    delay = victims_delay_s(job, chosen, wait, restart_s)
+    return delay is None or wait > delay
+
+
+def victims_delay_s(job: Candidate, chosen: Sequence[RunningJob], wait_s: float, restart_s: float) -> float | None:
+    """Seconds of delay ``chosen``'s jobs are expected to take, all together, if ``job`` (expected to wait
+    ``wait_s`` otherwise) stopped them: each its restart plus the expected shorter of the job's run and that wait
+    (over the job's run-time spread beyond what it already ran, else its expected run); None: the job's run time is
+    neither known nor learned."""
+    pending = job.pending
+    done_s = pending.attained_gpu_s / max(1, job.k)
+    left = [run_s - done_s for run_s in pending.run_quantiles if run_s > done_s]
+    if left:
+        held_s = sum(min(run_s, wait_s) for run_s in left) / len(left)
+    elif pending.expected_run_s is not None:
+        held_s = min(pending.expected_run_s, wait_s)
+    else:
+        return None
+    return sum(held_s + (restart_s if gang.restart_s is None else gang.restart_s) for gang in chosen)
 
 
 def expected_wait_s(

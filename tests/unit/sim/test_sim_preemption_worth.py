@@ -66,6 +66,23 @@ class TestWorth:
         assert starts(result) == {"long": 0, "short": 1010}
         assert result.preemptions == 1
 
+    def test_a_wait_shorter_than_the_victims_delay_is_not_worth_it(self) -> None:
+        """Four 1-GPU gangs declared to end at 8,000; ``hour`` (4 GPUs, an hour) arrives at 4,000, when they have run
+        past the first LAS queue, and would wait 4,000 s: its 4 x 4,000 GPU-s outweigh their loss (4 x 460, from
+        their checkpoint at 3,600), but each of the four would wait about the hour ``hour`` runs and restart, 4 x
+        3,660 s of delay against the 4,000 s it saves: the average job would end later (the rule before: 3,670 s
+        later each, and 4,390 s earlier for ``hour``)."""
+        trace = (
+            *(job(f"gang-{i}", 0, 1, 8000, expected_duration_s=8000) for i in range(4)),
+            job("hour", 4000, 4, 3600, expected_duration_s=3600),
+        )
+
+        result = run(trace, "A100:4x1", "shardyard")
+
+        assert starts(result)["hour"] == 8000
+        assert result.preemptions == 0
+        assert run(trace, "A100:4x1", "shardyard-order").preemptions == 4
+
     def test_a_higher_priority_never_weighs(self) -> None:
         trace = (job("long", 0, 4, 1100, expected_duration_s=1100), job("vip", 1000, 4, 60, priority=500))
 
