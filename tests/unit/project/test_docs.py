@@ -18,7 +18,8 @@ MKDOCS = ROOT / "mkdocs.yml"
 ARCHITECTURE = DOCS / "architecture" / "index.md"
 README_MAX_LINES = 300
 TEST_COMMAND = "./dev test"
-"""CI runs the test command the README names (`.ci/run`)."""
+CI_COMMAND = "./dev test --all"
+"""CI runs the test command the README names (`.ci/run`), with every test, the slow ones too."""
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -59,6 +60,11 @@ NAV = nav_pages(yaml.load(MKDOCS.read_text(), Loader=_ConfigLoader)["nav"])
 
 def test_the_readme_is_short_and_names_the_test_command() -> None:
     assert readme_problems(README.read_text()) == []
+
+
+def test_ci_runs_the_command_the_readme_names_for_every_test() -> None:
+    assert CI_COMMAND in README.read_text()
+    assert CI_COMMAND in (ROOT / ".ci" / "run").read_text()
 
 
 def test_a_readme_over_the_limit_or_without_the_test_command_is_refused() -> None:
