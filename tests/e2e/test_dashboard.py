@@ -50,6 +50,15 @@ def get(url: str) -> Any:
         return json.loads(response.read())
 
 
+def shown_time(at: datetime) -> str:
+    """``at`` as the dashboard shows an estimated start (``hhmm`` of ``dom.js``) in the browser's zone, ours: the time
+    of day, after the day where that is not today."""
+    local = at.astimezone()
+    if local.date() == datetime.now().astimezone().date():
+        return f"{local:%H:%M}"
+    return f"{local:%a} {local.day} {local:%b %H:%M}"
+
+
 def gpus(node: int) -> tuple[GpuStatus, ...]:
     return tuple(
         GpuStatus(
@@ -172,7 +181,7 @@ async def test_the_dashboard_renders_the_cluster_and_a_live_job(bootstrap: str, 
 
             await eventually(estimated, f"{WAITING}'s estimated start")
             shown = Dom(render(f"{base}/#job={WAITING}", "--dump-dom", tmp_path / "profile-wait")).all_text()
-            hhmm = [at.astimezone().strftime("%H:%M") for at in (expected, likely)]  # the browser's zone is ours
+            hhmm = [shown_time(at) for at in (expected, likely)]
             assert f"starts ~{hhmm[0]}, 90 % by {hhmm[1]}" in shown and "INSUFFICIENT_GPUS" in shown, shown[-3000:]
 
             # Job-supplied text is shown as text: markup in a rejected submission's message and fields runs nothing.

@@ -67,11 +67,14 @@ function clock(iso) {
   return Number.isNaN(at.getTime()) ? String(iso) : at.toLocaleTimeString("en-GB", { hour12: false });
 }
 
-/** "14:05": a time of day to the minute, for an estimate no finer than that. */
-function hhmm(iso) {
+/** "14:05": a time of day to the minute, for an estimate no finer than that; on another day than ``now``'s (in the
+ * browser's zone) the day goes first: "Tue 8 Dec 14:05". */
+function hhmm(iso, now = new Date()) {
   const at = new Date(iso);
   if (Number.isNaN(at.getTime())) return String(iso);
-  return at.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+  const time = at.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+  if (at.toDateString() === now.toDateString()) return time;
+  return `${at.toLocaleDateString("en-GB", { weekday: "short", day: "numeric", month: "short" })} ${time}`;
 }
 
 function ago(iso) {
