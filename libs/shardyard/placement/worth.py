@@ -124,7 +124,7 @@ def worth_it(
     end_of: EndOf,
 ) -> bool:
     """Whether ``job`` should stop ``chosen``: always for a higher priority than all of them; else when its GPUs x
-    its expected wait (``expected_wait_s``) exceed what they lose."""
+    its expected wait (``expected_wait_s``) exceed what they lose, and that wait their delay (``victims_delay_s``)."""
     if all(gang.priority < job.spec.priority for gang in chosen):
         return True
     restart_s = index.policy.restart_s
