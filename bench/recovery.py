@@ -103,6 +103,19 @@ def _sync_steps(job: dict[str, Any]) -> list[int]:
     return [int(m.group(1)) for m in found if m]
 
 
+def _first_attempt_step(*snapshots: dict[str, Any]) -> int:
+    """The highest step the first attempt's shards reported in any of the job's ``snapshots``. The one taken after the
+    kill has the survivors' last reports, unless the job was already re-formed: its shards are then the new
+    attempt's, or none yet while it recovers, and the one taken just before the kill is what is left."""
+    steps = (
+        shard.get("step", 0)
+        for snapshot in snapshots
+        for shard in snapshot["shards"].values()
+        if shard.get("attempt", 1) == 1
+    )
+    return max(steps, default=0)
+
+
 _RESUMED = re.compile(r"resuming from (?:(its peers' state) of step (\d+)|\S+ at step (\d+))")
 
 
@@ -147,11 +160,12 @@ def one_run(
         spares = [p for p in job["placements"] if p.get("spare")]
         victim = next(p["node_id"] for p in job["placements"] if p["shard_index"] == 1 and not p.get("spare"))
         with TopicWatch(info.bootstrap, NODE_STATE, _not_alive) as states:
+            before_kill = cluster.get_json(job_url)
             killed = time.time()
             os.kill(info.pids[victim], signal.SIGKILL)
             states.wait_for(victim, timeout_s=30)
         after_kill = cluster.get_json(job_url)  # the survivors' progress can only have moved on since the kill
-        step_at_kill = max(s.get("step", 0) for s in after_kill["shards"].values())
+        step_at_kill = _first_attempt_step(before_kill, after_kill)
         sync_steps = _sync_steps(after_kill)
         nodes_url = f"{info.monitor_url}/api/nodes"
 
