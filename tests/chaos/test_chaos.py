@@ -47,7 +47,7 @@ from shardyard.events import AlertFiring, AlertResolved, AlertRule, RedundancyCh
 from shardyard.training.artifacts import create_demo_artifacts
 from tests.support import wait
 from tests.support.cluster import cli, speaking_as, user_submit
-from tests.support.ledger_truth import Truth, deviations, misjudged, trained_s
+from tests.support.ledger_truth import Truth, deviations, misjudged, stepped, trained_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.chaos]
 
@@ -163,6 +163,7 @@ class ProcessWatch:
         for attempt in truth.spans:
             if (seconds := trained_s(log_dir, attempt)) is not None:
                 truth.trained_s[attempt] = seconds
+            truth.steps[attempt] = stepped(log_dir, attempt)
         return truth
 
     def overlaps(self) -> list[str]:
@@ -216,8 +217,12 @@ def ledgers_against_the_truth(
     for job_id, at in sorted(submitted.items()):
         job = client.job(info.live().monitor_url, job_id)
         assert job is not None and job.get("goodput"), job_id
-        ended = max(datetime.fromisoformat(e["at"]).timestamp() for e in job["timeline"] if e["event"] == "succeeded")
-        truth = watch.truth(job_id, at, ended, shard_log_dir(run_dir, job_id) / job_id)
+        times = {
+            event: [datetime.fromisoformat(e["at"]).timestamp() for e in job["timeline"] if e["event"] == event]
+            for event in ("succeeded", "scheduled")
+        }
+        truth = watch.truth(job_id, at, max(times["succeeded"]), shard_log_dir(run_dir, job_id) / job_id)
+        truth.placed = min(times["scheduled"])
         if wrong := misjudged(job["goodput"], truth):
             off[job_id] = {"off": wrong, "ledger": job["goodput"], "attempts": sorted(truth.spans)}
         for part, share in deviations(job["goodput"], truth).items():
@@ -246,7 +251,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("chaos")
     create_demo_artifacts(run_dir / "data")
     nodes = [arg for _ in range(AGENTS) for arg in ("--node", "A100:2")]
-    started = cli("up", *nodes, run_dir=run_dir, timeout=240)
+    os.environ["SHARDYARD_STEP_LOG_EVERY_S"] = "0"  # every step logged with its time: the ledgers' exact truth
+    try:
+        started = cli("up", *nodes, run_dir=run_dir, timeout=240)
+    finally:
+        del os.environ["SHARDYARD_STEP_LOG_EVERY_S"]
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         with speaking_as(ClusterInfo.load(run_dir), ADMIN_PRINCIPAL):  # this process's Kafka clients

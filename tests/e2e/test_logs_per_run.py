@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
 JOB = "same-id"
 PROGRESS = re.compile(
-    r"^\[shard (\d) attempt 1\] shardyard\.training\[rank \1/2\]: step (\d+)/(\d+) loss \S+ syncs \d+$"
+    r"^\[shard (\d) attempt 1\] shardyard\.training\[rank \1/2\]: step (\d+)/(\d+) loss \S+ syncs \d+ at \S+Z$"
 )
 
 

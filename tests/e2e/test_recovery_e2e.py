@@ -21,6 +21,7 @@ from shardyard.training.artifacts import create_demo_artifacts
 from tests.e2e.test_cli_cluster import cli
 from tests.e2e.test_placement_e2e import document, submit, until
 from tests.support.cluster import ONE_REPLICA
+from tests.support.ledger_truth import misjudged_parts, step_parts, stepped
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
@@ -34,7 +35,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     nodes = ("--node", "A100:1", "--node", "A100:1", "--node", "A100:1")
     # Slow syncs widen the sync interval (S19), which depends on this machine's load and so changes the trajectory
     # from run to run; the integrity comparison pins the interval by making no sync count as slow.
-    settings = {"SHARDYARD_SLOW_SYNC_FACTOR": "1000000", "SHARDYARD_CHECKPOINT_EVERY": "0"}
+    # Every step is logged with its time: the goodput ledger's truth (``tests.support.ledger_truth.step_parts``).
+    settings = {
+        "SHARDYARD_SLOW_SYNC_FACTOR": "1000000",
+        "SHARDYARD_CHECKPOINT_EVERY": "0",
+        "SHARDYARD_STEP_LOG_EVERY_S": "0",
+    }
     os.environ.update(settings)
     try:
         started = cli("up", *ONE_REPLICA, *nodes, run_dir=run_dir, timeout=180)
@@ -59,11 +65,12 @@ def at(job: dict[str, Any], event: str, attempt: int = 1) -> float:
     ]
 
 
-def ledger_of_the_fault(job: dict[str, Any], killed_at: float) -> str:
+def ledger_of_the_fault(job: dict[str, Any], killed_at: float, log_dir: Path) -> str:
     """The job's goodput ledger against what the test knows: its life (submitted -> succeeded) and its queueing
     (submitted -> first placement) within 2 %; no notice, no degraded placement; all the time from the kill to the
-    re-placement counted as recovery. (Steps redone after resuming from the survivor's last sync count as recomputed
-    only above the highest step reported before the kill: reports come once a second, so that may be none.)"""
+    re-placement counted as recovery; and every part within 2 % of the life of the truth its shards' logs of every
+    step give (``tests.support.ledger_truth.step_parts``): the steps redone after resuming from the survivor's last
+    sync, up to the last one the gang took before the fault, are recomputed."""
     ledger = job["goodput"]
     submitted = datetime.fromisoformat(job["submitted_at"]).timestamp()  # its record's append (queue.arrival)
     life, queued = at(job, "succeeded") - submitted, at(job, "scheduled") - submitted
@@ -72,11 +79,17 @@ def ledger_of_the_fault(job: dict[str, Any], killed_at: float) -> str:
     assert abs(ledger["queued_s"] - queued) <= max(0.02 * queued, 1e-3), (ledger, queued)
     assert (ledger["notice_s"], ledger["degraded_s"], ledger["straggler_s"]) == (0, 0, 0), ledger
     assert ledger["recovery_s"] >= replaced, (ledger, replaced)
+    steps = {attempt: stepped(log_dir, attempt) for attempt in (1, 2)}
+    truth = step_parts(submitted, at(job, "scheduled"), at(job, "succeeded"), steps)
+    assert truth["recomputed"] > 0, steps  # the steps after the survivor's last sync were taken twice
+    assert not (off := misjudged_parts(ledger, truth, life)), (off, ledger, truth)
+    worst = max(abs(ledger[f"{part}_s"] - seconds) / life for part, seconds in truth.items())
     return (
         f"ledger: total {ledger['total_s']:.2f} s (life {life:.2f} s), queued {ledger['queued_s']:.3f} s "
         f"(timeline {queued:.3f} s), recovery {ledger['recovery_s']:.2f} s (kill -> re-placed {replaced:.2f} s), "
         f"recomputed {ledger['recomputed_s']:.2f} s, productive {ledger['productive_s']:.2f} s, "
-        f"ETTR {ledger['ettr']:.3f}"
+        f"ETTR {ledger['ettr']:.3f}; truth from the step lines: recomputed {truth['recomputed']:.2f} s, productive "
+        f"{truth['productive']:.2f} s, recovery {truth['recovery']:.2f} s; the worst part {worst:.2%} of its life off"
     )
 
 
@@ -109,7 +122,7 @@ def test_a_gang_survives_the_loss_of_a_node_and_ends_as_if_nothing_happened(clus
     final, clean_final = float(done["final_loss"]), float(reference["final_loss"])
     syncs = [[e["detail"] for e in j["timeline"] if e["event"] == "parameter sync"] for j in (reference, done)]
     assert abs(final - clean_final) <= 0.02 * clean_final, (final, clean_final, syncs)
-    print(ledger_of_the_fault(done, killed_at))
+    print(ledger_of_the_fault(done, killed_at, shard_log_dir(cluster, "faulty") / "faulty"))
     print(
         f"node killed -> attempt {recovered['attempt']} training again: {time.time() - killed_at:.1f}s (upper bound); "
         f"resumed from the peers' state of step {min(resumed_at)}; final loss {final:.4f} vs {clean_final:.4f}"

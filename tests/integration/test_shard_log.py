@@ -26,7 +26,7 @@ from tests.unit.builders import assignment, workload
 
 TEST_MODEL = TinyGPTConfig(n_positions=64, n_embd=32, n_layer=1, n_head=2)
 STEPS, SYNC_EVERY = 40, 10
-PROGRESS = re.compile(r"^shardyard\.training\[rank 0/1\]: step (\d+)/40 loss (\S+) syncs (\d+)$")
+PROGRESS = re.compile(r"^shardyard\.training\[rank 0/1\]: step (\d+)/40 loss (\S+) syncs (\d+) at \S+Z$")
 
 
 def agent(tmp_path: Path, bus: Recorder) -> AgentHandlers:

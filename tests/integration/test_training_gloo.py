@@ -356,6 +356,13 @@ def test_a_gang_that_loses_a_rank_resumes_from_its_survivors_state_as_if_nothing
     kept = _kept_state(nodes["a"] / f"rank-{survivor}" / "state.json", shards[survivor], sync_interval)
     assert f"kept the gang's state of step {kept['step']}" in shards[survivor].stderr()
     assert not nodes["b"].exists() and not (output_dir / "checkpoint").exists()
+    # Its last progress line is its last step, told when its sync failed (dated back to the step's end where it was
+    # not told already): the goodput ledger ends the attempt's training there.
+    last = shards[survivor].progress()[-1]
+    if sync_interval > 1:  # it trained on alone to the next sync, which failed
+        assert last["step"] == kept["step"] + sync_interval - 1 and last["ago_s"] > 0, (last, kept["step"])
+    else:  # its next step's gradients could not be averaged
+        assert last["step"] == kept["step"], (last, kept["step"])
     _resumes_as_if_nothing_failed(
         artifacts,
         launch,

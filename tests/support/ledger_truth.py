@@ -22,14 +22,25 @@ Each part is judged within ``share`` (2 %) of the job's life, submission to its 
 
 The truth's own error is the sampling (0.1 s) and a process's start and exit around its training (well under a
 second); the share is of lives of one to several minutes.
+
+Where the shards logged every step with its time (the agents' ``step_log_every_s`` 0), the truth of every job, a
+faulted one's too, is exact, and ``productive``, ``recovery`` and ``recomputed`` are judged by an equality instead
+(``step_parts``, ``Truth.exact``): what each attempt trained, from its gang's first step to its last, is productive
+the first time a step is taken and recomputed when taken again, and the rest of the job's time, placement, restarts
+and waits, is recovery. A job whose attempts a fault ended is held to the bounds above as well. On a loaded host
+the fault manager may find a straggler the test did not cause (a rank slower than the others for 20 s, and swap it):
+the ledger then turns a share of the training time into ``straggler``, by the detector's measure of how much slower
+the rank was, which no outside truth gives; ``productive`` and ``straggler`` together are judged then.
 """
 
 import itertools
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+STEPPED = re.compile(r": step (?P<step>\d+)/\d+ loss \S+ syncs \d+ at (?P<at>\S+)Z$", re.MULTILINE)
 TRAINED = re.compile(r"trained steps \d+\.\.\d+, \d+ steps in (?P<seconds>[\d.]+) s after the first")
 PARTS = ("queued", "productive", "recovery", "recomputed", "notice", "degraded", "straggler")
 
@@ -44,6 +55,17 @@ class Truth:
     """Attempt -> wall times its first shard process was first seen alive and its last one last seen."""
     trained_s: dict[int, float] = field(default_factory=dict)
     """Attempt -> the longest training, first step to last, any of its shards reported in its log (where one did)."""
+    placed: float | None = None
+    """Wall time of the job's first placement (its timeline's first ``scheduled``)."""
+    steps: dict[int, dict[int, list[tuple[float, int]]]] = field(default_factory=dict)
+    """Attempt -> its shards' step lines (``stepped``), where its shards logged every step."""
+
+    @property
+    def exact(self) -> dict[str, float] | None:
+        """The parts the step lines give (``step_parts``); None without them."""
+        if self.placed is None or not any(self.steps.values()):
+            return None
+        return step_parts(self.submitted, self.placed, self.ended, self.steps)
 
     @property
     def life_s(self) -> float:
@@ -75,6 +97,60 @@ def trained_s(log_dir: Path, attempt: int) -> float | None:
     return max(found) if found else None
 
 
+def stepped(log_dir: Path, attempt: int) -> dict[int, list[tuple[float, int]]]:
+    """Every step line of an attempt's shard logs: shard -> (wall time the step ended, the step), in order."""
+    found: dict[int, list[tuple[float, int]]] = {}
+    for log in sorted(log_dir.glob(f"shard-*-attempt-{attempt}.log")):
+        lines = [
+            (datetime.fromisoformat(match["at"]).replace(tzinfo=UTC).timestamp(), int(match["step"]))
+            for match in STEPPED.finditer(log.read_text(errors="replace"))
+        ]
+        if lines:
+            found[int(log.name.split("-")[1])] = sorted(lines)
+    return found
+
+
+def step_parts(
+    submitted: float, first_placed: float, ended: float, attempts: dict[int, dict[int, list[tuple[float, int]]]]
+) -> dict[str, float]:
+    """The true parts of a job whose every step its shards logged (``stepped``, per attempt), the faults its test's,
+    the gang's steps being its shards' (a shard steps alone between two syncs of local SGD):
+
+    - ``queued``: submission to the first placement (no job here is preempted);
+    - per attempt, from its first step ``F`` (when every shard had taken one) to the moment it took again the
+      highest step ``H`` any earlier attempt took (when every shard had): ``recomputed``; from then (or ``F``, where
+      it resumed above ``H``) to its last step (any shard's): ``productive``; the last attempt's productive time
+      runs on to the job's end (the final save and the report, which the ledger counts as the attempt's);
+    - ``recovery``: the rest (placements, start-ups, the stall after a fault, the wait for re-placement)."""
+    parts = dict.fromkeys(("queued", "productive", "recomputed", "notice", "degraded", "straggler"), 0.0)
+    parts["queued"] = first_placed - submitted
+    high = -1
+    numbers = sorted(number for number, shards in attempts.items() if shards)
+    for number in numbers:
+        shards = attempts[number].values()
+        first = max(lines[0][0] for lines in shards)
+        last = max(lines[-1][0] for lines in shards)
+        caught = max(min((at for at, step in lines if step >= high), default=last) for lines in shards)
+        caught = min(max(caught, first), last) if min(lines[0][1] for lines in shards) <= high else first
+        parts["recomputed"] += caught - first
+        parts["productive"] += (ended if number == numbers[-1] else last) - caught
+        high = max(high, *(lines[-1][1] for lines in shards))
+    parts["recovery"] = (ended - submitted) - sum(parts.values())
+    return parts
+
+
+def misjudged_parts(
+    ledger: dict[str, Any], truth: dict[str, float], life: float, share: float = 0.02
+) -> dict[str, str]:
+    """Part -> how the ledger is off ``truth`` (``step_parts``) by more than ``share`` of the ``life``."""
+    bound = share * life
+    return {
+        part: f"{float(ledger[f'{part}_s']):.2f} s, truth {seconds:.2f} s (bound {bound:.2f} s of a {life:.1f} s life)"
+        for part, seconds in truth.items()
+        if abs(float(ledger[f"{part}_s"]) - seconds) > bound
+    }
+
+
 def misjudged(ledger: dict[str, Any], truth: Truth, *, share: float = 0.02) -> dict[str, str]:
     """Part -> how the ledger is off the truth by more than ``share`` of the life; empty when it holds."""
     life = truth.life_s
@@ -92,14 +168,23 @@ def misjudged(ledger: dict[str, Any], truth: Truth, *, share: float = 0.02) -> d
         off["sum"] = f"the parts add up to {sum(parts.values()):.3f} s, the total is {ledger['total_s']}"
     judge("total", float(ledger["total_s"]), life)
     judge("queued", parts["queued"], truth.spans[1][0] - truth.submitted)
-    for part in ("notice", "degraded", "straggler"):
+    exact = truth.exact
+    slowed = exact is not None and parts["straggler"] > 0
+    for part in ("notice", "degraded", *(() if slowed else ("straggler",))):
         judge(part, parts[part], 0.0)
-    if len(truth.spans) == 1 and 1 in truth.trained_s:
+    if exact is not None:
+        for part in ("recovery", "recomputed"):
+            judge(part, parts[part], exact[part])
+        if slowed:  # see the module's doc: a straggler of a loaded host
+            judge("productive+straggler", parts["productive"] + parts["straggler"], exact["productive"])
+        else:
+            judge("productive", parts["productive"], exact["productive"])
+    elif len(truth.spans) == 1 and 1 in truth.trained_s:
         first, last = truth.spans[1]
         judge("productive", parts["productive"], truth.trained_s[1] + truth.end_lag_s)
         judge("recovery", parts["recovery"], (last - first) - truth.trained_s[1])
         judge("recomputed", parts["recomputed"], 0.0)
-    elif len(truth.spans) > 1:
+    if len(truth.spans) > 1:
         judge("recovery+queued", parts["recovery"] + parts["queued"], truth.dead_s, at_least=True)
         training = parts["productive"] + parts["recomputed"]
         if training > truth.alive_s + bound:
@@ -116,6 +201,10 @@ def deviations(ledger: dict[str, Any], truth: Truth) -> dict[str, float]:
         "total": abs(float(ledger["total_s"]) - life) / life,
         "queued": abs(float(ledger["queued_s"]) - (truth.spans[1][0] - truth.submitted)) / life,
     }
-    if len(truth.spans) == 1 and 1 in truth.trained_s:
+    if (exact := truth.exact) is not None:
+        seen = {part: float(ledger[f"{part}_s"]) for part in exact}
+        seen["productive"] += float(ledger["straggler_s"])  # a straggler's share is training time (``misjudged``)
+        out.update({part: abs(seen[part] - exact[part]) / life for part in ("productive", "recovery", "recomputed")})
+    elif len(truth.spans) == 1 and 1 in truth.trained_s:
         out["productive"] = abs(float(ledger["productive_s"]) - truth.trained_s[1] - truth.end_lag_s) / life
     return out

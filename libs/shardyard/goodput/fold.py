@@ -2,12 +2,13 @@
 :class:`~shardyard.goodput.ledger.Ledger` out; the clock is the ``now`` a reader passes for a job that has not ended.
 
 The facts come from two topics (the lifecycle, and the shards') and carry the clocks of different hosts, so they are
-kept as a few marks per attempt (placed, every shard started, notice, closed and why, first and last step, caught up,
-first failure) and the ledger is computed from the marks when asked: how the two topics interleave does not matter
-(a shard's event may even come before its job's acceptance; each topic's own order is its log's, the same for every
-reader), and a shard's time is clamped into its attempt. The lifecycle facts count only where the transition table
-(``shardyard.lifecycle``) lets them move the job, and a placement only under the newest scheduler term, as for every
-other consumer. Progress reports cost O(1) each: nothing of them is kept but the marks.
+kept as a few marks per attempt (placed, every shard started, notice, closed and why, each shard's first and last
+step and when it caught up, first failure) and the ledger is computed from the marks when asked: how the two topics
+interleave does not matter (a shard's event may even come before its job's acceptance; each topic's own order is its
+log's, the same for every reader), and a shard's time is clamped into its attempt. The lifecycle facts count only
+where the transition table (``shardyard.lifecycle``) lets them move the job, and a placement only under the newest
+scheduler term, as for every other consumer. Progress reports cost O(1) each: nothing of them is kept but the marks
+(a few per shard).
 
 **The walk.** The job's time, from its submission ``A`` to its end ``E`` (its terminal event, or ``now``), is cut at
 each attempt's placement ``P`` (``job.scheduled``) and close ``S`` (``job.preempted``, ``job.recovering``, the job's
@@ -18,15 +19,19 @@ cut, so the parts add up to ``E - A`` exactly.
   ended in a fault (``job.recovering``): then ``recovery`` (the retry's back-off and the wait for re-placement).
 - Within an attempt ``[P, S)``, with ``N`` its notice (``job.preempting``; none: ``S``) and ``W = min(N, S)``:
 
-  - ``recovery`` from ``P`` until the gang's first step ``F`` (its first ``shard.progress`` in the attempt, any
-    shard's): loading, rendezvous, resuming. A job whose shards have reported no step at all (a user's command that
-    does not write the progress channel) counts from every shard started (``job.running``) instead;
-  - ``recomputed`` from ``F`` until the gang caught up ``C``: the moment its step passed the highest step any earlier
-    attempt reported (interpolated between the two reports around it); steps at or below that were taken before;
+  - ``recovery`` from ``P`` until the gang's first step ``F`` (the latest of its shards' first ``shard.progress`` in
+    the attempt: the ranks of a local-SGD gang step alone until their first sync, and a rank that starts late holds
+    the gang back): loading, rendezvous, resuming. A job whose shards have reported no step at all (a user's
+    command that does not write the progress channel) counts from every shard started (``job.running``) instead;
+  - ``recomputed`` from ``F`` until the gang caught up ``C``: the moment its last shard passed the highest step any
+    earlier attempt reported (each shard's crossing interpolated between its two reports around it); steps at or
+    below that were taken before;
   - ``productive`` (``degraded`` on a degraded placement) from ``C`` until ``W``, or until the fault ``T``;
   - after a fault (the attempt ended in ``job.recovering`` or ``job.failed``, or a shard reported failing for
-    another cause than ``REVOKED``), ``recovery`` from ``T`` until ``W``: ``T`` is the gang's last step report, or
-    the first shard failure if that came later: the gang took no step that counted after it;
+    another cause than ``REVOKED``), ``recovery`` from ``T`` until ``W``: ``T`` is the gang's last step report (a
+    rank whose step or sync failed reports its last step at once, dated when that step ended, so the report is not
+    up to a second short: ``training.steps.Steps.report_last``), or the first shard failure where no step was
+    reported. A survivor blocked in a collective with a dead peer until its timeout took no step meanwhile;
   - ``notice`` from ``N`` until ``S``, whatever the gang did meanwhile (it checkpoints and stops at its next sync).
 
 A preempted gang resumes from the checkpoint it wrote on notice, past the highest step it had reported: its ledger
@@ -93,30 +98,59 @@ class AttemptMarks:
     """The first shard failure of the attempt (a cause in ``NOT_FAULTS`` aside)."""
     prior_high: int = -1
     """The highest step earlier attempts reported, as known at this attempt's first step (-1: none)."""
-    first_step_at: datetime | None = None
-    last_step: tuple[datetime, int] | None = None
-    """The latest report's time and the highest step of the attempt so far."""
-    caught_up_at: datetime | None = None
+    shards: dict[int, "ShardMarks"] = field(default_factory=dict)
+    """Each shard's steps, by its index (a few marks each)."""
     straggling: tuple[datetime, float] | None = None
     """Since when a straggler held the gang back, and how much slower it was (the first ``JobStraggling``)."""
 
-    def progress(self, at: datetime, step: int) -> None:
-        if self.first_step_at is None or self.last_step is None:
-            self.first_step_at = at
-            self.caught_up_at = at if step > self.prior_high else None
-            self.last_step = (at, step)
-            return
-        self.first_step_at = min(self.first_step_at, at)  # another shard's clock may be behind
-        if step > self.prior_high:
-            if self.caught_up_at is None:
-                self.caught_up_at = _crossing(self.last_step, (at, step), self.prior_high)
-            else:
-                self.caught_up_at = min(self.caught_up_at, at)
-        self.last_step = (max(at, self.last_step[0]), max(step, self.last_step[1]))
+    def progress(self, shard: int, at: datetime, step: int) -> None:
+        marks = self.shards.get(shard)
+        if marks is None:
+            self.shards[shard] = ShardMarks(at, (at, step), at if step > self.prior_high else None)
+        else:
+            marks.progress(at, step, self.prior_high)
+
+    @property
+    def first_step_at(self) -> datetime | None:
+        """When the gang took its first step: every shard that reported had taken one (the ranks of a local-SGD gang
+        step alone until their first sync, and one that starts late holds the gang back)."""
+        return max((marks.first_at for marks in self.shards.values()), default=None)
+
+    @property
+    def caught_up_at(self) -> datetime | None:
+        """When every shard that reported had passed ``prior_high`` (None: one has not)."""
+        caught = [marks.caught_up_at for marks in self.shards.values()]
+        return None if not caught or None in caught else max(at for at in caught if at is not None)
+
+    @property
+    def last_step(self) -> tuple[datetime, int] | None:
+        """The latest report's time and the highest step of the attempt so far, any shard's."""
+        if not self.shards:
+            return None
+        return max(marks.last[0] for marks in self.shards.values()), max(m.last[1] for m in self.shards.values())
 
     @property
     def faulted(self) -> bool:
         return self.closed_by is Close.FAULT or (self.closed_by is None and self.failed_at is not None)
+
+
+@dataclass
+class ShardMarks:
+    """One shard's steps in an attempt: its first step, its latest report and highest step, and when it passed the
+    highest step of the earlier attempts (interpolated between its two reports around it)."""
+
+    first_at: datetime
+    last: tuple[datetime, int]
+    caught_up_at: datetime | None
+
+    def progress(self, at: datetime, step: int, high: int) -> None:
+        self.first_at = min(self.first_at, at)  # an earlier report read late
+        if step > high:
+            if self.caught_up_at is None:
+                self.caught_up_at = _crossing(self.last, (at, step), high)
+            else:
+                self.caught_up_at = min(self.caught_up_at, at)
+        self.last = (max(at, self.last[0]), max(step, self.last[1]))
 
 
 def _crossing(before: tuple[datetime, int], after: tuple[datetime, int], high: int) -> datetime:
@@ -200,10 +234,10 @@ class GoodputFold:
         """Fold one shard event (other kinds change nothing and need not be passed)."""
         if isinstance(event, ShardProgress):
             marks = self.attempt(event.attempt)
-            if marks.first_step_at is None:
+            if not marks.shards:
                 marks.prior_high = self._high_before(event.attempt)
             before = (marks.first_step_at, marks.last_step, marks.caught_up_at)
-            marks.progress(event.occurred_at, event.step)
+            marks.progress(event.shard_index, event.occurred_at, event.step)
             self.reports_steps = True
             return (marks.first_step_at, marks.last_step, marks.caught_up_at) != before
         if event.cause in NOT_FAULTS:
@@ -312,8 +346,8 @@ class _Walk:
             last = None
         fault = run_end
         if marks.faulted:
-            tail_from = max((at for at in (last, marks.failed_at) if at is not None), default=run_end)
-            fault = self.clamp(tail_from, first, run_end)
+            tail_from = last if last is not None else marks.failed_at
+            fault = self.clamp(tail_from or run_end, first, run_end)
         self.add(Part.RECOVERY, begin, first)
         self.add(Part.RECOMPUTED, first, min(caught, fault))
         self.training(marks, caught, fault)

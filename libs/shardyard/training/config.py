@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Literal, TypedDict, TypeVar, cast
 
 from shardyard import errors
 from shardyard.training.preemption import RESUME_DIR_ENV
@@ -20,9 +20,11 @@ DEFAULT_DIST_TIMEOUT_S = 60.0
 DEFAULT_CHECKPOINT_EVERY = 1
 DEFAULT_SYNC_TIMEOUT_S = 30.0
 DEFAULT_SLOW_SYNC_FACTOR = 3.0
+DEFAULT_STEP_LOG_EVERY_S = 1.0
 CHECKPOINT_EVERY_ENV = "SHARDYARD_CHECKPOINT_EVERY"
 SYNC_TIMEOUT_ENV = "SHARDYARD_SYNC_TIMEOUT_S"
 SLOW_SYNC_FACTOR_ENV = "SHARDYARD_SLOW_SYNC_FACTOR"
+STEP_LOG_EVERY_ENV = "SHARDYARD_STEP_LOG_EVERY_S"
 DEVICE_ENV = "SHARDYARD_DEVICE"
 PEER_STATE_DIR_ENV = "SHARDYARD_PEER_STATE_DIR"
 GLOBAL_BATCH_ENV: Final = "SHARDYARD_GLOBAL_BATCH"
@@ -98,6 +100,9 @@ class RunConfig:
     SYNC_TIMEOUT. The rendezvous and the barriers keep ``dist_timeout_s``."""
     slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
     """A sync slower than this many times the median of the previous ones is slow (``SHARDYARD_SLOW_SYNC_FACTOR``)."""
+    step_log_every_s: float = DEFAULT_STEP_LOG_EVERY_S
+    """The shard's log has a step line at most this often between syncs (``SHARDYARD_STEP_LOG_EVERY_S``); 0: every
+    step (``shardyard.training.progress.StepLog``)."""
     device: Device = "auto"
     """Where to train (``SHARDYARD_DEVICE``): ``auto`` is the GPU ``LOCAL_RANK`` names (NCCL) when CUDA is there, else
     the CPU (gloo); ``cpu`` and ``cuda`` insist."""
@@ -169,9 +174,7 @@ class RunConfig:
         progress_fd = p.optional("SHARDYARD_PROGRESS_FD", int, lambda v: v >= 0, "a file descriptor >= 0")
         timeout = p.optional("SHARDYARD_DIST_TIMEOUT_S", float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
         resume_dir = p.optional(RESUME_DIR_ENV, str, lambda v: v != "", "a directory path")
-        checkpoint_every = p.optional(CHECKPOINT_EVERY_ENV, int, lambda v: v >= 0, "an integer >= 0")
-        sync_timeout = p.optional(SYNC_TIMEOUT_ENV, float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
-        slow_factor = p.optional(SLOW_SYNC_FACTOR_ENV, float, lambda v: math.isfinite(v) and v > 1, "a float > 1")
+        tuning = _tuning(p)
         peer_state_dir = p.optional(PEER_STATE_DIR_ENV, str, lambda v: v != "", "a directory path")
         attempt = p.optional("SHARDYARD_ATTEMPT", int, lambda v: v >= 0, "an integer >= 0")
         device = p.optional(DEVICE_ENV, str.lower, lambda v: v in DEVICES, " or ".join(DEVICES))
@@ -200,15 +203,35 @@ class RunConfig:
             progress_fd=progress_fd,
             dist_timeout_s=DEFAULT_DIST_TIMEOUT_S if timeout is None else timeout,
             resume_dir=None if resume_dir is None else Path(resume_dir),
-            checkpoint_every=DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
-            sync_timeout_s=DEFAULT_SYNC_TIMEOUT_S if sync_timeout is None else sync_timeout,
-            slow_sync_factor=DEFAULT_SLOW_SYNC_FACTOR if slow_factor is None else slow_factor,
+            **tuning,
             device=cast(Device, device or "auto"),
             peer_state_dir=None if peer_state_dir is None else Path(peer_state_dir),
             attempt=attempt or 0,
             global_batch=global_batch,
             agent_store=env.get(AGENT_STORE_ENV) == "True",
         )
+
+
+class _Tuning(TypedDict):
+    """The node's settings of its runners (``RunnerOptions`` of the agent), each with its default."""
+
+    checkpoint_every: int
+    sync_timeout_s: float
+    slow_sync_factor: float
+    step_log_every_s: float
+
+
+def _tuning(p: _Parser) -> _Tuning:
+    checkpoint_every = p.optional(CHECKPOINT_EVERY_ENV, int, lambda v: v >= 0, "an integer >= 0")
+    sync_timeout = p.optional(SYNC_TIMEOUT_ENV, float, lambda v: math.isfinite(v) and v > 0, "seconds > 0")
+    slow_factor = p.optional(SLOW_SYNC_FACTOR_ENV, float, lambda v: math.isfinite(v) and v > 1, "a float > 1")
+    step_log_every = p.optional(STEP_LOG_EVERY_ENV, float, lambda v: math.isfinite(v) and v >= 0, "seconds >= 0")
+    return _Tuning(
+        checkpoint_every=DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
+        sync_timeout_s=DEFAULT_SYNC_TIMEOUT_S if sync_timeout is None else sync_timeout,
+        slow_sync_factor=DEFAULT_SLOW_SYNC_FACTOR if slow_factor is None else slow_factor,
+        step_log_every_s=DEFAULT_STEP_LOG_EVERY_S if step_log_every is None else step_log_every,
+    )
 
 
 class _Parser:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 Clock = Callable[[], float]
@@ -24,17 +25,23 @@ the control plane shares the node with training (``bench/training.py`` counts wh
 
 class StepLog:
     """Progress lines in the shard's log (stderr: the agent makes the log the shard's stdout and stderr, both), one
-    line each: ``<where>: step 200/300 loss 2.345 syncs 2``.
+    line each, with the wall time the step ended (UTC, to the microsecond):
+    ``<where>: step 200/300 loss 2.345 syncs 2 at 2026-12-07T15:57:32.123456Z``.
 
     One at every parameter sync; between syncs, and with gradients averaged at every step (every step a sync), at
-    most one every ``min_interval_s``; the first step's and the last's always. The loss is this rank's at that step:
-    at the last step, the final loss it reports."""
+    most one every ``min_interval_s`` (0: one every step, the agent's ``step_log_every_s``); the first step's and
+    the last's always. The loss is this rank's at that step: at the last step, the final loss it reports."""
 
     def __init__(
-        self, where: str, max_steps: int, min_interval_s: float = MIN_INTERVAL_S, clock: Clock = time.monotonic
+        self,
+        where: str,
+        max_steps: int,
+        min_interval_s: float = MIN_INTERVAL_S,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
     ) -> None:
         self.where, self.max_steps = where, max_steps
-        self._min_interval_s, self._clock = min_interval_s, clock
+        self._min_interval_s, self._clock, self._wall = min_interval_s, clock, wall
         self._last_t: float | None = None
 
     def step(self, step: int, loss: float, syncs: int, *, synced: bool) -> bool:
@@ -45,7 +52,8 @@ class StepLog:
             return False
         self._last_t = now
         with contextlib.suppress(OSError):  # a log on a full disk does not stop training
-            print(f"{self.where}: step {step}/{self.max_steps} loss {loss:.4g} syncs {syncs}", file=sys.stderr)
+            at = datetime.fromtimestamp(self._wall(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            print(f"{self.where}: step {step}/{self.max_steps} loss {loss:.4g} syncs {syncs} at {at}", file=sys.stderr)
         return True
 
 
@@ -65,10 +73,11 @@ class ProgressReporter:
         min_interval_s: float = MIN_INTERVAL_S,
         clock: Clock = time.monotonic,
         cpu_clock: Clock = time.process_time,
+        wall: Clock = time.time,
     ) -> None:
         self._fd = fd
         self._min_interval_s = min_interval_s
-        self._clock = clock
+        self._clock, self._wall = clock, wall
         self._cpu_clock = cpu_clock
         self._last_line_t: float | None = None
         self._window_t0 = clock()
@@ -102,18 +111,22 @@ class ProgressReporter:
         slow_syncs: int = 0,
         compute_s: float = 0.0,
         force: bool = False,
+        ago_s: float = 0.0,
     ) -> bool:
         """Record one step (``samples``: cumulative samples so far); returns whether a line was written.
 
         ``allreduce_ms`` is the last sync's time; ``sync_interval`` the current one (it widens after slow syncs,
         ``slow_syncs`` of them so far); ``compute_s`` the rank's own time in its steps so far, its waits on the gang
         left out. A line's ``step_ms`` and ``compute_ms`` are the window's means per step: wall time, and own time
-        (the stragglers' detector, ``shardyard.stragglers``, compares the latter across the gang)."""
+        (the stragglers' detector, ``shardyard.stragglers``, compares the latter across the gang). A line's ``at`` is
+        the wall time the step ended, which the agent dates its event by (it may read the line late: paused, or
+        busy); ``ago_s``: the step ended that long ago (a line sent late: the last step before a failure, see
+        ``Steps.report_last``), also in the line."""
         if self._fd is None:
             return False
         self._loss_sum += loss
         self._loss_n += 1
-        now = self._clock()
+        now = self._clock() - max(0.0, ago_s)  # the window ends with the step
         if not force and self._last_line_t is not None and now - self._last_line_t < self._min_interval_s:
             return False
         cpu_now = self._cpu_clock()
@@ -134,6 +147,9 @@ class ProgressReporter:
         }
         if sync_interval is not None:
             record["sync_interval"] = sync_interval
+        record["at"] = round(self._wall() - max(0.0, ago_s), 6)
+        if ago_s > 0:
+            record["ago_s"] = round(ago_s, 6)
         self._last_line_t = self._window_t0 = now
         self._window_cpu0 = cpu_now
         self._window_samples0 = samples

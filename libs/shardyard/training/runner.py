@@ -136,6 +136,7 @@ def train(cfg: RunConfig, reporter: ProgressReporter, stop: StopFlag, term: Term
                     if steps.step(step, stop) or steps.stop_on_notice(step, stop):
                         break
             except BaseException:
+                steps.report_last()
                 steps.keep_state(where)
                 raise
     finally:

@@ -175,13 +175,15 @@ class Steps:
         """This rank's samples a step: its slice of the gang's batch."""
         self.loss = float("nan") if resumed is None or resumed.state.loss is None else resumed.state.loss
         self.last, self.stopped = gang.start, False
+        self.reported = gang.start
+        """The last step told to the agent."""
         self.noticed_after: int | None = None
         """The step after which this rank first saw the notice (logged: what a preemption lost is measured from)."""
         self.rate = Rate()
         self.compute_s, self._waited_s = 0.0, 0.0
         self.slowdown = Slowdown()
         """This rank's own time in its steps so far, without its waits on the gang (a straggler's is the longest)."""
-        self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps)
+        self.log = StepLog(f"{PREFIX}[rank {cfg.rank}/{cfg.world_size}]", cfg.max_steps, cfg.step_log_every_s)
         self.checkpoints = GangCheckpoints(cfg, reporter)
         self.peers = PeerSnapshots(cfg, gang.group, self.device)
         on_term = partial(self.peers.save_on_term, self.model, self.optimizer, exit_code=terminated_exit)
@@ -252,12 +254,12 @@ class Steps:
             self.checkpoints.write_now(step, self.loss, self.model, self.optimizer)
         return self.stopped
 
-    def _report(self, step: int, *, force: bool, synced: bool) -> None:
+    def _report(self, step: int, *, force: bool, synced: bool, ago_s: float = 0.0) -> None:
         """The agent's progress line (``force``: even within a second of the last; the attempt's first step always,
         so that a re-formed gang is seen training at once), and the log's."""
         syncs = self.syncs
         force = force or step == self.start + 1
-        self.reporter.progress(
+        reported = self.reporter.progress(
             step=step,
             loss=self.loss,
             samples=(step - self.start) * self.samples,
@@ -268,8 +270,22 @@ class Steps:
             slow_syncs=syncs.pacer.slow_syncs,
             compute_s=self.compute_s,
             force=force,
+            ago_s=ago_s,
         )
-        self.log.step(step, self.loss, syncs.count, synced=synced)
+        if reported:
+            self.reported = step
+        if not ago_s:
+            self.log.step(step, self.loss, syncs.count, synced=synced)
+
+    def report_last(self) -> None:
+        """A step failed, or the shard was stopped: tell the agent the last step this rank took, dated when it
+        ended, unless it was told already. Lines come at most once a second, and the goodput ledger counts a faulted
+        attempt's training until its last step told, and the next attempt's steps as recomputed until they pass the
+        highest step told before: without this line both would be short by up to a second of steps."""
+        if self.rate.last is None or self.rate.last[0] <= self.reported:
+            return
+        step, ended = self.rate.last
+        self._report(step, force=True, synced=False, ago_s=max(1e-6, time.perf_counter() - ended))
 
     def keep_state(self, where: str) -> None:
         """A step failed: write the gang's state of the last sync on this node, for a re-formed gang to resume from."""

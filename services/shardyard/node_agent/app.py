@@ -36,7 +36,7 @@ from shardyard.node_agent.benchmark import (
 )
 from shardyard.node_agent.book import AgentBook
 from shardyard.node_agent.disk import DEFAULT_OUTPUT_PATH
-from shardyard.node_agent.environment import RunnerOptions, agent_base_env
+from shardyard.node_agent.environment import RunnerOptions, RunnerSettings, agent_base_env
 from shardyard.node_agent.fencing import CHECK_INTERVAL_S, DEFAULT_LEASE_S
 from shardyard.node_agent.handlers import AgentHandlers
 from shardyard.node_agent.identity import NodeIdentity
@@ -59,7 +59,6 @@ from shardyard.node_agent.warm import DEFAULT_GANG_AFTER_S, DEFAULT_TTL_S, Mode
 from shardyard.secret_env import agents_key_from_env
 from shardyard.service import Periodic, announce
 from shardyard.settings import GpuFigures, ServiceSettings
-from shardyard.training.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_SLOW_SYNC_FACTOR, DEFAULT_SYNC_TIMEOUT_S
 from shardyard.training.lease import DEFAULT_SHARD_LEASE_S
 
 SERVICE = "node-agent"
@@ -71,7 +70,7 @@ def _host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class AgentSettings(ServiceSettings):
+class AgentSettings(ServiceSettings, RunnerSettings):
     """A node agent: GPU inventory, heartbeats, and the shard processes of its assignments."""
 
     node_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -114,15 +113,6 @@ class AgentSettings(ServiceSettings):
         default=DEFAULT_SHARD_LEASE_S,
         gt=0,
         description="shards stop by themselves when the agent renewed nothing for this long (below the pool's SUSPECT)",
-    )
-    checkpoint_every: int = Field(
-        default=DEFAULT_CHECKPOINT_EVERY, ge=0, description="shards checkpoint after every N parameter syncs; 0: never"
-    )
-    sync_timeout_s: float = Field(
-        default=DEFAULT_SYNC_TIMEOUT_S, gt=0, description="a parameter sync that takes longer fails the shard"
-    )
-    slow_sync_factor: float = Field(
-        default=DEFAULT_SLOW_SYNC_FACTOR, gt=1, description="a sync this many times the median is slow"
     )
     standbys: Mode = Field(
         default="gang",
@@ -262,6 +252,7 @@ def _identity(settings: AgentSettings, probe: GpuProbe, probe_port: int | None) 
             checkpoint_every=settings.checkpoint_every,
             sync_timeout_s=settings.sync_timeout_s,
             slow_sync_factor=settings.slow_sync_factor,
+            step_log_every_s=settings.step_log_every_s,
             lease_file=str(settings.log_dir.resolve() / f"{settings.node_id}.lease"),
             shard_lease_s=settings.shard_lease_s,
             peer_state_dir=_peer_state_dir(settings),

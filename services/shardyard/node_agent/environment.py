@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from shardyard.cluster_secret import SECRET_ENV
 from shardyard.events import ShardAssignment
 from shardyard.node_agent.mounts import resolve
@@ -17,10 +19,12 @@ from shardyard.training.config import (
     CHECKPOINT_EVERY_ENV,
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_SLOW_SYNC_FACTOR,
+    DEFAULT_STEP_LOG_EVERY_S,
     DEFAULT_SYNC_TIMEOUT_S,
     GLOBAL_BATCH_ENV,
     PEER_STATE_DIR_ENV,
     SLOW_SYNC_FACTOR_ENV,
+    STEP_LOG_EVERY_ENV,
     SYNC_TIMEOUT_ENV,
     training_env,
 )
@@ -51,6 +55,23 @@ class ShardPaths:
         return [f"{name} {path}" for name, path in inputs if not path.is_dir()]
 
 
+class RunnerSettings(BaseModel):
+    """The agent's settings of the built-in runners it starts (part of its own, ``AgentSettings``)."""
+
+    checkpoint_every: int = Field(
+        default=DEFAULT_CHECKPOINT_EVERY, ge=0, description="shards checkpoint after every N parameter syncs; 0: never"
+    )
+    sync_timeout_s: float = Field(
+        default=DEFAULT_SYNC_TIMEOUT_S, gt=0, description="a parameter sync that takes longer fails the shard"
+    )
+    slow_sync_factor: float = Field(
+        default=DEFAULT_SLOW_SYNC_FACTOR, gt=1, description="a sync this many times the median is slow"
+    )
+    step_log_every_s: float = Field(
+        default=DEFAULT_STEP_LOG_EVERY_S, ge=0, description="a step line in a shard's log at most this often (0: each)"
+    )
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """The node's settings for the runners it starts (``SHARDYARD_*`` variables of every shard)."""
@@ -58,6 +79,7 @@ class RunnerOptions:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
     slow_sync_factor: float = DEFAULT_SLOW_SYNC_FACTOR
+    step_log_every_s: float = DEFAULT_STEP_LOG_EVERY_S
     peer_state_dir: str | None = None
     """Where the node's shards keep their gang's state when they fail, one directory per job (None: they keep
     none); see :mod:`shardyard.training.peer_state`."""
@@ -75,6 +97,7 @@ class RunnerOptions:
             CHECKPOINT_EVERY_ENV: str(self.checkpoint_every),
             SYNC_TIMEOUT_ENV: repr(self.sync_timeout_s),
             SLOW_SYNC_FACTOR_ENV: repr(self.slow_sync_factor),
+            STEP_LOG_EVERY_ENV: repr(self.step_log_every_s),
             **lease,
         }
 

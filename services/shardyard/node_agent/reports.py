@@ -3,7 +3,7 @@ checkpoint named by its job path, and the end (completed, preempted with a check
 Pure: time comes in."""
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shardyard.events import (
     Event,
@@ -21,6 +21,11 @@ from shardyard.node_agent.redaction import redact, secrets_of
 from shardyard.training.exitcodes import ExitCause, classify_exit
 from shardyard.training.preemption import checkpoint_job_path
 from shardyard.training.storage import Space
+
+MAX_AGO_S = 600.0
+"""The furthest back a progress report is dated (its ``at``, the shard's word, on this node's clock): a line the
+agent reads late (it was paused), or the last step before a failure, which a rank tells once its sync has failed,
+at most its sync timeout later."""
 
 ShardKey = tuple[str, int, int]
 """(job id, shard index, attempt): a shard attempt runs at most once."""
@@ -58,10 +63,13 @@ def started(node_id: str, key: ShardKey, pid: int, *, now: datetime) -> ShardSta
 
 
 def progress(node_id: str, key: ShardKey, report: Mapping[str, object], *, now: datetime) -> ShardProgress:
-    """A ``progress`` report as its event; a field missing or not a number counts as 0."""
+    """A ``progress`` report as its event, dated when its step ended (its ``at``, within ``MAX_AGO_S`` before
+    ``now`` and never after it; ``now`` without one); a field missing or not a number counts as 0."""
     job_id, shard_index, attempt = key
+    at = number(report, "at")
+    ago = min(max(0.0, now.timestamp() - at), MAX_AGO_S) if at > 0 else 0.0
     return ShardProgress(
-        occurred_at=now,
+        occurred_at=now - timedelta(seconds=ago),
         job_id=job_id,
         shard_index=shard_index,
         attempt=attempt,

@@ -241,6 +241,7 @@ def test_shard_env() -> None:
         "SHARDYARD_CHECKPOINT_EVERY": "1",
         "SHARDYARD_SYNC_TIMEOUT_S": "30.0",
         "SHARDYARD_SLOW_SYNC_FACTOR": "3.0",
+        "SHARDYARD_STEP_LOG_EVERY_S": "1.0",
         "SHARDYARD_NOTICE_SIGNAL": "SIGUSR1",
         "SHARDYARD_NOTICE_S": "30.0",
     }
@@ -248,7 +249,7 @@ def test_shard_env() -> None:
 
 def test_shard_env_carries_the_node_runner_options() -> None:
     paths = ShardPaths(model=Path("/m"), dataset=Path("/d"), output=Path("/o"))
-    options = RunnerOptions(checkpoint_every=0, sync_timeout_s=12.5, slow_sync_factor=4.0)
+    options = RunnerOptions(checkpoint_every=0, sync_timeout_s=12.5, slow_sync_factor=4.0, step_log_every_s=0.0)
 
     env = shard_env(assignment(), paths, base_env={"SHARDYARD_CHECKPOINT_EVERY": "9"}, options=options)
 
@@ -257,6 +258,7 @@ def test_shard_env_carries_the_node_runner_options() -> None:
         "12.5",
         "4.0",
     )
+    assert env["SHARDYARD_STEP_LOG_EVERY_S"] == "0.0"
 
 
 def test_shard_missing_paths(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ def test_rate_limiting_windows_and_forced_lines(pipe: tuple[int, int]) -> None:
         "slow_syncs",
         "step_ms",
         "compute_ms",
+        "at",
     }
     assert (first["step"], first["loss"]) == (1, 5.0)
     assert first["samples_per_s"] == pytest.approx(8 / 1.0)  # since construction at t=100
@@ -190,7 +191,7 @@ def test_lines_from_two_threads_stay_whole(pipe: tuple[int, int]) -> None:
 def test_the_log_has_a_line_at_every_sync_and_at_most_one_a_second_between(
     synced_every: int | None, logged: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = StepLog("shardyard.training[rank 0/2]", 30, clock=FakeClock(step_s=0.25))  # four steps a second
+    log = StepLog("shardyard.training[rank 0/2]", 30, clock=FakeClock(step_s=0.25), wall=lambda: 1.5e9)  # 4 a s
 
     written = [
         step
@@ -201,4 +202,24 @@ def test_the_log_has_a_line_at_every_sync_and_at_most_one_a_second_between(
     assert written == logged
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == len(logged)
-    assert lines[-1] == "shardyard.training[rank 0/2]: step 30/30 loss 2.033 syncs 3"
+    assert lines[-1] == "shardyard.training[rank 0/2]: step 30/30 loss 2.033 syncs 3 at 2017-07-14T02:40:00.000000Z"
+
+
+def test_a_late_line_tells_when_its_step_ended_and_its_window_ends_there(pipe: tuple[int, int]) -> None:
+    """A rank whose sync failed tells its last step once it knows (``Steps.report_last``): the line says how long
+    ago the step ended, and its pace is that of the steps, not of the wait after them."""
+    r, w = pipe
+    wall = FakeClock(mono=100.0)
+    reporter = ProgressReporter(w, min_interval_s=1.0, clock=wall, wall=lambda: wall.mono + 1e9)
+    for step in (1, 2, 3):
+        wall.mono = 100.0 + 0.2 * step
+        reporter.progress(step=step, loss=1.0, samples=2 * step, allreduce_ms=0.0, allreduce_bytes=0, syncs=0)
+    wall.mono = 130.6  # step 3 ended at 100.6; the sync after it failed 30 s later
+    assert reporter.progress(
+        step=3, loss=1.0, samples=6, allreduce_ms=0.0, allreduce_bytes=0, syncs=0, force=True, ago_s=30.0
+    )
+    reporter.close()
+    first, late = [line for line in _lines(r) if line["kind"] == "progress"]
+    assert "ago_s" not in first
+    assert (late["step"], late["ago_s"], round(late["step_ms"])) == (3, 30.0, 200)
+    assert (first["at"], late["at"]) == (pytest.approx(1e9 + 100.2), pytest.approx(1e9 + 100.6))
