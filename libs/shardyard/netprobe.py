@@ -143,6 +143,8 @@ class ProbeClient:
     host: str
     port: int
     timeout_s: float = 2.0
+    delay_s: float = 0.0
+    """Added to each ping's round trip: a test's slow network (``shardyard.training.slowdown.LinkDelay``), else 0."""
     bytes_out: int = 0
     _reader: asyncio.StreamReader | None = None
     _writer: asyncio.StreamWriter | None = None
@@ -194,6 +196,8 @@ class ProbeClient:
         start = time.perf_counter()
         writer.write(frame)
         await asyncio.wait_for(writer.drain(), self.timeout_s)
+        if self.delay_s > 0:
+            await asyncio.sleep(self.delay_s)  # the test hook's slower round trip (0 in any real run)
         echo = await asyncio.wait_for(reader.readexactly(9), self.timeout_s)
         took = time.perf_counter() - start
         self.bytes_out += 9

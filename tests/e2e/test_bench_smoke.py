@@ -172,6 +172,12 @@ def check_straggler(out: dict[str, Any]) -> None:
     assert swapped["verdict"]["action"] == "SWAP" and swapped["slowed"]["node"] not in swapped["placed_after"]
     assert swapped["detect_s"] > 0 and swapped["replace_s"] > swapped["detect_s"] and swapped["retries"] == 0
     assert swapped["steps_per_s"]["before"] > 0 and swapped["cpu_s"]
+    assert swapped["alert"] is not None and swapped["alert"]["alert_s"] > 0  # the monitor's STRAGGLER alert, live
+    link = out["link"]  # a node's network slowed: a link is named, and nothing is swapped
+    assert (link["verdict"]["kind"], link["verdict"]["action"], link["swapped"]) == ("SLOW_LINK", "NOT_A_NODE", False)
+    assert link["slowed"]["node"] in (link["verdict"]["node_id"], link["verdict"]["peer_id"]) and link["alert"]
+    imbalanced = out["imbalanced"]["verdict"]  # slices of 2 and 1 samples: rank 0 is slower, but no node is
+    assert (imbalanced["kind"], imbalanced["shard_index"], imbalanced["action"]) == ("IMBALANCED_JOB", 0, "NOT_A_NODE")
     healthy = out["healthy"]
     assert healthy["jobs"] == 4 and healthy["false_swaps"] >= 0 and healthy["cpu_s"]
     assert set(out["targets"]) >= {"detect_s <= 30", "false_swaps == 0"}
@@ -190,7 +196,7 @@ SMOKES = [
     Smoke("loaded_host.py", check_loaded_host, timeout_s=300.0),
     Smoke("cli_latency.py", check_cli_latency, timeout_s=240.0),
     Smoke("elastic.py", check_elastic, timeout_s=900.0),  # two clusters; the resize part trains two jobs (no noise)
-    Smoke("straggler.py", check_straggler, timeout_s=400.0),  # two clusters; a swap, and four jobs for 20 s
+    Smoke("straggler.py", check_straggler, timeout_s=700.0),  # four clusters; a swap, a link, a split, four jobs
 ]
 INTERRUPT_GRACE_S = 30.0
 """A bench past its timeout gets SIGINT first, so that its ``finally`` takes its clusters down, then SIGKILL."""

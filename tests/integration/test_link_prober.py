@@ -4,6 +4,7 @@ where bursts go and where not, and what lands on the links topic."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from shardyard.clock import SystemClock
 from shardyard.events import LinkMeasured, NodeStatus, RevocationReason, ShardRevocation
 from shardyard.netprobe import ProbeServer
 from shardyard.node_agent.links import LinkProber, ProbeSettings
+from shardyard.training.slowdown import SLOWDOWN_DIR_ENV, LinkDelay
 from tests.unit.builders import assignment, at, node_state
 
 pytestmark = [pytest.mark.broker]
@@ -140,3 +142,25 @@ async def test_a_node_sends_one_sampled_burst_an_interval_and_no_owed_probe_repe
         assert not no_bursts.owed()
     finally:
         await broker.stop()
+
+
+async def test_the_slow_network_hook_slows_every_round_trip_of_its_node_only(
+    bootstrap: str, endpoints: dict[str, ProbeServer], tmp_path: Path
+) -> None:
+    """The test-only hook (``shardyard.training.slowdown``): node-c's ``.link`` file makes its links that much
+    slower a round trip as the prober measures them; the other links are as they are."""
+    (tmp_path / "node-c.link").write_text("40")
+    await ensure_topics(bootstrap)
+    broker = make_broker(bootstrap, client_id="prober-test-4")
+    await broker.start()
+    try:
+        settings = ProbeSettings(sample=3, pings=3, burst_bytes=0)
+        delay = LinkDelay({SLOWDOWN_DIR_ENV: str(tmp_path), "SHARDYARD_NODE_ID": "node-a"})
+        prober = LinkProber("node-a", Bus(broker, service="node-agent"), SystemClock(), settings, link_delay=delay)
+        for name, server in endpoints.items():
+            prober.on_node_state(node_state(name, address="127.0.0.1", probe_port=server.port))
+        measured = {m.peer_id: m.rtt_median_ms for m in await prober.probe_round()}
+    finally:
+        await broker.stop()
+    assert set(measured) == {"node-b", "node-c", "node-d"}
+    assert measured["node-c"] >= 40 and measured["node-b"] < 40 and measured["node-d"] < 40

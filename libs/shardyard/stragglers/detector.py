@@ -205,9 +205,11 @@ class Detector:
         return Straggler(event.job_id, event.attempt, Kind.SLOW_LINK, None, a, b, ratio, since, detail)
 
     def _any_slow_rank(self, gang: _Gang) -> bool:
-        """Whether some rank's newest own time is out of line: the gang's waits are then that rank's doing."""
-        own = [r.compute_ms for r in gang.newest.values()]
-        return max(own) > self.bounds.ratio * statistics.median(own)
+        """Whether some rank's own time over the window (the median of its reports there) is out of line: the gang's
+        waits are then that rank's doing. Medians, not the newest reports: on a loaded host a rank's own time of a few
+        ms is often off by half in one report, which would keep a slow link from ever being judged."""
+        own = [statistics.median(r.compute_ms for r in kept) for kept in gang.history.values() if kept]
+        return len(own) > 1 and max(own) > self.bounds.ratio * statistics.median(own)
 
     def _held(self, gang: _Gang, who: int | None, at: datetime, slow: bool) -> bool:
         """Count one report of ``who`` above the bound (``slow``) or end its run; whether the run now makes a

@@ -18,6 +18,7 @@ each parameter sync) and make a stop sync there (:meth:`GangSync.stop_on_notice`
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import torch.distributed as dist
 from torch import nn
@@ -27,6 +28,7 @@ from shardyard.training.config import RunConfig
 from shardyard.training.errors import sync_comm
 from shardyard.training.notice import NoticeStop
 from shardyard.training.pacing import SLOW_STREAK, SyncPacer
+from shardyard.training.slowdown import LinkDelay
 from shardyard.training.sync import GradSync, ParamSync, SyncStats
 
 _PREFIX = "shardyard.training"
@@ -46,6 +48,7 @@ class GangSync:
         self.stats = SyncStats(ms=0.0, bytes=0, buckets=0)
         self.count = 0
         self.next_sync = start + self.pacer.interval
+        self.link_delay = LinkDelay()
 
     def gradients(self, step: int, *, stop: bool) -> bool | None:
         """Between the backward pass and the optimizer step of ``step``: with gradient averaging, average the
@@ -90,8 +93,10 @@ class GangSync:
     def _run(self, step: int, *, stop: bool, what: str) -> bool:
         last = step == self.cfg.max_steps
         with sync_comm(f"{what} AllReduce at step {step}", self.cfg.sync_timeout_s):
+            delayed_s = self.link_delay.wait()  # a test's slow network (off in any real run)
             # At the last step the run is complete: finishing beats checkpointing.
-            self.stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
+            stats = self.sync.allreduce_mean(stop=stop and not last, slow=self.pacer.vote)
+            self.stats = replace(stats, ms=stats.ms + 1000.0 * delayed_s) if delayed_s else stats
         self.count += 1
         previous = self.pacer.interval
         where = f"{_PREFIX}[rank {self.cfg.rank}]"

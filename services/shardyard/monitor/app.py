@@ -115,6 +115,9 @@ class MonitorSettings(ServiceSettings):
         default=RULES.straggler_ratio, gt=1, description="STRAGGLER: a rank's own time a step over the others' median"
     )
     alert_straggler_for_s: float = Field(default=RULES.straggler_for_s, ge=0, description="STRAGGLER: for this long")
+    alert_straggler_said_s: float = Field(
+        default=RULES.straggler_said_s, gt=0, description="STRAGGLER: fires at once, this long, on a rank judged slow"
+    )
     alert_leader_proof_s: float = Field(
         default=RULES.leader_proof_s, gt=0, description="NO_LEADER, LEADERSHIP_HIJACKED: leadership unproven this long"
     )

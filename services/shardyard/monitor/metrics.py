@@ -39,7 +39,7 @@ from shardyard.monitor.network import Pair, mean_rtt
 from shardyard.monitor.network_metrics import network_families
 from shardyard.monitor.queue_metrics import queue_families
 from shardyard.monitor.rules import last_heartbeat, last_progress, shortage_since, sync_ratio
-from shardyard.monitor.stragglers import straggler_family
+from shardyard.monitor.stragglers import straggler_families
 from shardyard.monitor.views import ClusterView
 
 QUEUED = frozenset({JobState.ACCEPTED, JobState.WAITING, JobState.READY})
@@ -323,7 +323,7 @@ def alert_families(view: ClusterView) -> Iterator[Family]:
         if seen.forged_at is not None:
             forged.add((topic,), seen.forged_at.timestamp())
     yield from (firing, lag, dead, forged, leadership_family(view), *_node_liveness(view), *_job_progress(view))
-    yield from (*_node_disks(view), straggler_family(view))
+    yield from (*_node_disks(view), *straggler_families(view))
 
 
 def _node_liveness(view: ClusterView) -> Iterator[Family]:

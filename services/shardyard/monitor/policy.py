@@ -25,6 +25,8 @@ class AlertPolicy:
     straggler_ratio: float = 1.4
     """STRAGGLER: a rank's own time a step over the median of the other ranks' (the fault manager's bound too)."""
     straggler_for_s: float = 20.0
+    straggler_said_s: float = 60.0
+    """STRAGGLER: the fault manager's verdict on a rank (``job.straggling``) holds the alert up this long, at once."""
     leader_proof_s: float = 4.0
     """NO_LEADER and LEADERSHIP_HIJACKED: a service's leadership unproven this long (an election takes about 3 s)."""
     """DISK_FULL: an output disk with less free space than this (the scheduler's disk filter floor)."""

@@ -27,6 +27,7 @@ from shardyard.events.shard import RevocationReason
 from shardyard.links import peers_to_probe
 from shardyard.netprobe import ProbeClient, ProbeServer
 from shardyard.service import Periodic
+from shardyard.training.slowdown import LinkDelay
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class LinkProber:
     running: Callable[[], Iterable[str]] = tuple
     """The jobs with a live shard on this node (the agent's book): their links carry syncs."""
     counters: ProbeCounters = field(default_factory=ProbeCounters)
+    link_delay: LinkDelay = field(default_factory=LinkDelay)
+    """The test-only slow network hook (``shardyard.training.slowdown``): no delay in any real run."""
     _sampled_burst_at: float | None = None
     """When this node last sent a burst to a sampled peer (a new gang's bursts are not counted)."""
     _owed: set[str] = field(default_factory=set)
@@ -169,7 +172,8 @@ class LinkProber:
         address, port = self.peers[peer]
         self.counters.probes += 1
         try:
-            async with ProbeClient(address, port, self.settings.timeout_s) as client:
+            delay_s = self.link_delay.between(self.node_id, peer)
+            async with ProbeClient(address, port, self.settings.timeout_s, delay_s) as client:
                 trips = await client.round_trips(self.settings.pings)
                 width = await client.burst(self.settings.burst_bytes, trips.median_ms) if burst else None
                 self.counters.bytes_sent += client.bytes_out

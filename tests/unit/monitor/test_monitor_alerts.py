@@ -18,11 +18,15 @@ from shardyard.events import (
     GpuStatus,
     JobAccepted,
     JobReady,
+    JobRecovering,
     JobRunning,
+    JobStraggling,
     JobSucceeded,
     JobUnschedulable,
     NodeStatus,
     PendingReason,
+    StragglerAction,
+    StragglerKind,
 )
 from shardyard.monitor.alerts import RESEND_AFTER_S, AlertBook, CatchUp
 from shardyard.monitor.app import MonitorSettings
@@ -96,6 +100,38 @@ def own(*compute_ms: float, t: float = 1) -> list[object]:
         progress(shard_index=i, compute_ms=ms, step_ms=max(compute_ms), occurred_at=at(t))
         for i, ms in enumerate(compute_ms)
     ]
+
+
+def swapped(t: float, *, link: bool = False) -> list[object]:
+    """The fault manager's verdict on job-1 at ``t``: rank 1 a slow node, swapped out (the gang re-formed without it);
+    with ``link``, a slow link between two of its nodes instead (no rank, not swapped)."""
+    kind, action = (StragglerKind.SLOW_LINK, StragglerAction.NOT_A_NODE) if link else (StragglerKind.SLOW_NODE, None)
+    said = JobStraggling(
+        occurred_at=at(t),
+        job_id="job-1",
+        attempt=1,
+        kind=kind,
+        action=action or StragglerAction.SWAP,
+        shard_index=None if link else 1,
+        node_id="node-a",
+        peer_id="node-b" if link else None,
+        ratio=2.0,
+        since=at(t - 20),
+    )
+    if link:
+        return [said]
+    recovering = JobRecovering(
+        occurred_at=at(t),
+        job_id="job-1",
+        attempt=1,
+        cause=FailureCause.STRAGGLER,
+        counted=False,
+        message="rank 1 a straggler",
+        retry_at=at(t),
+        retries_used=0,
+        retries_left=3,
+    )
+    return [said, recovering]
 
 
 # --- each rule: facts, evaluation times, and what the last evaluation publishes for the rule ----------------------
@@ -235,6 +271,15 @@ CASES = {
     "straggler-resolves": Case(
         R.STRAGGLER, [*running(), *own(100, 200)], (1, 21, 22), RESOLVE, later=own(100, 100, t=22)
     ),
+    # ... or the fault manager's verdict on a rank: at once, for 60 s, swapped out (re-formed) or not.
+    "straggler-verdict-fires-at-once": Case(R.STRAGGLER, [*running(), *own(100, 100), *swapped(10)], (10,), FIRE),
+    "straggler-verdict-on-a-link-is-not-one": Case(
+        R.STRAGGLER, [*running(), *own(100, 100), *swapped(10, link=True)], (10, 40), None
+    ),
+    "straggler-verdict-holds-for-its-time": Case(
+        R.STRAGGLER, [*running(), *own(100, 100), *swapped(10)], (10, 70), None
+    ),
+    "straggler-verdict-resolves": Case(R.STRAGGLER, [*running(), *own(100, 100), *swapped(10)], (10, 71), RESOLVE),
 }
 
 

@@ -2,8 +2,9 @@
 once, as a slow node, after the window; a rank with a larger slice is an imbalanced job; a gang waiting on a slow
 link names the link; a loaded host's passing stalls, and a gang slowed as a whole, are nothing.
 
-The streams in ``streams/`` were recorded from real clusters (``bench/straggler.py --record``); the others are
-made here, where a recording could not show the case (a slow link on one host) or to pin a bound exactly."""
+The streams in ``streams/`` were recorded from real clusters (``bench/straggler.py --record``): a straggler swapped
+out, a slow link (its links' measurements recorded beside the reports), an imbalanced job and healthy jobs on a
+loaded host. The others are made here, to pin a bound exactly."""
 
 import json
 import random
@@ -11,7 +12,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from shardyard.events import ShardProgress
+from shardyard.events import LinkMeasured, ShardProgress
+from shardyard.links import LinkTable, slow_links
 from shardyard.stragglers.detector import Bounds, Detector, Kind, Straggler
 
 T0 = datetime(2026, 12, 7, 12, 0, 0, tzinfo=UTC)
@@ -79,12 +81,23 @@ def stream(
 STREAMS = Path(__file__).parent / "streams"
 
 
-def recorded(name: str) -> list[ShardProgress]:
-    """A recorded stream: each line [seconds from its first report, job, rank, attempt, node, samples/s, step ms,
-    own ms] (what the detector reads of a report; the rest is filled in)."""
-    out = []
+def recorded(name: str) -> list[ShardProgress | LinkMeasured]:
+    """A recorded stream (``bench/straggler.py --record``): each report's line [seconds from its first line, job,
+    rank, attempt, node, samples/s, step ms, own ms], each link's [seconds, "link", node, peer, median RTT ms] (what
+    the detector reads; the rest is filled in)."""
+    out: list[ShardProgress | LinkMeasured] = []
     for line in (STREAMS / name).read_text().splitlines():
-        t, job, rank, attempt, node, samples_per_s, step_ms, compute_ms = json.loads(line)
+        values = json.loads(line)
+        if len(values) == 5:  # a link's line
+            t, _link, node, peer, rtt_ms = values
+            at = T0 + timedelta(seconds=t)
+            out.append(
+                LinkMeasured(
+                    occurred_at=at, node_id=node, peer_id=peer, rtt_median_ms=rtt_ms, rtt_p90_ms=rtt_ms, samples=1
+                )
+            )
+            continue
+        t, job, rank, attempt, node, samples_per_s, step_ms, compute_ms = values
         out.append(
             ShardProgress(
                 occurred_at=T0 + timedelta(seconds=t),
@@ -104,6 +117,22 @@ def recorded(name: str) -> list[ShardProgress]:
             )
         )
     return out
+
+
+def replayed(name: str) -> list[Straggler]:
+    """The verdicts on a recorded stream, its links measured as the fault manager keeps them (``LinkTable``)."""
+    table = LinkTable()
+
+    def slow(nodes: set[str], at: datetime) -> list[tuple[str, str, str]]:
+        return [(s.link.a, s.link.b, s.why) for s in slow_links(list(table.links(at, among=nodes).values()))]
+
+    detector, found = Detector(slow_links=slow), []
+    for event in recorded(name):
+        if isinstance(event, LinkMeasured):
+            table.apply(event)
+        elif (verdict := detector.observe(event)) is not None:
+            found.append(verdict)
+    return found
 
 
 def verdicts(events: Iterable[ShardProgress], detector: Detector | None = None) -> list[Straggler]:
@@ -202,8 +231,7 @@ def test_reports_of_an_earlier_runner_without_the_figures_are_ignored() -> None:
 def test_a_recorded_straggler_is_found_once_and_its_replacement_gang_is_left_alone() -> None:
     """A 4-shard job on a 2-core host (its own time a step about 15 ms, a step about 40 ms: mostly the gang's
     AllReduce); rank 2's node slowed to half speed after 30 s of training; the gang re-formed without it (attempt 2)."""
-    stream = recorded("straggler_swapped.jsonl")
-    found = verdicts(stream)
+    found = replayed("straggler_swapped.jsonl")
     assert [(v.kind, v.attempt, v.shard_index) for v in found] == [(Kind.SLOW_NODE, 1, 2)]
     assert (found[0].since - T0).total_seconds() > 25  # not before the slow-down
     assert 1.4 < found[0].ratio < 2.2
@@ -212,6 +240,26 @@ def test_a_recorded_straggler_is_found_once_and_its_replacement_gang_is_left_alo
 def test_recorded_healthy_gangs_on_a_loaded_host_have_no_straggler() -> None:
     """Four 2-shard jobs on a 2-core host beside two CPU hogs for ten minutes: own times of a few ms that swing by
     half from one report to the next."""
-    stream = recorded("healthy_loaded.jsonl")
+    stream = [e for e in recorded("healthy_loaded.jsonl") if isinstance(e, ShardProgress)]
     assert len({e.job_id for e in stream}) == 4 and (stream[-1].occurred_at - T0).total_seconds() > 600
-    assert verdicts(stream) == []
+    assert replayed("healthy_loaded.jsonl") == []
+
+
+def test_a_recorded_slow_link_names_a_link_of_the_slowed_node_and_no_rank() -> None:
+    """A 4-shard job on five nodes of a 2-core host (a step about 70 ms, most of it the gang's wait); after 30 s of
+    training, node-2's network made 300 ms slower a round trip (the test-only hook: each sync of its shard waits that
+    long, and its links' probes take that long more). The links as the agents measured them are in the recording.
+    On a loaded host single reports of a rank's own time swing by half: the slow link is judged all the same."""
+    stream = recorded("slow_link.jsonl")
+    slowed = next(e for e in stream if isinstance(e, LinkMeasured) and e.rtt_median_ms >= 300)
+    found = replayed("slow_link.jsonl")
+    assert [(v.kind, v.attempt, v.shard_index) for v in found] == [(Kind.SLOW_LINK, 1, None)]
+    assert "node-2" in (found[0].node_id, found[0].peer_id) and found[0].since >= slowed.occurred_at
+
+
+def test_a_recorded_job_with_uneven_slices_is_an_imbalanced_job() -> None:
+    """A job preferring 3 shards of 1 sample, running at 2 (an elastic job on two nodes): slices of 2 samples and 1
+    a step, on a 2-core host. Rank 0 takes about 1.6x rank 1's own time a step, and the same per sample."""
+    found = replayed("imbalanced.jsonl")
+    assert [(v.kind, v.attempt, v.shard_index) for v in found] == [(Kind.IMBALANCED_JOB, 1, 0)]
+    assert 1.4 < found[0].ratio < 2.0
