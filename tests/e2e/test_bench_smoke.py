@@ -175,7 +175,7 @@ def check_straggler(out: dict[str, Any]) -> None:
     assert swapped["alert"] is not None and swapped["alert"]["alert_s"] > 0  # the monitor's STRAGGLER alert, live
     link = out["link"]  # a node's network slowed: a link is named, and nothing is swapped
     assert (link["verdict"]["kind"], link["verdict"]["action"], link["swapped"]) == ("SLOW_LINK", "NOT_A_NODE", False)
-    assert link["slowed"]["node"] in (link["verdict"]["node_id"], link["verdict"]["peer_id"]) and link["alert"]
+    assert link["slowed"]["node"] in (link["verdict"]["node_id"], link["verdict"]["peer_id"])
     imbalanced = out["imbalanced"]["verdict"]  # slices of 2 and 1 samples: rank 0 is slower, but no node is
     assert (imbalanced["kind"], imbalanced["shard_index"], imbalanced["action"]) == ("IMBALANCED_JOB", 0, "NOT_A_NODE")
     healthy = out["healthy"]
