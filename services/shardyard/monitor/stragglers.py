@@ -72,11 +72,13 @@ def straggler(view: ClusterView, now: datetime, policy: AlertPolicy) -> Iterator
         if worst is None or worst[2] < policy.straggler_ratio:
             continue
         index, node, ratio = worst
+        said_before = [s for s in job.stragglers if s["attempt"] == job.attempt and s["shard_index"] == index]
+        then = f"; the fault manager: {said_before[-1]['kind']}, {said_before[-1]['action']}" if said_before else ""
         yield Condition(
             AlertRule.STRAGGLER,
             job.job_id,
             AlertSeverity.WARNING,
-            f"{job.job_id}: rank {index} on {node} takes {ratio:.1f}x the gang's own time a step",
+            f"{job.job_id}: rank {index} on {node} takes {ratio:.1f}x the gang's own time a step{then}",
             ratio,
             policy.straggler_ratio,
             None,

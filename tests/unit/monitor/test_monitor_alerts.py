@@ -506,3 +506,15 @@ def test_metrics_export_the_disks_the_disk_full_rule_judges() -> None:
     assert float(values['shardyard_node_disk_free_bytes{node="node-a"}']) == GIB / 4
     assert float(values['shardyard_node_disk_total_bytes{node="node-a"}']) == 100 * GIB
     assert float(values['shardyard_node_disk_full_timestamp_seconds{node="node-a"}']) == at(5).timestamp()
+
+
+def test_a_straggler_left_in_place_is_named_with_what_the_fault_manager_did_after_its_verdict_aged() -> None:
+    """No better place: the rank stays, its verdict's 60 s pass, and its own times keep the alert up; the summary
+    still says what the fault manager did."""
+    kept = swapped(1)[0].model_copy(update={"action": StragglerAction.NO_BETTER_PLACE})
+    view, book = view_of(*running(), *own(100, 200), kept), AlertBook(POLICY)
+
+    judge(book, view, 62)  # the verdict is 61 s old: its own times count, and wait out their 20 s
+    (fired,) = judge(book, view, 83)
+
+    assert fired.rule is AlertRule.STRAGGLER and fired.summary.endswith("the fault manager: SLOW_NODE, NO_BETTER_PLACE")

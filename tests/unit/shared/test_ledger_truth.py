@@ -109,3 +109,12 @@ def test_a_straggler_found_on_a_loaded_host_is_judged_with_the_productive_time()
     assert misjudged(ledger(queued=1.0, recovery=1.0, productive=31.0, straggler=20.0), truth) == {}
     off = misjudged(ledger(queued=1.0, recovery=11.0, productive=31.0, straggler=10.0), truth)
     assert set(off) == {"recovery", "productive+straggler"}
+
+
+def test_queued_ends_at_the_first_placement_not_when_the_processes_appear() -> None:
+    """Placed at +1 s; the agent started the shards 1.4 s later (a loaded host): that start is the attempt's, not the
+    queue's (the chaos test once saw exactly this, a 64 s life)."""
+    truth = Truth(T0, T0 + 64.0, spans={1: (T0 + 2.4, T0 + 63.5)}, placed=T0 + 1.0)
+    truth.steps = {1: {0: [(T0 + 3.0, 1), (T0 + 63.0, 600)]}}
+    assert misjudged(ledger(queued=1.0, recovery=3.0, productive=60.0), truth) == {}
+    assert "queued" in misjudged(ledger(queued=2.4, recovery=1.6, productive=60.0), truth)  # the start counted queued
